@@ -1,0 +1,81 @@
+// @generated automatically by Diesel CLI.
+
+diesel::table! {
+    accounts (id) {
+        id -> Uuid,
+        name -> Text,
+        api_key_hash -> Bytea,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    audit_records (account_id, id) {
+        id -> Int8,
+        account_id -> Uuid,
+        action -> Text,
+        resource_type -> Text,
+        resource_id -> Uuid,
+        actor -> Text,
+        data -> Jsonb,
+        created_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    idempotency_keys (account_id, id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        idempotency_key -> Text,
+        request_method -> Text,
+        request_path -> Text,
+        request_fingerprint -> Bytea,
+        request_params -> Jsonb,
+        recovery_point -> Text,
+        locked_at -> Nullable<Timestamptz>,
+        lock_token -> Nullable<Uuid>,
+        last_run_at -> Timestamptz,
+        created_at -> Timestamptz,
+        response_status -> Nullable<Int2>,
+        response_body -> Nullable<Bytea>,
+    }
+}
+
+diesel::table! {
+    payments (account_id, id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        idempotency_key_id -> Nullable<Uuid>,
+        idempotency_key -> Text,
+        amount -> Int8,
+        currency -> Text,
+        description -> Nullable<Text>,
+        metadata -> Jsonb,
+        status -> Text,
+        gateway_charge_id -> Nullable<Text>,
+        failure_code -> Nullable<Text>,
+        failure_message -> Nullable<Text>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    staged_jobs (account_id, id) {
+        id -> Int8,
+        account_id -> Uuid,
+        job_name -> Text,
+        job_args -> Jsonb,
+        created_at -> Timestamptz,
+        run_at -> Timestamptz,
+        attempts -> Int4,
+        last_error -> Nullable<Text>,
+    }
+}
+
+diesel::joinable!(audit_records -> accounts (account_id));
+diesel::joinable!(idempotency_keys -> accounts (account_id));
+diesel::joinable!(payments -> accounts (account_id));
+diesel::joinable!(staged_jobs -> accounts (account_id));
+
+diesel::allow_tables_to_appear_in_same_query!(accounts, audit_records, idempotency_keys, payments, staged_jobs,);
