@@ -1,0 +1,59 @@
+//! Embedded mode: with no `DATABASE_URL`, a private cluster under `PAYMENTS_DATA_DIR`, migrated
+//! and seeded with the demo account, so that the service works with no set-up at all.
+
+use std::path::Path;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+
+use super::cluster::{Cluster, Durability, socket_dir, url};
+use super::migrate;
+use crate::accounts;
+
+/// The database the service uses inside the embedded cluster.
+const DATABASE: &str = "payments";
+
+/// The embedded database: running, migrated and seeded. Dropping it stops the cluster if this
+/// process started it.
+pub struct EmbeddedDatabase {
+    pub url: String,
+    /// None when another process (a running `serve`) already runs the cluster.
+    cluster: Option<Cluster>,
+}
+
+impl EmbeddedDatabase {
+    /// Starts the cluster under `data_dir` (or joins the one another process of ours runs there),
+    /// creates the database, applies the migrations and seeds the demo account.
+    pub async fn open(data_dir: &Path) -> anyhow::Result<EmbeddedDatabase> {
+        let cluster = if AsyncPgConnection::establish(&url(data_dir, "postgres")).await.is_ok() {
+            None
+        } else {
+            let root = data_dir.to_owned();
+            Some(tokio::task::spawn_blocking(move || Cluster::start(&root, Durability::Durable)).await??)
+        };
+        let mut admin = AsyncPgConnection::establish(&url(data_dir, "postgres")).await?;
+        let exists = diesel::sql_query(format!("SELECT FROM pg_database WHERE datname = '{DATABASE}'"))
+            .execute(&mut admin)
+            .await?;
+        if exists == 0 {
+            diesel::sql_query(format!("CREATE DATABASE {DATABASE}")).execute(&mut admin).await?;
+        }
+        let database_url = url(data_dir, DATABASE);
+        migrate::run_pending(&database_url).await?;
+        let mut conn = AsyncPgConnection::establish(&database_url).await?;
+        accounts::ensure_demo(&mut conn).await?;
+        Ok(EmbeddedDatabase { url: database_url, cluster })
+    }
+
+    /// For `psql -h <this> -U postgres payments`.
+    pub fn socket_dir(data_dir: &Path) -> std::path::PathBuf {
+        socket_dir(data_dir)
+    }
+
+    /// Stops the cluster, if it is ours, and waits for it to exit.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        match self.cluster {
+            Some(cluster) => tokio::task::spawn_blocking(move || cluster.stop()).await?,
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Our own store: the connection pool, the errors it can fail with, and the cluster it may run.
+//!
+//! Every request path checks connections out of one bb8 pool. The pool is tuned to fail closed:
+//! a checkout waits at most [`CHECKOUT_TIMEOUT`], so a request that cannot reach the database
+//! answers 503 promptly instead of queueing behind a dead server, and new connections are made
+//! again as soon as the database is back.
+
+pub mod cluster;
+pub mod embedded;
+pub mod migrate;
+pub mod schema;
+mod text_enum;
+
+pub(crate) use text_enum::text_enum;
+
+use std::time::Duration;
+
+use diesel::result::{DatabaseErrorKind, Error as DieselError};
+use diesel_async::pooled_connection::{
+    AsyncDieselConnectionManager, ManagerConfig, PoolError, PoolableConnection, RecyclingMethod,
+};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+
+/// The connection pool shared by every request and worker of a process.
+pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
+
+/// A connection checked out of the [`Pool`]; it goes back when dropped.
+pub type PooledConnection = bb8::PooledConnection<'static, AsyncDieselConnectionManager<AsyncPgConnection>>;
+
+/// How long a request waits for a connection. Short, so that an unreachable database turns into a
+/// 503 within about two seconds (the contract's fail-closed promise) rather than a hung request.
+pub const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The server-side limit on any one statement. Every statement on the request path is an indexed
+/// look-up or a single-row write, so anything slower than this is a stuck lock or an overloaded
+/// server, and the request is better off failing (and being retried) than waiting.
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Builds the pool without connecting: the first checkout connects, and a database that is down
+/// at start-up is reported by `/readyz` and by 503s instead of preventing the process from starting.
+pub fn pool(database_url: &str, max_size: u32) -> Pool {
+    let mut config = ManagerConfig::default();
+    // The default (`Verified`) runs `SELECT 1` on every checkout: a round trip per phase. Checking
+    // only whether the connection's socket has closed costs nothing and still keeps connections
+    // that died while idle (a database restart) out of requests.
+    config.recycling_method = RecyclingMethod::CustomFunction(Box::new(|conn: &mut AsyncPgConnection| {
+        let broken = conn.is_broken();
+        Box::pin(async move {
+            match broken {
+                false => Ok(()),
+                true => Err(DieselError::DatabaseError(
+                    DatabaseErrorKind::ClosedConnection,
+                    Box::new("the connection is closed".to_owned()),
+                )),
+            }
+        })
+    }));
+    config.custom_setup = Box::new(|url| Box::pin(establish(url)));
+    let manager = AsyncDieselConnectionManager::new_with_config(database_url, config);
+    bb8::Pool::builder().max_size(max_size).connection_timeout(CHECKOUT_TIMEOUT).build_unchecked(manager)
+}
+
+/// Opens one connection with the session settings every connection of ours carries.
+pub async fn establish(database_url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
+    let mut conn = AsyncPgConnection::establish(database_url).await?;
+    let setup = format!("SET application_name = 'payments'; SET statement_timeout = {}", STATEMENT_TIMEOUT.as_millis());
+    conn.batch_execute(&setup).await.map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
+    Ok(conn)
+}
+
+/// Checks a connection out of the pool, within [`CHECKOUT_TIMEOUT`].
+pub async fn connect(pool: &Pool) -> Result<PooledConnection, StoreError> {
+    Ok(pool.get_owned().await?)
+}
+
+/// Why a database operation failed, sorted by what the caller should do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached or the connection broke: fail closed with a 503.
+    #[error("the database is unavailable: {0}")]
+    Unavailable(String),
+    /// A conflict between concurrent transactions (serialization failure or deadlock): the
+    /// transaction rolled back and may simply run again.
+    #[error("transaction conflict: {0}")]
+    Conflict(DieselError),
+    /// Anything else: a bug or a broken invariant, answered with an opaque 500.
+    #[error(transparent)]
+    Query(DieselError),
+}
+
+impl From<DieselError> for StoreError {
+    fn from(error: DieselError) -> Self {
+        match &error {
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
+                info,
+            ) => StoreError::Unavailable(info.message().to_owned()),
+            DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => StoreError::Conflict(error),
+            // diesel reports a deadlock (SQLSTATE 40P01) only as `Unknown` with the server's
+            // message; our clusters run with English messages, so the message identifies it.
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+                if info.message().starts_with("deadlock detected") =>
+            {
+                StoreError::Conflict(error)
+            }
+            DieselError::BrokenTransactionManager => StoreError::Unavailable(error.to_string()),
+            _ => StoreError::Query(error),
+        }
+    }
+}
+
+impl From<bb8::RunError<PoolError>> for StoreError {
+    fn from(error: bb8::RunError<PoolError>) -> Self {
+        StoreError::Unavailable(error.to_string())
+    }
+}

@@ -1,0 +1,31 @@
+//! Idempotency keys: how `POST /v1/payments` is made safe to retry.
+//!
+//! A client sends a key with every request and retries with the same key until it gets a
+//! definitive answer. The key's row records the request (its fingerprint and validated params),
+//! how far it has got (the [`RecoveryPoint`]), who drives it (a lock with a fencing token), and in
+//! the end its response. The protocol:
+//!
+//! 1. [`claim`] the key in one statement: a different request with the key is refused (422), a
+//!    finished one replays its stored response, a live lock means the request is in flight (409),
+//!    and otherwise the caller holds the lock and resumes at the key's recovery point.
+//! 2. Work in [`atomic_phase`]s. Each is one short transaction whose writes commit together with
+//!    the key row's new state, and only while the caller still holds the lock. Between two phases
+//!    there is at most one foreign side effect (the gateway call), never inside one.
+//! 3. Finish: the last phase stores the response and releases the lock in the same transaction.
+//!
+//! Invariants: a finished phase is never repeated (each resumes at the recorded point, and a phase
+//! that stays at its point is written to find its own earlier work); a request that loses its
+//! lock stops without writing; nothing is stored for a rejected or indeterminate request, so its
+//! retry runs again. The payment's phases themselves are in [`crate::payments::create`].
+
+mod fingerprint;
+mod key;
+mod phase;
+mod recovery_point;
+mod store;
+
+pub use fingerprint::{Fingerprint, canonical_json};
+pub use key::{IdempotencyKey, KeyError, MAX_KEY_LENGTH};
+pub use phase::{PhaseError, atomic_phase};
+pub use recovery_point::RecoveryPoint;
+pub use store::{Claim, KeyLock, NewKey, StoredResponse, Transition, claim};

@@ -1,0 +1,17 @@
+//! How far a request has got.
+
+use crate::db::text_enum;
+
+text_enum! {
+    /// The last phase a request committed, stored on its key row. A request always resumes here.
+    ///
+    /// `started`: the key is claimed; its payment may exist (pending). Nothing is known about the
+    /// gateway, so resuming calls it again with the same downstream key, which cannot charge twice.
+    /// `charge_created`: the gateway's definitive answer is recorded on the payment.
+    /// `finished`: the response is stored; every later request with the key replays it.
+    pub enum RecoveryPoint {
+        Started = "started",
+        ChargeCreated = "charge_created",
+        Finished = "finished",
+    }
+}
