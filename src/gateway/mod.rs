@@ -1,0 +1,6 @@
+//! The payment gateway: our client for it, and the mock we run in tests and demos.
+
+mod client;
+pub mod mock;
+
+pub use client::{Charge, ChargeRequest, GatewayClient, GatewayError, downstream_key};

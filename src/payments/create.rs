@@ -1,0 +1,288 @@
+//! `POST /v1/payments`: one payment request, driven through its recovery points.
+//!
+//! ```text
+//!            claim                 gateway call                 (no foreign effect)
+//!   (new) ─────────► started ────────────────────► charge_created ────────────────► finished
+//!                    payment pending               outcome recorded                 response stored,
+//!                    + audit record                on the payment                   event staged, unlocked
+//! ```
+//!
+//! Every arrow is one transaction, and the gateway call between `started` and `charge_created`
+//! is the only foreign side effect, made with no transaction open and no connection held. Why the
+//! cuts are where they are:
+//! - `started` commits the payment before the gateway hears of it, so no charge can exist that
+//!   our database does not know about. It keeps the recovery point where it is, so the phase runs
+//!   again on resumption and finds the payment it made (it never makes a second).
+//! - The gateway call sends a key derived from our key row, so calling again after a crash, a
+//!   timeout or a 5xx returns the first charge instead of making another. That is what makes
+//!   `started` safe to resume from when we do not know what the gateway did.
+//! - `charge_created` records the gateway's definitive answer: once it commits, the gateway is
+//!   never asked again.
+//! - `finished` stores the response, stages the outbox event and unlocks, all at once: a request
+//!   is either finished with a stored answer and its event, or not finished at all.
+//!
+//! An indeterminate gateway outcome (timeout, connection error, 5xx, 409) commits nothing: the key
+//! is unlocked at `started` and the client is told 503, retry with the same key.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::model::{ChargeOutcome, NewPayment, Payment, PaymentStatus};
+use super::request::PaymentRequest;
+use super::view::{PaymentView, final_response};
+use crate::audit::{Actor, AuditRecord};
+use crate::db::{self, PooledConnection, StoreError};
+use crate::faults::{CrashPoint, crash_at};
+use crate::gateway::{self, ChargeRequest, GatewayError};
+use crate::idempotency::{
+    Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, PhaseError, RecoveryPoint, StoredResponse, Transition,
+    atomic_phase, claim,
+};
+use crate::outbox::StagedEvent;
+use crate::startup::AppState;
+
+/// The method and path a payment key is bound to: a key used on another endpoint is a mismatch.
+const METHOD: &str = "POST";
+const PATH: &str = "/v1/payments";
+
+/// The answer to a create request.
+#[derive(Debug)]
+pub struct Created {
+    pub response: StoredResponse,
+    /// True when the response is the stored answer to an earlier request with the same key.
+    pub replayed: bool,
+}
+
+/// Why a create request has no final answer (nothing about it was stored as final).
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    #[error("the idempotency key was already used with another request")]
+    KeyReused,
+    #[error("a request with this idempotency key is in progress")]
+    InFlight,
+    #[error("the gateway's answer is unknown: {0}")]
+    GatewayIndeterminate(GatewayError),
+    #[error(transparent)]
+    Phase(#[from] PhaseError),
+}
+
+impl From<StoreError> for CreateError {
+    fn from(error: StoreError) -> Self {
+        CreateError::Phase(error.into())
+    }
+}
+
+/// Creates a payment, or answers for the one this key already made.
+#[tracing::instrument(name = "payments.create", skip_all, fields(account.id = %account_id, idempotency_key.id, payment.id))]
+pub async fn create_payment(
+    state: &AppState,
+    account_id: Uuid,
+    key: IdempotencyKey,
+    request: PaymentRequest,
+    crash: Option<CrashPoint>,
+) -> Result<Created, CreateError> {
+    let params = request.to_params();
+    let new_key = NewKey {
+        account_id,
+        key: &key,
+        method: METHOD,
+        path: PATH,
+        fingerprint: Fingerprint::of(&params),
+        params: &params,
+    };
+    let mut conn = db::connect(&state.db).await?;
+    let lock = match claim(&mut conn, &new_key, state.settings.lock_timeout).await? {
+        Claim::Mismatch => return Err(CreateError::KeyReused),
+        Claim::Replay(response) => return Ok(Created { response, replayed: true }),
+        Claim::InFlight => return Err(CreateError::InFlight),
+        Claim::Acquired(lock) => lock,
+    };
+    tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
+    let driver = Driver { state, lock, key, request, conn: Some(conn), crash, payment: None, response: None };
+    let response = driver.run().await?;
+    Ok(Created { response, replayed: false })
+}
+
+/// Drives one claimed key from its recovery point to `finished`.
+struct Driver<'a> {
+    state: &'a AppState,
+    lock: KeyLock,
+    key: IdempotencyKey,
+    request: PaymentRequest,
+    /// Held across consecutive database phases, returned to the pool before the gateway call.
+    conn: Option<PooledConnection>,
+    crash: Option<CrashPoint>,
+    /// The payment as the last phase left it, which saves the next phase reading it again.
+    payment: Option<Payment>,
+    response: Option<StoredResponse>,
+}
+
+impl Driver<'_> {
+    /// Runs the protocol. If it stops short of `finished`, the key is unlocked where it stands, so
+    /// a retry resumes at once (unless another request took the key over: then it is theirs).
+    async fn run(mut self) -> Result<StoredResponse, CreateError> {
+        let result = self.drive().await;
+        if let Err(error) = &result
+            && !matches!(error, CreateError::Phase(PhaseError::LockLost))
+        {
+            self.release().await;
+        }
+        result
+    }
+
+    /// The recovery-point loop: each arm runs from the recorded point to the next.
+    async fn drive(&mut self) -> Result<StoredResponse, CreateError> {
+        loop {
+            match self.lock.recovery_point() {
+                RecoveryPoint::Started => {
+                    let payment_id = self.start().await?;
+                    crash_at(self.crash, CrashPoint::AfterStarted);
+                    let outcome = self.charge().await?;
+                    crash_at(self.crash, CrashPoint::AfterCharge);
+                    self.record_charge(payment_id, outcome).await?;
+                }
+                RecoveryPoint::ChargeCreated => {
+                    crash_at(self.crash, CrashPoint::AfterChargeCreated);
+                    self.finish().await?;
+                }
+                RecoveryPoint::Finished => {
+                    return self
+                        .response
+                        .take()
+                        .ok_or_else(|| PhaseError::Inconsistent("finished without a response".into()).into());
+                }
+            }
+        }
+    }
+
+    /// `started`: the pending payment and its audit record. On resumption it finds the payment
+    /// it made before instead of making another.
+    async fn start(&mut self) -> Result<Uuid, CreateError> {
+        let new = NewPayment {
+            id: Uuid::now_v7(),
+            account_id: self.lock.account_id,
+            idempotency_key_id: self.lock.key_id,
+            idempotency_key: self.key.as_str(),
+            amount: self.request.amount,
+            currency: &self.request.currency,
+            description: self.request.description.as_deref(),
+            metadata: json!(self.request.metadata),
+        };
+        let conn = connection(&mut self.conn, self.state).await?;
+        let payment = atomic_phase(conn, &mut self.lock, async |conn| {
+            let (payment, created) = new.insert_or_find(conn).await?;
+            if created {
+                let data = json!({ "amount": payment.amount, "currency": payment.currency });
+                audit(&payment, "payment.created", data).insert(conn).await?;
+            }
+            Ok((Transition::Stay, payment))
+        })
+        .await?;
+        tracing::Span::current().record("payment.id", payment.id.to_string());
+        Ok(payment.id)
+    }
+
+    /// The gateway call: the one foreign side effect. No transaction is open and no pooled
+    /// connection is held while the gateway takes its time.
+    async fn charge(&mut self) -> Result<ChargeOutcome, CreateError> {
+        self.conn = None;
+        let key = gateway::downstream_key(self.lock.account_id, self.lock.key_id);
+        let request = ChargeRequest {
+            amount: self.request.amount,
+            currency: &self.request.currency,
+            source: &self.request.source,
+            description: self.request.description.as_deref(),
+            metadata: &self.request.metadata,
+        };
+        match self.state.gateway.charge(&key, &request).await {
+            Ok(charge) => Ok(ChargeOutcome::Succeeded { charge_id: charge.id }),
+            Err(GatewayError::Declined { code, message }) => Ok(ChargeOutcome::Declined { code, message }),
+            Err(GatewayError::Rejected { status, message }) => {
+                tracing::error!(gateway.status = status, %message, "the gateway rejected a charge request");
+                Ok(ChargeOutcome::Rejected { message })
+            }
+            Err(error) => {
+                tracing::warn!(%error, "gateway outcome unknown; the key stays at started");
+                Err(CreateError::GatewayIndeterminate(error))
+            }
+        }
+    }
+
+    /// `charge_created`: the gateway's definitive answer, recorded on the payment.
+    async fn record_charge(&mut self, payment_id: Uuid, outcome: ChargeOutcome) -> Result<(), CreateError> {
+        let account_id = self.lock.account_id;
+        let conn = connection(&mut self.conn, self.state).await?;
+        let payment = atomic_phase(conn, &mut self.lock, async |conn| {
+            let payment = Payment::record_outcome(conn, account_id, payment_id, &outcome).await?;
+            let data = json!({ "status": payment.status, "gateway_charge_id": payment.gateway_charge_id,
+                               "failure_code": payment.failure_code });
+            audit(&payment, "payment.charge_recorded", data).insert(conn).await?;
+            Ok((Transition::Advance(RecoveryPoint::ChargeCreated), payment))
+        })
+        .await?;
+        self.payment = Some(payment);
+        Ok(())
+    }
+
+    /// `finished`: the response stored, the outbox event staged and the key unlocked, together.
+    async fn finish(&mut self) -> Result<(), CreateError> {
+        let (account_id, key_id) = (self.lock.account_id, self.lock.key_id);
+        let known = self.payment.take();
+        let conn = connection(&mut self.conn, self.state).await?;
+        let response = atomic_phase(conn, &mut self.lock, async |conn| {
+            let payment = match &known {
+                Some(payment) => payment.clone(),
+                None => Payment::find_by_key(conn, account_id, key_id).await?,
+            };
+            let response = final_response(&payment)?;
+            let event = match payment.status {
+                PaymentStatus::Succeeded => "payment.succeeded",
+                _ => "payment.failed",
+            };
+            StagedEvent::new(account_id, event, PaymentView::from(&payment)).stage(conn).await?;
+            let data = json!({ "response_status": response.status });
+            audit(&payment, "payment.finished", data).insert(conn).await?;
+            Ok((Transition::Finish(response.clone()), response))
+        })
+        .await?;
+        self.response = Some(response);
+        Ok(())
+    }
+
+    /// Unlocks the key where it stands (best effort: if even this fails, the lock goes stale
+    /// after the lock timeout and the key is taken over then).
+    async fn release(&mut self) {
+        // A connection that just failed may be broken: use a fresh one.
+        self.conn = None;
+        let result = async {
+            let mut conn = db::connect(&self.state.db).await?;
+            self.lock.release(&mut conn).await
+        }
+        .await;
+        if let Err(error) = result {
+            tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
+        }
+    }
+}
+
+/// The driver's connection, checked out on first use after the last release.
+async fn connection<'c>(
+    slot: &'c mut Option<PooledConnection>,
+    state: &AppState,
+) -> Result<&'c mut diesel_async::AsyncPgConnection, StoreError> {
+    if slot.is_none() {
+        *slot = Some(db::connect(&state.db).await?);
+    }
+    Ok(slot.as_mut().expect("checked out above"))
+}
+
+fn audit<'a>(payment: &Payment, action: &'a str, data: serde_json::Value) -> AuditRecord<'a> {
+    AuditRecord {
+        account_id: payment.account_id,
+        action,
+        resource_type: "payment",
+        resource_id: payment.id,
+        actor: Actor::Api,
+        data,
+    }
+}

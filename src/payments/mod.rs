@@ -1,0 +1,11 @@
+//! Payments: the request, the stored payment, how it is shown, and how it is created.
+
+pub mod create;
+mod model;
+mod request;
+mod view;
+
+pub use create::{CreateError, Created, create_payment};
+pub use model::{ChargeOutcome, GATEWAY_REJECTED, Payment, PaymentStatus};
+pub use request::{CreatePaymentBody, PaymentRequest, ValidationError};
+pub use view::PaymentView;

@@ -1,0 +1,169 @@
+//! The `payments` table.
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use crate::db::schema::payments;
+use crate::db::text_enum;
+
+text_enum! {
+    /// Where a payment stands. `pending` until the gateway's definitive answer is recorded.
+    pub enum PaymentStatus {
+        Pending = "pending",
+        Succeeded = "succeeded",
+        Failed = "failed",
+    }
+}
+
+/// The failure code of a payment that the gateway rejected for a reason other than the card
+/// (answered 502); any other failure code is the gateway's decline code (answered 402).
+pub const GATEWAY_REJECTED: &str = "gateway_rejected";
+
+/// A payment as stored.
+#[derive(Debug, Clone, Queryable, Selectable)]
+#[diesel(table_name = payments, check_for_backend(diesel::pg::Pg))]
+pub struct Payment {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub idempotency_key_id: Option<Uuid>,
+    pub idempotency_key: String,
+    pub amount: i64,
+    pub currency: String,
+    pub description: Option<String>,
+    pub metadata: serde_json::Value,
+    pub status: PaymentStatus,
+    pub gateway_charge_id: Option<String>,
+    pub failure_code: Option<String>,
+    pub failure_message: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A new, pending payment, linked to the key row that creates it.
+#[derive(Debug, Insertable)]
+#[diesel(table_name = payments, treat_none_as_default_value = false)]
+pub struct NewPayment<'a> {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub idempotency_key_id: Uuid,
+    pub idempotency_key: &'a str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub description: Option<&'a str>,
+    pub metadata: serde_json::Value,
+}
+
+/// The gateway's definitive answer to a charge, as recorded on the payment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChargeOutcome {
+    Succeeded { charge_id: String },
+    Declined { code: String, message: String },
+    Rejected { message: String },
+}
+
+#[derive(AsChangeset)]
+#[diesel(table_name = payments, treat_none_as_null = true)]
+struct OutcomeChanges<'a> {
+    status: PaymentStatus,
+    gateway_charge_id: Option<&'a str>,
+    failure_code: Option<&'a str>,
+    failure_message: Option<&'a str>,
+}
+
+impl NewPayment<'_> {
+    /// Inserts the payment unless its key row already has one; either way returns the key's
+    /// payment, and whether it is new. This is what makes the `started` phase safe to re-run.
+    pub async fn insert_or_find(&self, conn: &mut AsyncPgConnection) -> QueryResult<(Payment, bool)> {
+        let inserted = diesel::insert_into(payments::table)
+            .values(self)
+            .on_conflict((payments::account_id, payments::idempotency_key_id))
+            .do_nothing()
+            .returning(Payment::as_returning())
+            .get_result(conn)
+            .await
+            .optional()?;
+        match inserted {
+            Some(payment) => Ok((payment, true)),
+            None => Payment::find_by_key(conn, self.account_id, self.idempotency_key_id).await.map(|p| (p, false)),
+        }
+    }
+}
+
+impl Payment {
+    /// The account's payment with this id, if any.
+    pub async fn find(conn: &mut AsyncPgConnection, account_id: Uuid, id: Uuid) -> QueryResult<Option<Payment>> {
+        payments::table
+            .filter(payments::account_id.eq(account_id))
+            .filter(payments::id.eq(id))
+            .select(Payment::as_select())
+            .get_result(conn)
+            .await
+            .optional()
+    }
+
+    /// The payment created under a key row.
+    pub async fn find_by_key(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> QueryResult<Payment> {
+        payments::table
+            .filter(payments::account_id.eq(account_id))
+            .filter(payments::idempotency_key_id.eq(key_id))
+            .select(Payment::as_select())
+            .get_result(conn)
+            .await
+    }
+
+    /// The account's payments, newest first (ids are UUIDv7, so id order is creation order),
+    /// starting after the cursor. Fetches one more than `limit` to tell whether there are more.
+    pub async fn list(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        starting_after: Option<Uuid>,
+        limit: i64,
+    ) -> QueryResult<Vec<Payment>> {
+        payments::table
+            .filter(payments::account_id.eq(account_id))
+            .filter(payments::id.lt(starting_after.unwrap_or(Uuid::max())))
+            .order(payments::id.desc())
+            .limit(limit + 1)
+            .select(Payment::as_select())
+            .load(conn)
+            .await
+    }
+
+    /// Records the gateway's definitive answer.
+    pub async fn record_outcome(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        id: Uuid,
+        outcome: &ChargeOutcome,
+    ) -> QueryResult<Payment> {
+        let changes = match outcome {
+            ChargeOutcome::Succeeded { charge_id } => OutcomeChanges {
+                status: PaymentStatus::Succeeded,
+                gateway_charge_id: Some(charge_id),
+                failure_code: None,
+                failure_message: None,
+            },
+            ChargeOutcome::Declined { code, message } => OutcomeChanges {
+                status: PaymentStatus::Failed,
+                gateway_charge_id: None,
+                failure_code: Some(code),
+                failure_message: Some(message),
+            },
+            ChargeOutcome::Rejected { message } => OutcomeChanges {
+                status: PaymentStatus::Failed,
+                gateway_charge_id: None,
+                failure_code: Some(GATEWAY_REJECTED),
+                failure_message: Some(message),
+            },
+        };
+        diesel::update(payments::table)
+            .filter(payments::account_id.eq(account_id))
+            .filter(payments::id.eq(id))
+            .set((changes, payments::updated_at.eq(diesel::dsl::now)))
+            .returning(Payment::as_returning())
+            .get_result(conn)
+            .await
+    }
+}

@@ -1,0 +1,72 @@
+//! Payments as the API shows them, and the final responses stored for replay.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::model::{GATEWAY_REJECTED, Payment, PaymentStatus};
+use crate::http::problem::{Problem, ProblemType};
+use crate::idempotency::{PhaseError, StoredResponse};
+
+/// A payment in API responses.
+#[derive(Debug, Serialize)]
+pub struct PaymentView<'a> {
+    pub id: Uuid,
+    pub object: &'static str,
+    pub amount: i64,
+    pub currency: &'a str,
+    pub status: PaymentStatus,
+    pub description: Option<&'a str>,
+    pub metadata: &'a serde_json::Value,
+    pub gateway_charge_id: Option<&'a str>,
+    pub failure_code: Option<&'a str>,
+    pub failure_message: Option<&'a str>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl<'a> From<&'a Payment> for PaymentView<'a> {
+    fn from(payment: &'a Payment) -> Self {
+        PaymentView {
+            id: payment.id,
+            object: "payment",
+            amount: payment.amount,
+            currency: &payment.currency,
+            status: payment.status,
+            description: payment.description.as_deref(),
+            metadata: &payment.metadata,
+            gateway_charge_id: payment.gateway_charge_id.as_deref(),
+            failure_code: payment.failure_code.as_deref(),
+            failure_message: payment.failure_message.as_deref(),
+            created_at: payment.created_at,
+        }
+    }
+}
+
+/// The definitive answer to the request that created `payment`: 201 with the payment; 402 for a
+/// decline and 502 for any other rejection, each a problem that embeds the failed payment.
+pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
+    let view = PaymentView::from(payment);
+    let problem = match payment.status {
+        PaymentStatus::Succeeded => {
+            let body = serde_json::to_vec(&view).expect("a payment always serialises");
+            return Ok(StoredResponse { status: 201, body });
+        }
+        PaymentStatus::Pending => {
+            return Err(PhaseError::Inconsistent(format!("payment {} is still pending", payment.id)));
+        }
+        PaymentStatus::Failed if payment.failure_code.as_deref() == Some(GATEWAY_REJECTED) => Problem::new(
+            ProblemType::GatewayRejected,
+            "The payment gateway refused the charge for a reason other than the card; nothing was charged.",
+        ),
+        PaymentStatus::Failed => Problem::new(
+            ProblemType::CardDeclined,
+            format!(
+                "{} ({})",
+                payment.failure_message.as_deref().unwrap_or("The card was declined."),
+                payment.failure_code.as_deref().unwrap_or("card_declined")
+            ),
+        ),
+    };
+    let problem = problem.with("payment", view);
+    Ok(StoredResponse { status: problem.status(), body: problem.to_bytes() })
+}
