@@ -1,0 +1,110 @@
+//! Every error the gateway answers with, each sent as
+//! `{"error": {"type": ..., "code": ..., "message": ...}}` like Stripe's
+//! (`code` only where there is one).
+
+use actix_web::http::header::ContentType;
+use actix_web::http::{Method, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+
+use super::faults::{Fault, InvalidFaultSpec};
+use super::state::{InvalidCharge, StoredResponse};
+
+/// Longest idempotency key accepted, as on Stripe.
+pub(super) const MAX_KEY_LEN: usize = 255;
+
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ApiError {
+    /// A body or query string actix could not parse, with actix's status.
+    #[error("{1}")]
+    Unparsable(StatusCode, String),
+    #[error("An Idempotency-Key header of 1 to {MAX_KEY_LEN} characters is required.")]
+    MissingKey,
+    #[error(transparent)]
+    InvalidCharge(#[from] InvalidCharge),
+    #[error(transparent)]
+    InvalidFaults(#[from] InvalidFaultSpec),
+    #[error("No such charge: '{0}'")]
+    NoSuchCharge(String),
+    #[error("Unrecognized request URL ({0} {1}).")]
+    NoRoute(Method, String),
+    #[error("{0} is not allowed on {1}.")]
+    WrongMethod(Method, String),
+    #[error("Your card was declined.")]
+    CardDeclined,
+    #[error("A request with this idempotency key is still being processed; retry later.")]
+    KeyInUse,
+    #[error(
+        "Keys for idempotent requests can only be used with the same parameters \
+         they were first used with."
+    )]
+    KeyReused,
+    #[error("injected fault: {}", .0.name())]
+    Injected(Fault),
+    /// The task processing a charge died; a bug in the mock.
+    #[error("The charge could not be processed.")]
+    Internal,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    r#type: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    code: Option<&'a str>,
+    message: String,
+}
+
+impl ApiError {
+    /// The error's `type` and `code`.
+    fn kind(&self) -> (&'static str, Option<&'static str>) {
+        const INVALID: &str = "invalid_request_error";
+        match self {
+            Self::Unparsable(..) | Self::InvalidFaults(_) => (INVALID, None),
+            Self::NoRoute(..) | Self::WrongMethod(..) => (INVALID, None),
+            Self::MissingKey => (INVALID, Some("parameter_missing")),
+            Self::InvalidCharge(InvalidCharge::NoSuchToken(_)) => (INVALID, Some("resource_missing")),
+            Self::InvalidCharge(_) => (INVALID, Some("parameter_invalid")),
+            Self::NoSuchCharge(_) => (INVALID, Some("resource_missing")),
+            Self::CardDeclined => ("card_error", Some("card_declined")),
+            Self::KeyInUse => ("idempotency_error", Some("idempotency_key_in_use")),
+            Self::KeyReused => ("idempotency_error", None),
+            Self::Injected(_) | Self::Internal => ("api_error", None),
+        }
+    }
+
+    fn body(&self) -> Vec<u8> {
+        let (r#type, code) = self.kind();
+        let message = self.to_string();
+        let body = ErrorBody { error: ErrorDetail { r#type, code, message } };
+        serde_json::to_vec(&body).expect("an error body always serializes")
+    }
+
+    /// This error as a response to keep for idempotent replays.
+    pub(super) fn stored(&self) -> StoredResponse {
+        StoredResponse { status: self.status_code(), body: self.body() }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::Unparsable(status, _) => *status,
+            Self::MissingKey | Self::InvalidCharge(_) | Self::InvalidFaults(_) => StatusCode::BAD_REQUEST,
+            Self::KeyReused => StatusCode::BAD_REQUEST,
+            Self::NoSuchCharge(_) | Self::NoRoute(..) => StatusCode::NOT_FOUND,
+            Self::WrongMethod(..) => StatusCode::METHOD_NOT_ALLOWED,
+            Self::CardDeclined => StatusCode::PAYMENT_REQUIRED,
+            Self::KeyInUse => StatusCode::CONFLICT,
+            Self::Injected(_) | Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status_code()).content_type(ContentType::json()).body(self.body())
+    }
+}

@@ -1,0 +1,116 @@
+//! A mock payment gateway: a small Stripe-like HTTP server that the payment
+//! service charges cards through, in demos and tests.
+//!
+//! It exists to make the hard part of talking to a processor testable: not
+//! knowing whether a charge went through. The mock speaks Stripe's
+//! idempotency protocol (`Idempotency-Key`; a retry with the same key and
+//! body replays the stored response byte for byte, with
+//! `Idempotent-Replayed: true`; a different body is refused; a key still in
+//! use gets 409) and can be told to fail on purpose.
+//!
+//! # Routes
+//!
+//! - `POST /v1/charges`: `tok_chargeDeclined` is declined (402), any other
+//!   `tok_…` source succeeds, anything else is an unknown token (400).
+//! - `GET /v1/charges/{id}` and `GET /v1/charges?idempotency_key=K`: look-ups
+//!   by id and by key. Charges keep their key for good, so a client can find
+//!   out whether an earlier attempt charged even after the gateway has
+//!   forgotten the key.
+//! - `/_control/…`: `faults` (`POST` a plan, `GET` it, `DELETE` it),
+//!   `DELETE idempotency-keys` (forget every answered key, keep the charges),
+//!   and `GET stats`.
+//!
+//! # Fault model
+//!
+//! `POST /_control/faults` with `{"mode", "count", "latency_ms", "rate"}`
+//! sets a plan for the next `count` (default 1) charge requests: every
+//! `POST /v1/charges`, replays and refused ones included, uses one up. Faults
+//! sit on the way in or out of the gateway and are never stored, so a retry
+//! with the same key sees what really happened:
+//!
+//! - `error_before`: 500, and the request is not processed at all;
+//! - `error_after`: processed normally, then 500 (the charge exists);
+//! - `timeout_after`: processed normally, then no answer until the client
+//!   gives up (the charge exists);
+//! - `latency`: processed after a delay; the key is claimed on arrival, so a
+//!   concurrent retry gets 409;
+//! - `random`: each request, with probability `rate`, gets one of the three
+//!   failures above.
+//!
+//! Processing runs in its own task, so a client hanging up never leaves a
+//! charge half made. All state lives in memory for the server's lifetime.
+
+mod error;
+mod faults;
+mod routes;
+mod state;
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
+
+use actix_web::dev::ServerHandle;
+use actix_web::{App, HttpServer, web};
+use tokio::task::JoinHandle;
+
+pub use self::faults::FaultPlan;
+
+/// A running mock gateway. Stop it with [`MockGateway::stop`]; dropping it
+/// leaves the server running until its tokio runtime shuts down.
+pub struct MockGateway {
+    addr: SocketAddr,
+    handle: ServerHandle,
+    task: JoinHandle<io::Result<()>>,
+}
+
+impl MockGateway {
+    /// Serves on an already-bound listener (port 0 is fine: see
+    /// [`MockGateway::addr`]) with one worker and no signal handling, starting
+    /// with the given fault plan, e.g. [`FaultPlan::none`].
+    ///
+    /// Must be called from within a tokio runtime, onto which the server is
+    /// spawned.
+    pub fn start(listener: TcpListener, faults: FaultPlan) -> io::Result<MockGateway> {
+        let addr = listener.local_addr()?;
+        let state = web::Data::new(routes::AppState::new(faults));
+        let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes::configure))
+            .listen(listener)?
+            .workers(1)
+            .disable_signals()
+            // Drop a request as soon as its client hangs up; otherwise a
+            // `timeout_after` request would wait for an answer forever.
+            .h1_allow_half_closed(false)
+            // A mock has nothing worth waiting long for when stopping.
+            .shutdown_timeout(1)
+            .run();
+        let handle = server.handle();
+        let task = tokio::spawn(server);
+        Ok(MockGateway { addr, handle, task })
+    }
+
+    /// The address the gateway listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL to reach the gateway, e.g. `http://127.0.0.1:4242`. A
+    /// gateway listening on all interfaces is reached through loopback.
+    pub fn url(&self) -> String {
+        let ip = match self.addr.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ip => ip,
+        };
+        format!("http://{}", SocketAddr::new(ip, self.addr.port()))
+    }
+
+    /// Stops accepting connections, lets requests in progress finish (for at
+    /// most a second), and waits for the server to end.
+    pub async fn stop(self) {
+        self.handle.stop(true).await;
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(%err, "mock gateway stopped with an error"),
+            Err(err) => tracing::warn!(%err, "mock gateway task failed"),
+        }
+    }
+}
