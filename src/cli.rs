@@ -1,0 +1,43 @@
+//! The command line: one binary, one subcommand per role.
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{CreateAccountArgs, GatewayArgs, MigrateArgs, ServeArgs};
+
+/// A reference payment API: idempotency keys, atomic phases and recovery points on PostgreSQL.
+#[derive(Parser)]
+#[command(name = "payments", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve the HTTP API. Without DATABASE_URL it runs its own PostgreSQL (embedded mode), and
+    /// without GATEWAY_URL an in-process mock gateway, so it works with no set-up.
+    Serve(ServeArgs),
+    /// Run the mock payment gateway as a process of its own.
+    Gateway(GatewayArgs),
+    /// Apply the database migrations to DATABASE_URL and exit.
+    Migrate(MigrateArgs),
+    /// Manage accounts.
+    #[command(subcommand)]
+    Accounts(AccountsCommand),
+}
+
+#[derive(Subcommand)]
+pub enum AccountsCommand {
+    /// Create an account and print its new API key (shown once) on the last line.
+    Create(CreateAccountArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,21 @@
+//! `payments gateway`: the mock gateway as a process of its own, which outlives crashes of
+//! `serve` (so that tests can count its charges across them).
+
+use std::net::TcpListener;
+
+use anyhow::Context;
+
+use super::shutdown_signal;
+use crate::config::GatewayArgs;
+use crate::gateway::mock::{FaultPlan, MockGateway};
+
+pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
+    let faults = args.fault_rate.map(FaultPlan::random).unwrap_or_else(FaultPlan::none);
+    let gateway = MockGateway::start(listener, faults)?;
+    println!("payments gateway listening on {}", gateway.url());
+    let signal = shutdown_signal().await;
+    tracing::info!(signal, "stopping the gateway");
+    gateway.stop().await;
+    Ok(())
+}

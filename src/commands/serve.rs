@@ -1,0 +1,81 @@
+//! `payments serve`: the HTTP API, with everything it needs started around it.
+
+use std::net::TcpListener;
+
+use anyhow::Context;
+
+use super::{open_database, shutdown_signal};
+use crate::accounts::DEMO_API_KEY;
+use crate::config::ServeArgs;
+use crate::db::{self, embedded::EmbeddedDatabase};
+use crate::gateway::GatewayClient;
+use crate::gateway::mock::{FaultPlan, MockGateway};
+use crate::startup::{AppState, Application};
+
+/// Connections per process. Each request holds one only while it runs a phase (never across the
+/// gateway call), so a few dozen serve many more concurrent requests.
+const POOL_SIZE: u32 = 32;
+
+/// The line `serve` prints once it accepts connections; tests and scripts read the address off it.
+pub const LISTENING: &str = "payments listening on";
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let settings = args.protocol.settings();
+    if settings.fault_injection {
+        tracing::warn!("FAULT INJECTION IS ON: X-Fault-Inject can crash this process. Never use this in production.");
+    }
+    let (database_url, embedded) = open_database(&args.database).await?;
+    let mock = match &args.gateway_url {
+        Some(_) => None,
+        None => Some(MockGateway::start(TcpListener::bind("127.0.0.1:0")?, FaultPlan::none())?),
+    };
+    let gateway_url = match (&args.gateway_url, &mock) {
+        (Some(url), _) => url.clone(),
+        (None, Some(mock)) => mock.url().parse()?,
+        (None, None) => unreachable!("a mock is started when no gateway URL is given"),
+    };
+    let state = AppState {
+        db: db::pool(&database_url, POOL_SIZE),
+        gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
+        settings,
+    };
+    let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let app = Application::build(state, listener, workers)?;
+    let (addr, handle) = (app.addr(), app.handle());
+    let server = tokio::spawn(app.run_until_stopped());
+
+    println!("{LISTENING} http://{addr}");
+    match &mock {
+        Some(mock) => println!("gateway: in-process mock at {}", mock.url()),
+        None => println!("gateway: {gateway_url}"),
+    }
+    if embedded.is_some() {
+        let socket = EmbeddedDatabase::socket_dir(&args.database.data_dir);
+        println!(
+            "database: embedded, under {} (psql -h {} -U postgres payments)",
+            args.database.data_dir.display(),
+            socket.display()
+        );
+        println!("demo API key: {DEMO_API_KEY}");
+        println!(
+            "try: curl -s -X POST http://{addr}/v1/payments -H 'Authorization: Bearer {DEMO_API_KEY}' \
+             -H 'Idempotency-Key: order-1' -H 'Content-Type: application/json' \
+             -d '{{\"amount\": 1000, \"currency\": \"usd\", \"source\": \"tok_visa\"}}'"
+        );
+    }
+
+    tokio::select! {
+        signal = shutdown_signal() => tracing::info!(signal, "stopping: draining requests"),
+        result = server => tracing::error!(?result, "the HTTP server stopped by itself"),
+    }
+    handle.stop(true).await;
+    if let Some(mock) = mock {
+        mock.stop().await;
+    }
+    if let Some(embedded) = embedded {
+        embedded.stop().await?;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

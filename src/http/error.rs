@@ -1,0 +1,183 @@
+//! Every error the API answers, and the one place where each becomes an HTTP response.
+//!
+//! Handlers return `Result<_, ApiError>`; the concerns' own errors (`CreateError`, `StoreError`,
+//! `KeyError`, actix's extractor errors) convert into it. Database outages are 503 (fail closed);
+//! anything unexpected is an opaque 500 whose cause is logged here, once, and never sent.
+
+use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
+use actix_web::http::StatusCode;
+use actix_web::http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
+use actix_web::{HttpResponse, ResponseError};
+
+use super::problem::{PROBLEM_JSON, Problem, ProblemType};
+use crate::db::StoreError;
+use crate::idempotency::{KeyError, PhaseError};
+use crate::payments::{CreateError, ValidationError};
+
+/// Seconds a client should wait before retrying a request that is in flight: requests finish in
+/// milliseconds unless their gateway call is slow.
+const RETRY_IN_FLIGHT_SECS: u32 = 1;
+/// After an indeterminate gateway outcome: give the gateway a moment to recover.
+const RETRY_GATEWAY_SECS: u32 = 2;
+/// While the database is unreachable.
+const RETRY_DATABASE_SECS: u32 = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("Send your API key as `Authorization: Bearer <key>`.")]
+    Unauthorized,
+    #[error("{0}.")]
+    IdempotencyKey(#[from] KeyError),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("The request body is larger than {limit} bytes.")]
+    PayloadTooLarge { limit: usize },
+    #[error("Send the body as JSON, with `Content-Type: application/json`.")]
+    UnsupportedMediaType,
+    #[error("There is no payment with this id in your account.")]
+    PaymentNotFound,
+    #[error("There is no endpoint at this path; the API is described at /openapi.yaml.")]
+    RouteNotFound,
+    #[error("This endpoint does not support this method.")]
+    MethodNotAllowed,
+    #[error(
+        "This Idempotency-Key was already used with a different request (body, method or path). \
+         Use a new key for a new request."
+    )]
+    KeyReused,
+    #[error("A request with this Idempotency-Key is still in progress. Retry with the same key shortly.")]
+    InFlight,
+    #[error(
+        "The payment gateway did not give a definitive answer. Retry with the same Idempotency-Key: \
+         the request resumes where it stopped, and the payment is charged at most once."
+    )]
+    GatewayUnavailable,
+    #[error("The database is unreachable, so nothing was done. Retry later with the same Idempotency-Key.")]
+    DatabaseUnavailable,
+    /// The cause is logged, never sent.
+    #[error("Something went wrong on our side. Retry later with the same Idempotency-Key.")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn problem_type(&self) -> ProblemType {
+        match self {
+            ApiError::Unauthorized => ProblemType::Unauthorized,
+            ApiError::IdempotencyKey(KeyError::Missing) => ProblemType::MissingIdempotencyKey,
+            ApiError::IdempotencyKey(_) => ProblemType::InvalidIdempotencyKey,
+            ApiError::InvalidRequest(_) => ProblemType::InvalidRequest,
+            ApiError::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
+            ApiError::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
+            ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
+            ApiError::RouteNotFound => ProblemType::RouteNotFound,
+            ApiError::MethodNotAllowed => ProblemType::MethodNotAllowed,
+            ApiError::KeyReused => ProblemType::IdempotencyKeyReused,
+            ApiError::InFlight => ProblemType::RequestInFlight,
+            ApiError::GatewayUnavailable => ProblemType::GatewayUnavailable,
+            ApiError::DatabaseUnavailable => ProblemType::DatabaseUnavailable,
+            ApiError::Internal(_) => ProblemType::Internal,
+        }
+    }
+
+    fn retry_after_secs(&self) -> Option<u32> {
+        match self {
+            ApiError::InFlight => Some(RETRY_IN_FLIGHT_SECS),
+            ApiError::GatewayUnavailable => Some(RETRY_GATEWAY_SECS),
+            ApiError::DatabaseUnavailable => Some(RETRY_DATABASE_SECS),
+            _ => None,
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.problem_type().status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let ApiError::Internal(cause) = self {
+            tracing::error!(%cause, "internal error");
+        }
+        let mut response = HttpResponse::build(self.status_code());
+        response.content_type(PROBLEM_JSON);
+        if let Some(seconds) = self.retry_after_secs() {
+            response.insert_header((RETRY_AFTER, seconds));
+        }
+        if let ApiError::Unauthorized = self {
+            response.insert_header((WWW_AUTHENTICATE, "Bearer"));
+        }
+        response.body(Problem::new(self.problem_type(), self.to_string()).to_bytes())
+    }
+}
+
+impl From<CreateError> for ApiError {
+    fn from(error: CreateError) -> Self {
+        match error {
+            CreateError::KeyReused => ApiError::KeyReused,
+            // Losing the lock means another request is driving the key now: for this client,
+            // that is the same as finding it in flight.
+            CreateError::InFlight | CreateError::Phase(PhaseError::LockLost) => ApiError::InFlight,
+            CreateError::GatewayIndeterminate(_) => ApiError::GatewayUnavailable,
+            CreateError::Phase(PhaseError::Store(error)) => error.into(),
+            CreateError::Phase(error @ PhaseError::Inconsistent(_)) => ApiError::Internal(error.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Unavailable(cause) => {
+                tracing::warn!(%cause, "database unavailable; failing closed");
+                ApiError::DatabaseUnavailable
+            }
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<diesel::result::Error> for ApiError {
+    fn from(error: diesel::result::Error) -> Self {
+        StoreError::from(error).into()
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(error: ValidationError) -> Self {
+        ApiError::InvalidRequest(error.0)
+    }
+}
+
+impl From<tokio::task::JoinError> for ApiError {
+    fn from(error: tokio::task::JoinError) -> Self {
+        ApiError::Internal(format!("the request's task failed: {error}"))
+    }
+}
+
+impl From<JsonPayloadError> for ApiError {
+    fn from(error: JsonPayloadError) -> Self {
+        match error {
+            JsonPayloadError::Overflow { limit } | JsonPayloadError::OverflowKnownLength { limit, .. } => {
+                ApiError::PayloadTooLarge { limit }
+            }
+            JsonPayloadError::ContentType => ApiError::UnsupportedMediaType,
+            JsonPayloadError::Deserialize(error) => {
+                ApiError::InvalidRequest(format!("The body is not valid: {error}."))
+            }
+            other => ApiError::InvalidRequest(format!("The body could not be read: {other}.")),
+        }
+    }
+}
+
+impl From<QueryPayloadError> for ApiError {
+    fn from(error: QueryPayloadError) -> Self {
+        ApiError::InvalidRequest(format!("The query string is not valid: {error}."))
+    }
+}
+
+impl From<PathError> for ApiError {
+    /// A path segment that does not parse (a malformed payment id) names nothing that exists.
+    fn from(_: PathError) -> Self {
+        ApiError::PaymentNotFound
+    }
+}

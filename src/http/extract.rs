@@ -1,0 +1,96 @@
+//! What handlers take from a request, each rejecting with an [`ApiError`].
+
+use std::future::{Future, Ready, ready};
+use std::pin::Pin;
+
+use actix_web::http::header::AUTHORIZATION;
+use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
+use uuid::Uuid;
+
+use super::error::ApiError;
+use crate::accounts;
+use crate::db;
+use crate::faults::{CrashPoint, FAULT_HEADER};
+use crate::idempotency::{IdempotencyKey, KeyError};
+use crate::startup::AppState;
+
+/// The largest request body accepted. A payment with a full description and full metadata is
+/// about 12 KiB of JSON.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The account whose API key the request carries (`Authorization: Bearer <key>`).
+pub struct AuthenticatedAccount {
+    pub id: Uuid,
+}
+
+impl FromRequest for AuthenticatedAccount {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let state = req.app_data::<web::Data<AppState>>().cloned();
+        let api_key = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim().to_owned());
+        Box::pin(async move {
+            let (Some(state), Some(api_key)) = (state, api_key) else {
+                return Err(ApiError::Unauthorized);
+            };
+            let mut conn = db::connect(&state.db).await?;
+            let id = accounts::authenticate(&mut conn, &api_key).await?.ok_or(ApiError::Unauthorized)?;
+            Ok(AuthenticatedAccount { id })
+        })
+    }
+}
+
+/// The request's `Idempotency-Key`, required and valid.
+pub struct IdempotencyKeyHeader(pub IdempotencyKey);
+
+impl FromRequest for IdempotencyKeyHeader {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let key = match req.headers().get("Idempotency-Key") {
+            None => Err(KeyError::Missing),
+            Some(value) => IdempotencyKey::parse(value.as_bytes()),
+        };
+        ready(key.map(IdempotencyKeyHeader).map_err(ApiError::from))
+    }
+}
+
+/// The crash point a request asks for with `X-Fault-Inject`: always none unless fault injection
+/// is enabled, in which case a malformed header is a 400.
+pub struct CrashRequest(pub Option<CrashPoint>);
+
+impl FromRequest for CrashRequest {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let enabled = req.app_data::<web::Data<AppState>>().is_some_and(|state| state.settings.fault_injection);
+        let header = req.headers().get(FAULT_HEADER).filter(|_| enabled);
+        ready(match header {
+            None => Ok(CrashRequest(None)),
+            Some(value) => value
+                .to_str()
+                .map_err(|e| e.to_string())
+                .and_then(str::parse)
+                .map(|point| CrashRequest(Some(point)))
+                .map_err(ApiError::InvalidRequest),
+        })
+    }
+}
+
+/// Every body, query string and path parameter that fails to parse is answered as a problem.
+pub fn extractor_configs(cfg: &mut web::ServiceConfig) {
+    cfg.app_data(
+        web::JsonConfig::default().limit(MAX_BODY_BYTES).error_handler(|error, _| ApiError::from(error).into()),
+    )
+    .app_data(web::QueryConfig::default().error_handler(|error, _| ApiError::from(error).into()))
+    .app_data(web::PathConfig::default().error_handler(|error, _| ApiError::from(error).into()));
+}

@@ -1,0 +1,47 @@
+//! The HTTP surface: the route table, extractors, handlers, and errors as problem details.
+
+pub mod error;
+mod extract;
+mod health;
+mod payments;
+pub mod problem;
+
+use actix_web::http::Method;
+use actix_web::{HttpResponse, Route, web};
+
+pub use error::ApiError;
+pub use extract::MAX_BODY_BYTES;
+pub use health::OPENAPI_YAML;
+pub use payments::REPLAYED_HEADER;
+
+/// One endpoint: every route of the app is registered from [`ENDPOINTS`], which is also what the
+/// test comparing the app with `openapi.yaml` reads.
+pub struct Endpoint {
+    pub method: Method,
+    pub path: &'static str,
+    route: fn() -> Route,
+}
+
+/// The API, as a table.
+pub const ENDPOINTS: &[Endpoint] = &[
+    Endpoint { method: Method::POST, path: "/v1/payments", route: || web::post().to(payments::create_payment) },
+    Endpoint { method: Method::GET, path: "/v1/payments", route: || web::get().to(payments::list_payments) },
+    Endpoint { method: Method::GET, path: "/v1/payments/{id}", route: || web::get().to(payments::get_payment) },
+    Endpoint { method: Method::GET, path: "/healthz", route: || web::get().to(health::healthz) },
+    Endpoint { method: Method::GET, path: "/readyz", route: || web::get().to(health::readyz) },
+    Endpoint { method: Method::GET, path: "/openapi.yaml", route: || web::get().to(health::openapi) },
+];
+
+/// Registers every endpoint, one resource per path (so a known path with an unknown method is a
+/// 405, not a 404), and answers everything else with a problem too.
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    extract::extractor_configs(cfg);
+    let mut paths: Vec<&str> = ENDPOINTS.iter().map(|endpoint| endpoint.path).collect();
+    paths.dedup();
+    for path in paths {
+        let routes = ENDPOINTS.iter().filter(|endpoint| endpoint.path == path);
+        let resource = routes.fold(web::resource(path), |resource, endpoint| resource.route((endpoint.route)()));
+        cfg.service(resource.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::MethodNotAllowed) })));
+    }
+    cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::RouteNotFound) }));
+}

@@ -1,0 +1,89 @@
+//! The payments endpoints. Each handler extracts, calls one function, and shapes the answer.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::extract::{AuthenticatedAccount, CrashRequest, IdempotencyKeyHeader};
+use super::problem::PROBLEM_JSON;
+use crate::db;
+use crate::idempotency::StoredResponse;
+use crate::payments::{self, CreatePaymentBody, Payment, PaymentView};
+use crate::startup::AppState;
+
+/// The header that marks a stored answer replayed for a retry (as Stripe sends it).
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+
+/// Page size bounds of `GET /v1/payments`.
+const DEFAULT_PAGE: i64 = 10;
+const MAX_PAGE: i64 = 100;
+
+/// `POST /v1/payments`
+pub async fn create_payment(
+    state: web::Data<AppState>,
+    account: AuthenticatedAccount,
+    key: IdempotencyKeyHeader,
+    crash: CrashRequest,
+    body: web::Json<CreatePaymentBody>,
+) -> Result<HttpResponse, ApiError> {
+    let request = body.into_inner().validate()?;
+    let state = state.into_inner();
+    // The protocol runs in a task of its own: a client that hangs up drops this handler, and must
+    // not take a half-done request down with it (its key would stay locked until the lock went
+    // stale). The task finishes the request either way, and a retry gets the stored answer.
+    let created =
+        tokio::spawn(async move { payments::create_payment(&state, account.id, key.0, request, crash.0).await })
+            .await??;
+    Ok(stored_response(created.response, created.replayed))
+}
+
+/// `GET /v1/payments/{id}`
+pub async fn get_payment(
+    state: web::Data<AppState>,
+    account: AuthenticatedAccount,
+    id: web::Path<Uuid>,
+) -> Result<HttpResponse, ApiError> {
+    let mut conn = db::connect(&state.db).await?;
+    let payment = Payment::find(&mut conn, account.id, id.into_inner()).await?.ok_or(ApiError::PaymentNotFound)?;
+    Ok(HttpResponse::Ok().json(PaymentView::from(&payment)))
+}
+
+/// The query of `GET /v1/payments`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    limit: Option<i64>,
+    starting_after: Option<Uuid>,
+}
+
+/// `GET /v1/payments?limit=N&starting_after=ID`: newest first, cursor-paginated.
+pub async fn list_payments(
+    state: web::Data<AppState>,
+    account: AuthenticatedAccount,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!("limit must be from 1 to {MAX_PAGE}.")));
+    }
+    let mut conn = db::connect(&state.db).await?;
+    let mut page = Payment::list(&mut conn, account.id, query.starting_after, limit).await?;
+    let has_more = page.len() as i64 > limit;
+    page.truncate(limit as usize);
+    let data: Vec<PaymentView> = page.iter().map(PaymentView::from).collect();
+    Ok(HttpResponse::Ok().json(json!({ "object": "list", "data": data, "has_more": has_more })))
+}
+
+/// A stored answer, exactly as stored.
+fn stored_response(response: StoredResponse, replayed: bool) -> HttpResponse {
+    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut builder = HttpResponse::build(status);
+    builder.content_type(if status.is_success() { "application/json" } else { PROBLEM_JSON });
+    if replayed {
+        builder.insert_header((REPLAYED_HEADER, "true"));
+    }
+    builder.body(response.body)
+}

@@ -1,0 +1,131 @@
+//! RFC 9457 problem details: the body of every error this service answers, stored ones included.
+
+use serde::Serialize;
+
+/// The media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Where the problem types live. `.example` marks it as a placeholder for your own documentation;
+/// the types themselves are listed, with their meaning, in `openapi.yaml`.
+const TYPE_BASE: &str = "https://payments.example/problems/";
+
+/// Every kind of problem: each has its own `type` URI, so clients branch on `type`, not on prose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProblemType {
+    Unauthorized,
+    MissingIdempotencyKey,
+    InvalidIdempotencyKey,
+    InvalidRequest,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    PaymentNotFound,
+    RouteNotFound,
+    MethodNotAllowed,
+    IdempotencyKeyReused,
+    RequestInFlight,
+    CardDeclined,
+    GatewayRejected,
+    GatewayUnavailable,
+    DatabaseUnavailable,
+    Internal,
+}
+
+impl ProblemType {
+    /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
+    pub const ALL: [ProblemType; 16] = [
+        ProblemType::Unauthorized,
+        ProblemType::MissingIdempotencyKey,
+        ProblemType::InvalidIdempotencyKey,
+        ProblemType::InvalidRequest,
+        ProblemType::PayloadTooLarge,
+        ProblemType::UnsupportedMediaType,
+        ProblemType::PaymentNotFound,
+        ProblemType::RouteNotFound,
+        ProblemType::MethodNotAllowed,
+        ProblemType::IdempotencyKeyReused,
+        ProblemType::RequestInFlight,
+        ProblemType::CardDeclined,
+        ProblemType::GatewayRejected,
+        ProblemType::GatewayUnavailable,
+        ProblemType::DatabaseUnavailable,
+        ProblemType::Internal,
+    ];
+
+    /// The type's slug, title and HTTP status, in one table.
+    fn parts(self) -> (&'static str, &'static str, u16) {
+        use ProblemType::*;
+        match self {
+            Unauthorized => ("unauthorized", "Missing or invalid API key", 401),
+            MissingIdempotencyKey => ("missing-idempotency-key", "Idempotency-Key header is missing", 400),
+            InvalidIdempotencyKey => ("invalid-idempotency-key", "Idempotency-Key header is invalid", 400),
+            InvalidRequest => ("invalid-request", "The request is invalid", 400),
+            PayloadTooLarge => ("payload-too-large", "The request body is too large", 413),
+            UnsupportedMediaType => ("unsupported-media-type", "The request body must be JSON", 415),
+            PaymentNotFound => ("payment-not-found", "No such payment", 404),
+            RouteNotFound => ("route-not-found", "No such endpoint", 404),
+            MethodNotAllowed => ("method-not-allowed", "Method not allowed on this endpoint", 405),
+            IdempotencyKeyReused => {
+                ("idempotency-key-reused", "Idempotency-Key was already used with another request", 422)
+            }
+            RequestInFlight => ("request-in-flight", "A request with this Idempotency-Key is in progress", 409),
+            CardDeclined => ("card-declined", "The card was declined", 402),
+            GatewayRejected => ("gateway-rejected", "The payment gateway rejected the charge", 502),
+            GatewayUnavailable => ("gateway-unavailable", "The payment's outcome is not known yet", 503),
+            DatabaseUnavailable => ("database-unavailable", "The service is temporarily unavailable", 503),
+            Internal => ("internal-error", "Internal server error", 500),
+        }
+    }
+
+    /// The `type` URI.
+    pub fn uri(self) -> String {
+        format!("{TYPE_BASE}{}", self.parts().0)
+    }
+
+    pub fn title(self) -> &'static str {
+        self.parts().1
+    }
+
+    pub fn status(self) -> u16 {
+        self.parts().2
+    }
+}
+
+/// A problem details body.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    #[serde(rename = "type")]
+    type_uri: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    /// Members beyond the standard four, such as the failed `payment` of a 402.
+    #[serde(flatten)]
+    extensions: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Problem {
+    pub fn new(kind: ProblemType, detail: impl Into<String>) -> Problem {
+        Problem {
+            type_uri: kind.uri(),
+            title: kind.title(),
+            status: kind.status(),
+            detail: detail.into(),
+            extensions: serde_json::Map::new(),
+        }
+    }
+
+    /// Adds an extension member.
+    pub fn with(mut self, name: &str, value: impl Serialize) -> Problem {
+        let value = serde_json::to_value(value).expect("problem extensions serialise");
+        self.extensions.insert(name.to_owned(), value);
+        self
+    }
+
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a problem always serialises")
+    }
+}

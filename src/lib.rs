@@ -1,0 +1,21 @@
+//! `payments`: a reference payment API that makes `POST /v1/payments` safe to retry.
+//!
+//! Start reading at [`payments::create`]: the recovery-point loop and its phases, on one screen.
+//! [`idempotency`] holds the protocol's generic parts (the key, the fingerprint, the claim, the
+//! fenced phase runner); [`http`] the thin handlers and the one mapping of errors to responses;
+//! [`gateway`] the client with its typed outcomes, and the mock gateway.
+
+pub mod accounts;
+pub mod audit;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod db;
+pub mod faults;
+pub mod gateway;
+pub mod http;
+pub mod idempotency;
+pub mod outbox;
+pub mod payments;
+pub mod startup;
+pub mod telemetry;

@@ -1,0 +1,15 @@
+use clap::Parser;
+use payments::cli::{AccountsCommand, Cli, Command};
+use payments::commands;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    payments::telemetry::init();
+    match cli.command {
+        Command::Serve(args) => commands::serve::run(args).await,
+        Command::Gateway(args) => commands::gateway::run(args).await,
+        Command::Migrate(args) => commands::migrate::run(args).await,
+        Command::Accounts(AccountsCommand::Create(args)) => commands::accounts::create(args).await,
+    }
+}

@@ -1,0 +1,61 @@
+//! Building the application and running it: two steps, so that a caller (the CLI, the tests) can
+//! bind first, learn the real address (port 0 allowed), and only then serve.
+
+use std::net::{SocketAddr, TcpListener};
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{App, HttpServer, web};
+
+use crate::config::Settings;
+use crate::db::Pool;
+use crate::gateway::GatewayClient;
+use crate::http;
+
+/// Seconds in-flight requests get to finish when the server stops.
+const SHUTDOWN_GRACE_SECS: u64 = 30;
+
+/// What every handler and worker shares. Processes hold no other state: everything they
+/// coordinate on is in PostgreSQL, so any number of them can serve the same database.
+pub struct AppState {
+    pub db: Pool,
+    pub gateway: GatewayClient,
+    pub settings: Settings,
+}
+
+/// A bound, not yet running, HTTP application.
+pub struct Application {
+    server: Server,
+    addr: SocketAddr,
+}
+
+impl Application {
+    /// Builds the server on an already-bound listener, with `workers` threads.
+    pub fn build(state: AppState, listener: TcpListener, workers: usize) -> std::io::Result<Application> {
+        let addr = listener.local_addr()?;
+        let state = web::Data::new(state);
+        let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(http::configure))
+            .listen(listener)?
+            .workers(workers)
+            // Signals are ours to handle: on SIGTERM we stop the server first and then what it
+            // depends on (the embedded cluster, the in-process gateway), in that order.
+            .disable_signals()
+            .shutdown_timeout(SHUTDOWN_GRACE_SECS)
+            .run();
+        Ok(Application { server, addr })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle to stop the server gracefully.
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until stopped through [`Application::handle`].
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}
