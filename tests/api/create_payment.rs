@@ -1,0 +1,158 @@
+//! The answers of POST /v1/payments, and what each leaves stored.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{GatewayStats, TestApp, new_key, payment_body};
+
+#[tokio::test]
+async fn a_new_payment_is_charged_once_answered_201_and_stored() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    assert!(response.headers().get("Idempotent-Replayed").is_none());
+    let payment: Value = response.json().await.unwrap();
+    assert_eq!(payment["object"], "payment");
+    assert_eq!(payment["status"], "succeeded");
+    assert_eq!(payment["amount"], 1000);
+    assert_eq!(payment["currency"], "usd");
+    assert_eq!(payment["description"], "Order #42");
+    assert_eq!(payment["metadata"], json!({}));
+    assert!(payment["gateway_charge_id"].as_str().unwrap().starts_with("ch_"));
+    assert!(payment["failure_code"].is_null());
+
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!(row.recovery_point, "finished");
+    assert!(row.locked_at.is_none() && row.lock_token.is_none());
+    assert_eq!(row.response_status, Some(201));
+    assert_eq!(app.gateway.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1 });
+    // One key, one payment, an audit record per phase, one staged event.
+    assert_eq!(app.row_counts().await, (1, 1, 3, 1));
+
+    let fetched: Value =
+        app.get(&format!("/v1/payments/{}", payment["id"].as_str().unwrap())).await.json().await.unwrap();
+    assert_eq!(fetched, payment);
+}
+
+#[tokio::test]
+async fn a_declined_card_is_answered_402_with_the_failed_payment_and_stored() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let body = json!({ "amount": 500, "currency": "eur", "source": "tok_chargeDeclined" });
+
+    let response = app.post_payment(&key, &body).await;
+
+    assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/card-declined");
+    assert_eq!(problem["status"], 402);
+    assert_eq!(problem["payment"]["status"], "failed");
+    assert_eq!(problem["payment"]["failure_code"], "card_declined");
+    assert!(problem["payment"]["gateway_charge_id"].is_null());
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!((row.recovery_point.as_str(), row.response_status), ("finished", Some(402)));
+    assert_eq!(app.gateway.stats().await, GatewayStats { charges: 0, declined: 1, requests: 1 });
+}
+
+#[tokio::test]
+async fn a_charge_the_gateway_rejects_is_answered_502_and_stored() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    // Passes our validation, but the gateway knows no such token: a definitive 400 from it.
+    let body = json!({ "amount": 500, "currency": "usd", "source": "card_1234" });
+
+    let response = app.post_payment(&key, &body).await;
+
+    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/gateway-rejected");
+    assert_eq!(problem["payment"]["status"], "failed");
+    assert_eq!(problem["payment"]["failure_code"], "gateway_rejected");
+    assert_eq!(app.key_row(&key).await.unwrap().response_status, Some(502));
+    assert_eq!(app.gateway.stats().await.charges, 0);
+}
+
+#[tokio::test]
+async fn payments_are_listed_newest_first_with_a_cursor() {
+    let app = TestApp::spawn().await;
+    let mut ids = Vec::new();
+    for amount in [100, 200, 300] {
+        let body = json!({ "amount": amount, "currency": "usd", "source": "tok_visa" });
+        let payment: Value = app.post_payment(&new_key(), &body).await.json().await.unwrap();
+        ids.push(payment["id"].as_str().unwrap().to_owned());
+    }
+
+    let first: Value = app.get("/v1/payments?limit=2").await.json().await.unwrap();
+    assert_eq!(first["object"], "list");
+    assert_eq!(first["has_more"], true);
+    let amounts: Vec<i64> = first["data"].as_array().unwrap().iter().map(|p| p["amount"].as_i64().unwrap()).collect();
+    assert_eq!(amounts, [300, 200]);
+
+    let next: Value = app.get(&format!("/v1/payments?limit=2&starting_after={}", ids[1])).await.json().await.unwrap();
+    assert_eq!(next["has_more"], false);
+    assert_eq!(next["data"].as_array().unwrap().len(), 1);
+    assert_eq!(next["data"][0]["id"], ids[0].as_str());
+
+    let default: Value = app.get("/v1/payments").await.json().await.unwrap();
+    assert_eq!(default["data"].as_array().unwrap().len(), 3);
+
+    for bad in ["limit=0", "limit=101", "limit=ten", "starting_after=nope", "colour=blue"] {
+        let response = app.get(&format!("/v1/payments?{bad}")).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+    }
+}
+
+#[tokio::test]
+async fn accounts_are_isolated_and_a_shared_key_means_two_requests() {
+    let app = TestApp::spawn().await;
+    let other = app.create_account("other").await;
+    let key = new_key();
+
+    let mine: Value = app.post_payment(&key, &payment_body()).await.json().await.unwrap();
+    let response = app
+        .post_payment_raw(
+            Some(&other),
+            &[("Idempotency-Key", &key), ("Content-Type", "application/json")],
+            payment_body().to_string(),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED, "the same key in another account is a new request");
+    assert!(response.headers().get("Idempotent-Replayed").is_none());
+    let theirs: Value = response.json().await.unwrap();
+    assert_ne!(mine["id"], theirs["id"]);
+    assert_eq!(app.gateway.stats().await.charges, 2);
+
+    let path = format!("/v1/payments/{}", mine["id"].as_str().unwrap());
+    let response = app.get_as(&other, &path).await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/payment-not-found");
+    let listed: Value = app.get_as(&other, "/v1/payments").await.json().await.unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1);
+    assert_eq!(listed["data"][0]["id"], theirs["id"]);
+}
+
+#[tokio::test]
+async fn an_unknown_or_malformed_payment_id_is_404() {
+    let app = TestApp::spawn().await;
+    for id in ["01930000-0000-7000-8000-000000000000", "not-a-uuid"] {
+        let response = app.get(&format!("/v1/payments/{id}")).await;
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{id}");
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+    }
+}
+
+#[tokio::test]
+async fn health_and_readiness_answer() {
+    let app = TestApp::spawn().await;
+    let health = app.http.get(format!("{}/healthz", app.address)).send().await.unwrap();
+    assert_eq!(health.status(), StatusCode::OK);
+    let ready = app.http.get(format!("{}/readyz", app.address)).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK);
+}

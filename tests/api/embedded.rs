@@ -1,0 +1,69 @@
+//! The README's first command: `payments serve` with no configuration at all runs its own
+//! PostgreSQL and mock gateway, takes a payment with the demo key, and stops cleanly.
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::{Process, new_key, payment_body};
+
+#[tokio::test]
+async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
+    let data_dir = std::env::temp_dir().join(format!("payments-embedded-{}", uuid::Uuid::new_v4().simple()));
+    let data = data_dir.to_str().unwrap();
+    let env = [("PAYMENTS_DATA_DIR", data), ("PAYMENTS_BIND", "127.0.0.1:0")];
+
+    let mut serve = Process::start(&["serve"], &env, payments::commands::serve::LISTENING).await;
+    let printed = |text: &'static str| {
+        let mut stdout = serve.stdout.clone();
+        async move { stdout.wait_for(|lines| lines.iter().any(|line| line.contains(text))).await.is_ok() }
+    };
+    assert!(printed("demo API key: sk_test_demo").await);
+    assert!(printed("try: curl").await);
+
+    let http = reqwest::Client::new();
+    let key = new_key();
+    let pay = || {
+        http.post(format!("{}/v1/payments", serve.url))
+            .bearer_auth("sk_test_demo")
+            .header("Idempotency-Key", &key)
+            .json(&payment_body())
+            .send()
+    };
+    let created = pay().await.unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    let payment: Value = created.json().await.unwrap();
+    assert_eq!(payment["status"], "succeeded");
+
+    // While it runs, `accounts create` joins the same cluster.
+    let account = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
+        .args(["accounts", "create", "Acme"])
+        .env("PAYMENTS_DATA_DIR", data)
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(account.status.success(), "{}", String::from_utf8_lossy(&account.stderr));
+    let api_key = String::from_utf8(account.stdout).unwrap().lines().last().unwrap().to_owned();
+    assert!(api_key.starts_with("sk_") && api_key.len() > 20, "{api_key}");
+    let listed = http.get(format!("{}/v1/payments", serve.url)).bearer_auth(&api_key).send().await.unwrap();
+    assert_eq!(listed.status(), StatusCode::OK, "the new key works at once");
+
+    serve.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(serve.exited().await.success());
+    assert!(!data_dir.join("data/postmaster.pid").exists(), "the cluster stopped with the service");
+
+    // The data survives a restart: the payment is replayed, not made again.
+    let mut serve = Process::start(&["serve"], &env, payments::commands::serve::LISTENING).await;
+    let replay = http
+        .post(format!("{}/v1/payments", serve.url))
+        .bearer_auth("sk_test_demo")
+        .header("Idempotency-Key", &key)
+        .json(&payment_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+    serve.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(serve.exited().await.success());
+    std::fs::remove_dir_all(&data_dir).unwrap();
+}

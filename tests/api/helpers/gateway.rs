@@ -1,0 +1,46 @@
+//! Talking to the mock gateway's control endpoints (in-process or a process of its own).
+
+use serde_json::{Value, json};
+
+/// The mock's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+pub struct GatewayStats {
+    pub charges: u64,
+    pub declined: u64,
+    pub requests: u64,
+}
+
+pub struct GatewayControl {
+    url: String,
+    http: reqwest::Client,
+}
+
+impl GatewayControl {
+    pub fn new(url: &str) -> GatewayControl {
+        GatewayControl { url: url.trim_end_matches('/').to_owned(), http: reqwest::Client::new() }
+    }
+
+    pub async fn stats(&self) -> GatewayStats {
+        let response = self.http.get(format!("{}/_control/stats", self.url)).send().await.expect("gateway stats");
+        response.json().await.expect("gateway stats body")
+    }
+
+    /// Applies `mode` to the next `count` charge requests.
+    pub async fn fault(&self, mode: &str, count: u64) {
+        self.faults(json!({ "mode": mode, "count": count })).await;
+    }
+
+    pub async fn faults(&self, plan: Value) {
+        let response = self.http.post(format!("{}/_control/faults", self.url)).json(&plan).send().await.unwrap();
+        assert!(response.status().is_success(), "setting faults {plan}: {}", response.status());
+    }
+
+    /// The charges the gateway holds for one downstream key.
+    pub async fn charges_for(&self, downstream_key: &str) -> Vec<Value> {
+        let mut url = reqwest::Url::parse(&format!("{}/v1/charges", self.url)).unwrap();
+        url.query_pairs_mut().append_pair("idempotency_key", downstream_key);
+        let response = self.http.get(url).send().await.unwrap();
+        let list: Value = response.json().await.unwrap();
+        list["data"].as_array().cloned().unwrap_or_default()
+    }
+}

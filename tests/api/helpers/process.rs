@@ -1,0 +1,80 @@
+//! The real binary, as a child process: `payments serve` and `payments gateway`.
+
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// How long a process may take to print its ready line (embedded mode runs initdb first).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running `payments` process, killed when dropped.
+pub struct Process {
+    child: Child,
+    /// The URL from its ready line.
+    pub url: String,
+    /// Everything else it printed on stdout, in order.
+    pub stdout: tokio::sync::watch::Receiver<Vec<String>>,
+}
+
+impl Process {
+    /// Starts `payments <args>` with `env`, and waits for the line that starts with `ready_prefix`
+    /// followed by the URL it serves.
+    pub async fn start(args: &[&str], env: &[(&str, &str)], ready_prefix: &str) -> Process {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+        command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).kill_on_drop(true);
+        command.stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() });
+        for var in ["DATABASE_URL", "GATEWAY_URL", "PAYMENTS_FAULT_INJECTION", "PAYMENTS_BIND", "PAYMENTS_DATA_DIR"] {
+            command.env_remove(var);
+        }
+        command.envs(env.iter().copied());
+        let mut child = command.spawn().expect("starting the payments binary");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = tokio::time::timeout(READY_TIMEOUT, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(rest) = line.strip_prefix(ready_prefix) {
+                    return rest.trim().to_owned();
+                }
+            }
+            panic!("payments {args:?} exited before printing {ready_prefix:?}");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("payments {args:?} did not print {ready_prefix:?} in time"));
+        // Keep reading, so the pipe never fills, and keep what it prints for tests that look.
+        let (sender, stdout) = tokio::sync::watch::channel(Vec::new());
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                sender.send_modify(|all| all.push(line));
+            }
+        });
+        Process { child, url, stdout }
+    }
+
+    /// `payments serve` against `database_url`, on a free port, with these extra variables.
+    pub async fn serve(database_url: &str, gateway_url: &str, env: &[(&str, &str)]) -> Process {
+        let mut all =
+            vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url), ("PAYMENTS_BIND", "127.0.0.1:0")];
+        all.extend_from_slice(env);
+        Process::start(&["serve"], &all, payments::commands::serve::LISTENING).await
+    }
+
+    /// `payments gateway` on a free port.
+    pub async fn gateway() -> Process {
+        Process::start(&["gateway", "--bind", "127.0.0.1:0"], &[], "payments gateway listening on").await
+    }
+
+    /// Waits for the process to exit by itself.
+    pub async fn exited(&mut self) -> ExitStatus {
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the process did not exit")
+            .unwrap()
+    }
+
+    /// Sends a signal (SIGTERM for a clean stop).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id().expect("still running") as i32);
+        nix::sys::signal::kill(pid, signal).unwrap();
+    }
+}

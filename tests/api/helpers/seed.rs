@@ -1,0 +1,80 @@
+//! Seeding states that only a crash leaves behind: a key at a recovery point, with or without
+//! its payment, locked or not. Built with the service's own canonicalisation, so a retry of the
+//! same body matches the seeded fingerprint.
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use payments::db::schema::{idempotency_keys, payments as payments_table};
+use payments::idempotency::Fingerprint;
+use payments::payments::CreatePaymentBody;
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::TestApp;
+
+/// How the seeded key's lock looks.
+#[derive(Debug, Clone, Copy)]
+pub enum Lock {
+    Free,
+    /// Locked this many seconds ago.
+    HeldFor(i64),
+}
+
+impl TestApp {
+    /// Inserts a key row for `body` at `recovery_point`, and returns its id.
+    pub async fn seed_key(&self, key: &str, body: &Value, recovery_point: &str, lock: Lock) -> Uuid {
+        let request = serde_json::from_value::<CreatePaymentBody>(body.clone()).unwrap().validate().unwrap();
+        let params = request.to_params();
+        let id = Uuid::now_v7();
+        let locked_at = match lock {
+            Lock::Free => None,
+            Lock::HeldFor(seconds) => Some(chrono::Utc::now() - chrono::Duration::seconds(seconds)),
+        };
+        diesel::insert_into(idempotency_keys::table)
+            .values((
+                idempotency_keys::id.eq(id),
+                idempotency_keys::account_id.eq(self.account_id),
+                idempotency_keys::idempotency_key.eq(key),
+                idempotency_keys::request_method.eq("POST"),
+                idempotency_keys::request_path.eq("/v1/payments"),
+                idempotency_keys::request_fingerprint.eq(Fingerprint::of(&params).as_bytes().to_vec()),
+                idempotency_keys::request_params.eq(&params),
+                idempotency_keys::recovery_point.eq(recovery_point),
+                idempotency_keys::locked_at.eq(locked_at),
+                idempotency_keys::lock_token.eq(locked_at.map(|_| Uuid::new_v4())),
+            ))
+            .execute(&mut self.db().await)
+            .await
+            .unwrap();
+        id
+    }
+
+    /// Inserts the payment a key row made, in `status`, and returns its id.
+    pub async fn seed_payment(&self, key_id: Uuid, key: &str, status: &str, charge_id: Option<&str>) -> Uuid {
+        let id = Uuid::now_v7();
+        let failure = (status == "failed").then_some("card_declined");
+        diesel::insert_into(payments_table::table)
+            .values((
+                payments_table::id.eq(id),
+                payments_table::account_id.eq(self.account_id),
+                payments_table::idempotency_key_id.eq(key_id),
+                payments_table::idempotency_key.eq(key),
+                payments_table::amount.eq(1000_i64),
+                payments_table::currency.eq("usd"),
+                payments_table::description.eq("Order #42"),
+                payments_table::status.eq(status),
+                payments_table::gateway_charge_id.eq(charge_id),
+                payments_table::failure_code.eq(failure),
+                payments_table::failure_message.eq(failure.map(|_| "Your card was declined.")),
+            ))
+            .execute(&mut self.db().await)
+            .await
+            .unwrap();
+        id
+    }
+
+    /// The downstream key the service sends the gateway for one of this account's key rows.
+    pub fn downstream_key(&self, key_id: Uuid) -> String {
+        payments::gateway::downstream_key(self.account_id, key_id)
+    }
+}

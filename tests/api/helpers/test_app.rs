@@ -1,0 +1,215 @@
+//! `TestApp`: the application on a random port, against a database of its own, with helpers
+//! named after the endpoints they call.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use payments::config::Settings;
+use payments::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
+use payments::gateway::GatewayClient;
+use payments::gateway::mock::{FaultPlan, MockGateway};
+use payments::startup::{AppState, Application};
+use reqwest::Response;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use super::cluster::TestDatabase;
+use super::gateway::GatewayControl;
+
+/// A valid payment body.
+pub fn payment_body() -> Value {
+    json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "Order #42" })
+}
+
+/// A key nobody else uses.
+pub fn new_key() -> String {
+    format!("key-{}", Uuid::new_v4())
+}
+
+pub struct TestAppBuilder {
+    settings: Settings,
+    gateway_url: Option<String>,
+    database_url: Option<String>,
+}
+
+impl TestAppBuilder {
+    /// Use this gateway (wiremock, a gateway process) instead of an in-process mock.
+    pub fn gateway_url(mut self, url: impl Into<String>) -> Self {
+        self.gateway_url = Some(url.into());
+        self
+    }
+
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.lock_timeout = timeout;
+        self
+    }
+
+    pub fn gateway_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.gateway_timeout = timeout;
+        self
+    }
+
+    pub fn fault_injection(mut self) -> Self {
+        self.settings.fault_injection = true;
+        self
+    }
+
+    /// Reach the database through this URL (a proxy in front of it) instead of directly.
+    pub fn database_url(mut self, url: String) -> Self {
+        self.database_url = Some(url);
+        self
+    }
+
+    pub async fn spawn(self) -> TestApp {
+        let database = TestDatabase::create().await;
+        self.spawn_on(database).await
+    }
+
+    pub async fn spawn_on(self, database: TestDatabase) -> TestApp {
+        let mut conn = AsyncPgConnection::establish(&database.url).await.expect("connecting to the test database");
+        let (account, api_key) = payments::accounts::create(&mut conn, "test").await.expect("creating an account");
+        let mock = match &self.gateway_url {
+            Some(_) => None,
+            None => Some(MockGateway::start(TcpListener::bind("127.0.0.1:0").unwrap(), FaultPlan::none()).unwrap()),
+        };
+        let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
+        let state = AppState {
+            db: payments::db::pool(self.database_url.as_deref().unwrap_or(&database.url), 10),
+            gateway: GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
+            settings: self.settings,
+        };
+        let app = Application::build(state, TcpListener::bind("127.0.0.1:0").unwrap(), 2).unwrap();
+        let (address, server) = (format!("http://{}", app.addr()), app.handle());
+        tokio::spawn(app.run_until_stopped());
+        TestApp {
+            address,
+            api_key,
+            account_id: account.id,
+            http: reqwest::Client::new(),
+            gateway: GatewayControl::new(&gateway_url),
+            server,
+            mock,
+            database,
+        }
+    }
+}
+
+/// A running application. Fields drop in order: the server and the gateway before the database.
+pub struct TestApp {
+    pub address: String,
+    pub api_key: String,
+    pub account_id: Uuid,
+    pub http: reqwest::Client,
+    /// Control of the in-process mock gateway (or whatever gateway the builder was given).
+    pub gateway: GatewayControl,
+    server: ServerHandle,
+    mock: Option<MockGateway>,
+    /// Must be the last field: dropping it drops the database.
+    pub database: TestDatabase,
+}
+
+impl TestApp {
+    pub fn builder() -> TestAppBuilder {
+        TestAppBuilder { settings: Settings::default(), gateway_url: None, database_url: None }
+    }
+
+    /// An app with default settings and an in-process mock gateway.
+    pub async fn spawn() -> TestApp {
+        TestApp::builder().spawn().await
+    }
+
+    /// `POST /v1/payments` with a JSON body.
+    pub async fn post_payment(&self, key: &str, body: &Value) -> Response {
+        self.post_payment_with(key, body.to_string(), &[]).await
+    }
+
+    /// `POST /v1/payments` with a raw body and extra headers.
+    pub async fn post_payment_with(&self, key: &str, body: String, headers: &[(&str, &str)]) -> Response {
+        let mut all = vec![("Idempotency-Key", key), ("Content-Type", "application/json")];
+        all.extend_from_slice(headers);
+        self.post_payment_raw(Some(&self.api_key), &all, body).await
+    }
+
+    /// `POST /v1/payments` exactly as given: any API key (or none), any headers, any body.
+    pub async fn post_payment_raw(&self, api_key: Option<&str>, headers: &[(&str, &str)], body: String) -> Response {
+        let mut request = self.http.post(format!("{}/v1/payments", self.address)).body(body);
+        if let Some(api_key) = api_key {
+            request = request.bearer_auth(api_key);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send().await.expect("sending POST /v1/payments")
+    }
+
+    /// `GET <path>` with the account's key.
+    pub async fn get(&self, path: &str) -> Response {
+        self.get_as(&self.api_key, path).await
+    }
+
+    /// `GET <path>` with another API key.
+    pub async fn get_as(&self, api_key: &str, path: &str) -> Response {
+        self.http.get(format!("{}{path}", self.address)).bearer_auth(api_key).send().await.expect("GET")
+    }
+
+    /// Creates another account in the same database, and returns its API key.
+    pub async fn create_account(&self, name: &str) -> String {
+        payments::accounts::create(&mut self.db().await, name).await.unwrap().1
+    }
+
+    /// A connection straight to the test database, for assertions.
+    pub async fn db(&self) -> AsyncPgConnection {
+        AsyncPgConnection::establish(&self.database.url).await.expect("connecting to the test database")
+    }
+
+    /// The key row of `key` in this app's account, if any.
+    pub async fn key_row(&self, key: &str) -> Option<KeyRow> {
+        idempotency_keys::table
+            .filter(idempotency_keys::account_id.eq(self.account_id))
+            .filter(idempotency_keys::idempotency_key.eq(key))
+            .select(KeyRow::as_select())
+            .get_result(&mut self.db().await)
+            .await
+            .optional()
+            .unwrap()
+    }
+
+    /// How many rows each table holds: (keys, payments, audit records, staged jobs).
+    pub async fn row_counts(&self) -> (i64, i64, i64, i64) {
+        let mut conn = self.db().await;
+        let keys = idempotency_keys::table.count().get_result(&mut conn).await.unwrap();
+        let payments = payments_table::table.count().get_result(&mut conn).await.unwrap();
+        let audits = audit_records::table.count().get_result(&mut conn).await.unwrap();
+        let jobs = staged_jobs::table.count().get_result(&mut conn).await.unwrap();
+        (keys, payments, audits, jobs)
+    }
+
+    /// Runs SQL against the test database (to seed states the API cannot reach directly).
+    pub async fn run_sql(&self, sql: &str) {
+        diesel::sql_query(sql).execute(&mut self.db().await).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        // Stop accepting; in-flight tasks die with the test's runtime.
+        drop(self.server.stop(false));
+        drop(self.mock.take());
+    }
+}
+
+/// A key row, as the tests look at it.
+#[derive(Debug, Queryable, Selectable)]
+#[diesel(table_name = idempotency_keys)]
+pub struct KeyRow {
+    pub id: Uuid,
+    pub recovery_point: String,
+    pub locked_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub lock_token: Option<Uuid>,
+    pub response_status: Option<i16>,
+    pub response_body: Option<Vec<u8>>,
+    pub request_params: Value,
+}

@@ -1,0 +1,16 @@
+//! The integration tests: one binary, so the crate links once and the run shares one cluster.
+
+mod concurrency;
+mod crash_recovery;
+mod create_payment;
+mod database_outage;
+mod embedded;
+mod fencing;
+mod gateway_faults;
+mod gateway_mock;
+mod helpers;
+mod openapi;
+mod replay;
+mod resumption;
+mod schema;
+mod validation;

@@ -1,0 +1,67 @@
+//! A finished key answers every retry with the stored response, byte for byte.
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::{TestApp, new_key, payment_body};
+
+#[tokio::test]
+async fn replaying_a_finished_key_returns_the_stored_bytes() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment_body()).await;
+    let (status, content_type) = (first.status(), first.headers()["content-type"].clone());
+    let first_bytes = first.bytes().await.unwrap();
+
+    let retry = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(retry.status(), status);
+    assert_eq!(retry.headers()["content-type"], content_type);
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(retry.bytes().await.unwrap(), first_bytes);
+    assert_eq!(app.gateway.stats().await.requests, 1, "a replay never reaches the gateway");
+    assert_eq!(app.row_counts().await, (1, 1, 3, 1), "a replay writes nothing");
+}
+
+#[tokio::test]
+async fn a_reordered_and_reformatted_body_is_the_same_request() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+
+    let reordered = r#"{ "description" : "Order #42",
+                         "source": "tok_visa", "currency": "USD", "amount": 1000, "metadata": {} }"#;
+    let retry = app.post_payment_with(&key, reordered.into(), &[]).await;
+
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(retry.bytes().await.unwrap(), first);
+}
+
+#[tokio::test]
+async fn the_quoted_key_form_names_the_same_key() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+
+    let retry = app.post_payment(&format!("\"{key}\""), &payment_body()).await;
+
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(retry.bytes().await.unwrap(), first);
+}
+
+#[tokio::test]
+async fn a_stored_decline_is_replayed_too() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let body = json!({ "amount": 500, "currency": "usd", "source": "tok_chargeDeclined" });
+    let first = app.post_payment(&key, &body).await.bytes().await.unwrap();
+
+    let retry = app.post_payment(&key, &body).await;
+
+    assert_eq!(retry.status(), StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(retry.headers()["content-type"], "application/problem+json");
+    assert_eq!(retry.bytes().await.unwrap(), first);
+    assert_eq!(app.gateway.stats().await.requests, 1);
+}

@@ -1,0 +1,131 @@
+//! A retry resumes a key at its recorded recovery point, and never repeats an earlier phase: the
+//! gateway is called only when the key has not got past `started`.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use wiremock::matchers::{header, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::{Lock, TestApp, new_key, payment_body};
+
+/// An app whose gateway is a wiremock server mounted later (it needs the seeded key's id).
+async fn app_with(gateway: &MockServer) -> TestApp {
+    TestApp::builder().gateway_url(gateway.uri()).spawn().await
+}
+
+async fn assert_finished(app: &TestApp, key: &str, response: reqwest::Response, charge_id: &str) {
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let payment: Value = response.json().await.unwrap();
+    assert_eq!(payment["gateway_charge_id"], charge_id);
+    let row = app.key_row(key).await.unwrap();
+    assert_eq!((row.recovery_point.as_str(), row.locked_at), ("finished", None));
+    let (keys, payments, _, jobs) = app.row_counts().await;
+    assert_eq!((keys, payments, jobs), (1, 1, 1), "one key, one payment, one event");
+}
+
+#[tokio::test]
+async fn a_key_at_started_without_its_payment_finishes_with_one_charge() {
+    let gateway = MockServer::start().await;
+    let app = app_with(&gateway).await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let _charge = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 1).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_finished(&app, &key, response, "ch_resumed").await;
+}
+
+#[tokio::test]
+async fn a_key_at_started_with_its_pending_payment_reuses_the_payment() {
+    let gateway = MockServer::start().await;
+    let app = app_with(&gateway).await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let payment_id = app.seed_payment(key_id, &key, "pending", None).await;
+    let _charge = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 1).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    let body = response.bytes().await.unwrap();
+    let payment: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(payment["id"], payment_id.to_string(), "the payment made before the crash, not a new one");
+    let (keys, payments, audits, _) = app.row_counts().await;
+    assert_eq!((keys, payments), (1, 1));
+    assert_eq!(audits, 2, "no second payment.created: charge recorded and finished only");
+}
+
+#[tokio::test]
+async fn a_key_at_charge_created_finishes_without_calling_the_gateway() {
+    let gateway = MockServer::start().await;
+    let app = app_with(&gateway).await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "charge_created", Lock::Free).await;
+    app.seed_payment(key_id, &key, "succeeded", Some("ch_before_crash")).await;
+    let _never = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_finished(&app, &key, response, "ch_before_crash").await;
+}
+
+#[tokio::test]
+async fn a_declined_payment_at_charge_created_finishes_as_402() {
+    let gateway = MockServer::start().await;
+    let app = app_with(&gateway).await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "charge_created", Lock::Free).await;
+    app.seed_payment(key_id, &key, "failed", None).await;
+    let _never = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+    assert_eq!(app.key_row(&key).await.unwrap().response_status, Some(402));
+}
+
+#[tokio::test]
+async fn a_stale_lock_is_taken_over_and_the_request_finishes() {
+    let gateway = MockServer::start().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).lock_timeout(Duration::from_secs(60)).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::HeldFor(61)).await;
+    app.seed_payment(key_id, &key, "pending", None).await;
+    let _charge = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 1).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_finished(&app, &key, response, "ch_resumed").await;
+}
+
+#[tokio::test]
+async fn a_live_lock_is_409_with_retry_after_and_touches_nothing() {
+    let gateway = MockServer::start().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).lock_timeout(Duration::from_secs(60)).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::HeldFor(1)).await;
+    let before = app.key_row(&key).await.unwrap();
+    let _never = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/request-in-flight");
+    let after = app.key_row(&key).await.unwrap();
+    assert_eq!((after.locked_at, after.lock_token), (before.locked_at, before.lock_token));
+}
+
+/// Expects exactly `times` charge requests under `downstream_key` (checked when the guard drops).
+async fn gateway_expecting_on(gateway: &MockServer, downstream_key: &str, times: u64) -> wiremock::MockGuard {
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .and(header("Idempotency-Key", downstream_key))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({ "id": "ch_resumed", "status": "succeeded" })))
+        .expect(times)
+        .mount_as_scoped(gateway)
+        .await
+}

@@ -1,0 +1,151 @@
+//! The schema's rules, checked against the migrated database: `schema.rs` matches it, the
+//! migrations revert cleanly, every row can be distributed by account, every foreign key is
+//! indexed, and every text column is bounded.
+
+use diesel::QueryableByName;
+use diesel::sql_types::{Bool, Text};
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_migrations::MigrationHarness;
+use payments::db::migrate::MIGRATIONS;
+
+use crate::helpers::TestDatabase;
+
+const SCHEMA_RS: &str = include_str!("../../src/db/schema.rs");
+
+#[derive(QueryableByName, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Column {
+    #[diesel(sql_type = Text)]
+    table_name: String,
+    #[diesel(sql_type = Text)]
+    column_name: String,
+    #[diesel(sql_type = Text)]
+    udt_name: String,
+    #[diesel(sql_type = Bool)]
+    nullable: bool,
+}
+
+async fn columns(conn: &mut AsyncPgConnection) -> Vec<Column> {
+    diesel::sql_query(
+        "SELECT table_name::text, column_name::text, udt_name::text, is_nullable = 'YES' AS nullable
+         FROM information_schema.columns
+         WHERE table_schema = 'public' AND table_name <> '__diesel_schema_migrations'
+         ORDER BY table_name, ordinal_position",
+    )
+    .load(conn)
+    .await
+    .unwrap()
+}
+
+/// The columns `schema.rs` declares, read from its `table!` blocks.
+fn declared_columns() -> Vec<Column> {
+    let mut table = None;
+    let mut declared = Vec::new();
+    for line in SCHEMA_RS.lines().map(str::trim) {
+        if let Some((name, _)) = line.split_once(" (").filter(|_| line.ends_with('{')) {
+            table = Some(name.to_owned());
+        } else if line == "}" {
+            table = None;
+        } else if let (Some(table), Some((column, sql_type))) = (&table, line.trim_end_matches(',').split_once(" -> "))
+        {
+            let (nullable, sql_type) = match sql_type.strip_prefix("Nullable<") {
+                Some(inner) => (true, inner.trim_end_matches('>')),
+                None => (false, sql_type),
+            };
+            let udt_name = match sql_type {
+                "Int2" | "Int4" | "Int8" | "Uuid" | "Text" | "Bytea" | "Jsonb" | "Timestamptz" | "Bool" => {
+                    sql_type.to_lowercase()
+                }
+                other => panic!("schema.rs: an SQL type this test does not know: {other}"),
+            };
+            declared.push(Column { table_name: table.to_owned(), column_name: column.to_owned(), udt_name, nullable });
+        }
+    }
+    declared.sort();
+    declared
+}
+
+#[tokio::test]
+async fn schema_rs_matches_the_migrated_database() {
+    let database = TestDatabase::create().await;
+    let mut actual = columns(&mut AsyncPgConnection::establish(&database.url).await.unwrap()).await;
+    actual.sort();
+    assert_eq!(declared_columns(), actual);
+}
+
+#[tokio::test]
+async fn the_migrations_revert_and_apply_again() {
+    let database = TestDatabase::create().await;
+    let url = database.url.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut conn = <AsyncConnectionWrapper<AsyncPgConnection> as diesel::Connection>::establish(&url).unwrap();
+        conn.revert_all_migrations(MIGRATIONS).expect("every down.sql runs");
+        let remaining: i64 = diesel::RunQueryDsl::get_result(
+            diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+                "(SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename <> '__diesel_schema_migrations')",
+            )),
+            &mut conn,
+        )
+        .unwrap();
+        assert_eq!(remaining, 0, "down migrations leave no table behind");
+        conn.run_pending_migrations(MIGRATIONS).expect("every up.sql runs again");
+    })
+    .await
+    .unwrap();
+}
+
+#[derive(QueryableByName, Debug)]
+struct Finding {
+    #[diesel(sql_type = Text)]
+    finding: String,
+}
+
+/// Runs a query that lists rule violations, and asserts it lists none.
+async fn assert_none(sql: &str) {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let findings: Vec<String> =
+        diesel::sql_query(sql).load::<Finding>(&mut conn).await.unwrap().into_iter().map(|f| f.finding).collect();
+    assert!(findings.is_empty(), "{findings:#?}");
+}
+
+#[tokio::test]
+async fn every_table_but_accounts_carries_account_id_in_every_unique_key() {
+    assert_none(
+        "SELECT format('%s.%s does not include account_id', c.conrelid::regclass, c.conname) AS finding
+         FROM pg_constraint c
+         WHERE c.contype IN ('p', 'u') AND c.connamespace = 'public'::regnamespace
+           AND c.conrelid::regclass::text NOT IN ('accounts', '__diesel_schema_migrations')
+           AND NOT EXISTS (SELECT FROM pg_attribute a
+                           WHERE a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) AND a.attname = 'account_id')",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn every_foreign_key_is_indexed() {
+    assert_none(
+        "SELECT format('%s.%s has no index', c.conrelid::regclass, c.conname) AS finding
+         FROM pg_constraint c
+         WHERE c.contype = 'f' AND c.connamespace = 'public'::regnamespace
+           AND NOT EXISTS (SELECT FROM pg_index i
+                           WHERE i.indrelid = c.conrelid
+                             AND (i.indkey::int2[])[0:array_length(c.conkey, 1) - 1] @> c.conkey
+                             AND (i.indkey::int2[])[0:array_length(c.conkey, 1) - 1] <@ c.conkey)",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn every_text_column_is_bounded_by_a_check() {
+    assert_none(
+        "SELECT format('%s.%s has no CHECK', c.table_name, c.column_name) AS finding
+         FROM information_schema.columns c
+         WHERE c.table_schema = 'public' AND c.data_type = 'text' AND c.table_name <> '__diesel_schema_migrations'
+           AND NOT EXISTS (SELECT FROM pg_constraint k
+                           JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = ANY (k.conkey)
+                           WHERE k.contype = 'c' AND k.conrelid = c.table_name::regclass
+                             AND a.attname = c.column_name)",
+    )
+    .await;
+}

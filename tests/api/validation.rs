@@ -1,0 +1,176 @@
+//! Requests rejected before the protocol starts: each answer is a problem, and nothing is written.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Lock, TestApp, new_key, payment_body};
+
+const PROBLEMS: &str = "https://payments.example/problems/";
+
+/// Asserts a problem answer of `status` and `kind`, and that nothing at all was written.
+async fn assert_rejected(app: &TestApp, response: reqwest::Response, status: StatusCode, kind: &str) {
+    assert_eq!(response.status(), status);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], format!("{PROBLEMS}{kind}"), "{problem}");
+    assert_eq!(problem["status"], status.as_u16());
+    assert!(problem["title"].is_string() && problem["detail"].is_string());
+    assert_eq!(app.row_counts().await, (0, 0, 0, 0), "a rejected request writes nothing");
+    assert_eq!(app.gateway.stats().await.requests, 0, "a rejected request never reaches the gateway");
+}
+
+#[tokio::test]
+async fn a_missing_or_invalid_idempotency_key_is_400() {
+    let app = TestApp::spawn().await;
+    let body = payment_body().to_string();
+    let json = ("Content-Type", "application/json");
+
+    let missing = app.post_payment_raw(Some(&app.api_key), &[json], body.clone()).await;
+    assert_rejected(&app, missing, StatusCode::BAD_REQUEST, "missing-idempotency-key").await;
+
+    let too_long = "k".repeat(256);
+    for key in ["", "\"\"", too_long.as_str(), "tab\there", "\"unterminated", "\"a\";b=1"] {
+        let response = app.post_payment_raw(Some(&app.api_key), &[json, ("Idempotency-Key", key)], body.clone()).await;
+        assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-idempotency-key").await;
+    }
+    let non_ascii = reqwest::header::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap();
+    let response = app
+        .http
+        .post(format!("{}/v1/payments", app.address))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", non_ascii)
+        .header("Content-Type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-idempotency-key").await;
+}
+
+#[tokio::test]
+async fn a_malformed_body_is_400_and_leaves_the_key_unspent() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let bodies = [
+        "{".to_string(),
+        "[]".to_string(),
+        json!({ "amount": 1000, "currency": "usd" }).to_string(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "ammount": 1 }).to_string(),
+        json!({ "amount": "1000", "currency": "usd", "source": "tok_visa" }).to_string(),
+        json!({ "amount": 10.5, "currency": "usd", "source": "tok_visa" }).to_string(),
+        json!({ "amount": 0, "currency": "usd", "source": "tok_visa" }).to_string(),
+        json!({ "amount": 100_000_000, "currency": "usd", "source": "tok_visa" }).to_string(),
+        json!({ "amount": 1000, "currency": "dollars", "source": "tok_visa" }).to_string(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok visa" }).to_string(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "x".repeat(501) }).to_string(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": { "k": 1 } }).to_string(),
+    ];
+    for body in bodies {
+        let response = app.post_payment_with(&key, body, &[]).await;
+        assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
+    }
+
+    // The key was never spent: the same key with a valid body is a new payment, not a 422.
+    let response = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_request_without_a_valid_api_key_is_401() {
+    let app = TestApp::spawn().await;
+    let headers = [("Idempotency-Key", "k"), ("Content-Type", "application/json")];
+    for api_key in [None, Some("sk_nope"), Some("")] {
+        let response = app.post_payment_raw(api_key, &headers, payment_body().to_string()).await;
+        assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        assert_rejected(&app, response, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    }
+    let basic = app
+        .http
+        .post(format!("{}/v1/payments", app.address))
+        .basic_auth(&app.api_key, None::<&str>)
+        .body(payment_body().to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_rejected(&app, basic, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let list = app.get_as("sk_nope", "/v1/payments").await;
+    assert_eq!(list.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn an_oversized_or_non_json_body_is_refused() {
+    let app = TestApp::spawn().await;
+    let huge = json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "x".repeat(20_000) });
+    let response = app.post_payment(&new_key(), &huge).await;
+    assert_rejected(&app, response, StatusCode::PAYLOAD_TOO_LARGE, "payload-too-large").await;
+
+    for headers in [&[("Idempotency-Key", "k"), ("Content-Type", "text/plain")][..], &[("Idempotency-Key", "k")]] {
+        let response = app.post_payment_raw(Some(&app.api_key), headers, payment_body().to_string()).await;
+        assert_rejected(&app, response, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type").await;
+    }
+}
+
+#[tokio::test]
+async fn a_key_reused_with_another_payload_is_422_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+    let stored = app.key_row(&key).await.unwrap();
+
+    let other = json!({ "amount": 2000, "currency": "usd", "source": "tok_visa", "description": "Order #42" });
+    let response = app.post_payment(&key, &other).await;
+
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], format!("{PROBLEMS}idempotency-key-reused"));
+    assert_eq!(app.gateway.stats().await.requests, 1);
+    let after = app.key_row(&key).await.unwrap();
+    assert_eq!(after.response_body, stored.response_body);
+    assert_eq!(after.request_params, stored.request_params);
+    // The original is still what the key replays.
+    let replay = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+    assert_eq!(replay, first);
+}
+
+#[tokio::test]
+async fn a_key_used_on_another_endpoint_is_422() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    // Same body, but the key belongs to another endpoint's request.
+    app.run_sql(&format!("UPDATE idempotency_keys SET request_path = '/v1/refunds' WHERE idempotency_key = '{key}'"))
+        .await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(app.gateway.stats().await.requests, 0);
+}
+
+#[tokio::test]
+async fn the_fault_header_is_ignored_unless_fault_injection_is_on() {
+    let app = TestApp::spawn().await;
+    let response = app
+        .post_payment_with(&new_key(), payment_body().to_string(), &[("X-Fault-Inject", "crash=after_started")])
+        .await;
+    assert_eq!(response.status(), StatusCode::CREATED, "the process must not crash");
+
+    let app = TestApp::builder().fault_injection().spawn().await;
+    let response =
+        app.post_payment_with(&new_key(), payment_body().to_string(), &[("X-Fault-Inject", "crash=everywhere")]).await;
+    assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_problems() {
+    let app = TestApp::spawn().await;
+    let response = app.get("/v1/refunds").await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], format!("{PROBLEMS}route-not-found"));
+
+    let response = app.http.delete(format!("{}/v1/payments", app.address)).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], format!("{PROBLEMS}method-not-allowed"));
+}
