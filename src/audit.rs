@@ -6,7 +6,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use crate::db::schema::audit_records;
-use crate::db::text_enum;
+use crate::db::{Prepare, text_enum};
 
 text_enum! {
     /// Who made a change: the API on a client's request, or a background worker.
@@ -30,6 +30,6 @@ pub struct AuditRecord<'a> {
 impl AuditRecord<'_> {
     /// Writes the record (inside the caller's transaction).
     pub async fn insert(&self, conn: &mut AsyncPgConnection) -> QueryResult<()> {
-        diesel::insert_into(audit_records::table).values(self).execute(conn).await.map(drop)
+        diesel::insert_into(audit_records::table).values(self).prepared().execute(conn).await.map(drop)
     }
 }

@@ -6,6 +6,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::db::Prepare;
 use crate::db::schema::staged_jobs;
 
 /// An event about to be staged. Its id is fixed here, once, so every delivery attempt carries
@@ -27,6 +28,6 @@ impl StagedEvent {
 
     /// Stages the event (inside the caller's transaction).
     pub async fn stage(&self, conn: &mut AsyncPgConnection) -> QueryResult<()> {
-        diesel::insert_into(staged_jobs::table).values(self).execute(conn).await.map(drop)
+        diesel::insert_into(staged_jobs::table).values(self).prepared().execute(conn).await.map(drop)
     }
 }

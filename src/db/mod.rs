@@ -8,9 +8,11 @@
 pub mod cluster;
 pub mod embedded;
 pub mod migrate;
+mod prepared;
 pub mod schema;
 mod text_enum;
 
+pub use prepared::{Prepare, Prepared};
 pub(crate) use text_enum::text_enum;
 
 use std::time::Duration;

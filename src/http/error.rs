@@ -54,6 +54,11 @@ pub enum ApiError {
     GatewayUnavailable,
     #[error("The database is unreachable, so nothing was done. Retry later with the same Idempotency-Key.")]
     DatabaseUnavailable,
+    /// A phase kept colliding with concurrent transactions and was rolled back each time.
+    #[error(
+        "The request kept colliding with concurrent work and was rolled back. Retry with the same Idempotency-Key."
+    )]
+    TransactionConflict,
     /// The cause is logged, never sent.
     #[error("Something went wrong on our side. Retry later with the same Idempotency-Key.")]
     Internal(String),
@@ -75,6 +80,7 @@ impl ApiError {
             ApiError::InFlight => ProblemType::RequestInFlight,
             ApiError::GatewayUnavailable => ProblemType::GatewayUnavailable,
             ApiError::DatabaseUnavailable => ProblemType::DatabaseUnavailable,
+            ApiError::TransactionConflict => ProblemType::TransactionConflict,
             ApiError::Internal(_) => ProblemType::Internal,
         }
     }
@@ -84,6 +90,7 @@ impl ApiError {
             ApiError::InFlight => Some(RETRY_IN_FLIGHT_SECS),
             ApiError::GatewayUnavailable => Some(RETRY_GATEWAY_SECS),
             ApiError::DatabaseUnavailable => Some(RETRY_DATABASE_SECS),
+            ApiError::TransactionConflict => Some(RETRY_IN_FLIGHT_SECS),
             _ => None,
         }
     }
@@ -131,7 +138,9 @@ impl From<StoreError> for ApiError {
                 tracing::warn!(%cause, "database unavailable; failing closed");
                 ApiError::DatabaseUnavailable
             }
-            other => ApiError::Internal(other.to_string()),
+            // Already retried by the phase runner; still transient, so never a 500.
+            StoreError::Conflict(_) => ApiError::TransactionConflict,
+            StoreError::Query(error) => ApiError::Internal(error.to_string()),
         }
     }
 }

@@ -27,12 +27,13 @@ pub enum ProblemType {
     GatewayRejected,
     GatewayUnavailable,
     DatabaseUnavailable,
+    TransactionConflict,
     Internal,
 }
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 16] = [
+    pub const ALL: [ProblemType; 17] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -48,6 +49,7 @@ impl ProblemType {
         ProblemType::GatewayRejected,
         ProblemType::GatewayUnavailable,
         ProblemType::DatabaseUnavailable,
+        ProblemType::TransactionConflict,
         ProblemType::Internal,
     ];
 
@@ -72,6 +74,7 @@ impl ProblemType {
             GatewayRejected => ("gateway-rejected", "The payment gateway rejected the charge", 502),
             GatewayUnavailable => ("gateway-unavailable", "The payment's outcome is not known yet", 503),
             DatabaseUnavailable => ("database-unavailable", "The service is temporarily unavailable", 503),
+            TransactionConflict => ("transaction-conflict", "The request collided with concurrent work", 503),
             Internal => ("internal-error", "Internal server error", 500),
         }
     }

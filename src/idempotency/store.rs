@@ -10,8 +10,8 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
-use crate::db::StoreError;
 use crate::db::schema::idempotency_keys;
+use crate::db::{Prepare, StoreError};
 
 /// A request about to claim its key.
 pub struct NewKey<'a> {
@@ -120,10 +120,10 @@ impl KeyLock {
             .filter(k::lock_token.eq(self.token));
         let now = diesel::dsl::now.into_sql::<diesel::sql_types::Timestamptz>().nullable();
         let updated = match transition {
-            Transition::Stay => diesel::update(ours).set(k::locked_at.eq(now)).execute(conn).await?,
+            Transition::Stay => diesel::update(ours).set(k::locked_at.eq(now)).prepared().execute(conn).await?,
             Transition::Advance(point) => {
                 let changes = (k::recovery_point.eq(point), k::locked_at.eq(now));
-                diesel::update(ours).set(changes).execute(conn).await?
+                diesel::update(ours).set(changes).prepared().execute(conn).await?
             }
             Transition::Finish(response) => {
                 let changes = (
@@ -133,7 +133,7 @@ impl KeyLock {
                     k::locked_at.eq(None::<chrono::DateTime<chrono::Utc>>),
                     k::lock_token.eq(None::<Uuid>),
                 );
-                diesel::update(ours).set(changes).execute(conn).await?
+                diesel::update(ours).set(changes).prepared().execute(conn).await?
             }
         };
         Ok(updated == 1)
@@ -156,6 +156,7 @@ impl KeyLock {
             .filter(k::id.eq(self.key_id))
             .filter(k::lock_token.eq(self.token))
             .set((k::locked_at.eq(None::<chrono::DateTime<chrono::Utc>>), k::lock_token.eq(None::<Uuid>)))
+            .prepared()
             .execute(conn)
             .await?;
         Ok(())

@@ -6,7 +6,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use crate::db::schema::payments;
-use crate::db::text_enum;
+use crate::db::{Prepare, text_enum};
 
 text_enum! {
     /// Where a payment stands. `pending` until the gateway's definitive answer is recorded.
@@ -81,6 +81,7 @@ impl NewPayment<'_> {
             .on_conflict((payments::account_id, payments::idempotency_key_id))
             .do_nothing()
             .returning(Payment::as_returning())
+            .prepared()
             .get_result(conn)
             .await
             .optional()?;
@@ -163,6 +164,7 @@ impl Payment {
             .filter(payments::id.eq(id))
             .set((changes, payments::updated_at.eq(diesel::dsl::now)))
             .returning(Payment::as_returning())
+            .prepared()
             .get_result(conn)
             .await
     }

@@ -1,6 +1,7 @@
 //! The integration tests: one binary, so the crate links once and the run shares one cluster.
 
 mod concurrency;
+mod conflicts;
 mod crash_recovery;
 mod create_payment;
 mod database_outage;
@@ -12,5 +13,6 @@ mod helpers;
 mod openapi;
 mod replay;
 mod resumption;
+mod round_trips;
 mod schema;
 mod validation;

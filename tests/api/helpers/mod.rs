@@ -5,6 +5,7 @@ mod db_proxy;
 mod gateway;
 mod process;
 mod seed;
+mod statements;
 mod test_app;
 
 use std::future::Future;
@@ -15,6 +16,7 @@ pub use db_proxy::DbProxy;
 pub use gateway::{GatewayControl, GatewayStats};
 pub use process::Process;
 pub use seed::Lock;
+pub use statements::{record_statements, statements};
 pub use test_app::{TestApp, new_key, payment_body};
 
 /// Polls `check` until it yields a value (every 20 ms, for at most `within`): tests wait for

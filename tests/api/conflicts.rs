@@ -1,0 +1,100 @@
+//! Serialization failures and deadlocks inside a phase are run again, not surfaced.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use payments::audit::{Actor, AuditRecord};
+use payments::db::StoreError;
+use payments::db::schema::audit_records;
+use payments::idempotency::{
+    Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, PhaseError, RecoveryPoint, Transition, atomic_phase, claim,
+};
+use payments::payments::CreatePaymentBody;
+use serde_json::json;
+
+use crate::helpers::{TestApp, new_key, payment_body};
+
+/// The server-side errors a phase may hit, raised for real (same SQLSTATE, same message).
+const CONFLICTS: [(&str, &str); 2] = [
+    ("serialization_failure", "could not serialize access due to concurrent update"),
+    ("deadlock_detected", "deadlock detected"),
+];
+
+async fn claimed(app: &TestApp) -> KeyLock {
+    let key = IdempotencyKey::parse(new_key().as_bytes()).unwrap();
+    let request = serde_json::from_value::<CreatePaymentBody>(payment_body()).unwrap().validate().unwrap();
+    let params = request.to_params();
+    let new = NewKey {
+        account_id: app.account_id,
+        key: &key,
+        method: "POST",
+        path: "/v1/payments",
+        fingerprint: Fingerprint::of(&params),
+        params: &params,
+    };
+    match claim(&mut app.db().await, &new, Duration::from_secs(60)).await.unwrap() {
+        Claim::Acquired(lock) => lock,
+        other => panic!("a new key is acquired, not {other:?}"),
+    }
+}
+
+/// A phase that writes an audit record, then fails with `conflict` on its first `failures` runs.
+async fn phase_failing(
+    app: &TestApp,
+    lock: &mut KeyLock,
+    conflict: (&str, &str),
+    failures: usize,
+) -> (Result<(), PhaseError>, usize) {
+    let runs = AtomicUsize::new(0);
+    let account_id = app.account_id;
+    let raise = format!("DO $$ BEGIN RAISE EXCEPTION '{}' USING ERRCODE = '{}'; END $$", conflict.1, conflict.0);
+    let result = atomic_phase(&mut app.db().await, lock, async |conn| {
+        let record = AuditRecord {
+            account_id,
+            action: "payment.charge_recorded",
+            resource_type: "payment",
+            resource_id: uuid::Uuid::now_v7(),
+            actor: Actor::Api,
+            data: json!({}),
+        };
+        record.insert(conn).await?;
+        if runs.fetch_add(1, Ordering::SeqCst) < failures {
+            diesel::sql_query(&raise).execute(conn).await?;
+        }
+        Ok((Transition::Advance(RecoveryPoint::ChargeCreated), ()))
+    })
+    .await;
+    (result, runs.into_inner())
+}
+
+#[tokio::test]
+async fn a_phase_that_conflicts_once_runs_again_and_commits_once() {
+    for conflict in CONFLICTS {
+        let app = TestApp::spawn().await;
+        let mut lock = claimed(&app).await;
+
+        let (result, runs) = phase_failing(&app, &mut lock, conflict, 1).await;
+
+        assert!(result.is_ok(), "{conflict:?}: {result:?}");
+        assert_eq!(runs, 2);
+        let audits: i64 = audit_records::table.count().get_result(&mut app.db().await).await.unwrap();
+        assert_eq!(audits, 1, "the failed run's writes rolled back");
+        assert_eq!(lock.recovery_point(), RecoveryPoint::ChargeCreated);
+    }
+}
+
+#[tokio::test]
+async fn a_phase_that_keeps_conflicting_gives_up_as_a_conflict_not_an_internal_error() {
+    let app = TestApp::spawn().await;
+    let mut lock = claimed(&app).await;
+
+    let (result, runs) = phase_failing(&app, &mut lock, CONFLICTS[0], usize::MAX).await;
+
+    assert_eq!(runs, 3);
+    let Err(PhaseError::Store(error @ StoreError::Conflict(_))) = result else { panic!("{result:?}") };
+    let response = actix_web::ResponseError::error_response(&payments::http::ApiError::from(error));
+    assert_eq!(response.status().as_u16(), 503, "transient, so never a 500");
+    assert!(response.headers().contains_key("retry-after"));
+}
