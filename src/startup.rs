@@ -39,6 +39,9 @@ impl Application {
             // Signals are ours to handle: on SIGTERM we stop the server first and then what it
             // depends on (the embedded cluster, the in-process gateway), in that order.
             .disable_signals()
+            // A client that hangs up gets its handler dropped at once; its request goes on in a
+            // task of its own (see `create_payment`), so nothing is left half-done.
+            .h1_allow_half_closed(false)
             .shutdown_timeout(SHUTDOWN_GRACE_SECS)
             .run();
         Ok(Application { server, addr })

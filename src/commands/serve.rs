@@ -6,7 +6,7 @@ use anyhow::Context;
 
 use super::{open_database, shutdown_signal};
 use crate::accounts::DEMO_API_KEY;
-use crate::config::ServeArgs;
+use crate::config::{DEFAULT_GATEWAY_BIND, ServeArgs};
 use crate::db::{self, embedded::EmbeddedDatabase};
 use crate::gateway::GatewayClient;
 use crate::gateway::mock::{FaultPlan, MockGateway};
@@ -27,7 +27,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (database_url, embedded) = open_database(&args.database).await?;
     let mock = match &args.gateway_url {
         Some(_) => None,
-        None => Some(MockGateway::start(TcpListener::bind("127.0.0.1:0")?, FaultPlan::none())?),
+        None => Some(MockGateway::start(mock_listener()?, FaultPlan::none())?),
     };
     let gateway_url = match (&args.gateway_url, &mock) {
         (Some(url), _) => url.clone(),
@@ -78,4 +78,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The in-process mock takes the standalone gateway's usual address when it is free, so that the
+/// README's fault-control commands work as printed; otherwise any free port (printed at start).
+fn mock_listener() -> std::io::Result<TcpListener> {
+    TcpListener::bind(DEFAULT_GATEWAY_BIND).or_else(|_| TcpListener::bind("127.0.0.1:0"))
 }

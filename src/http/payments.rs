@@ -3,7 +3,6 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
 use super::error::ApiError;
@@ -11,7 +10,7 @@ use super::extract::{AuthenticatedAccount, CrashRequest, IdempotencyKeyHeader};
 use super::problem::PROBLEM_JSON;
 use crate::db;
 use crate::idempotency::StoredResponse;
-use crate::payments::{self, CreatePaymentBody, Payment, PaymentView};
+use crate::payments::{self, CreatePaymentBody, Payment, PaymentList, PaymentView};
 use crate::startup::AppState;
 
 /// The header that marks a stored answer replayed for a retry (as Stripe sends it).
@@ -73,8 +72,7 @@ pub async fn list_payments(
     let mut page = Payment::list(&mut conn, account.id, query.starting_after, limit).await?;
     let has_more = page.len() as i64 > limit;
     page.truncate(limit as usize);
-    let data: Vec<PaymentView> = page.iter().map(PaymentView::from).collect();
-    Ok(HttpResponse::Ok().json(json!({ "object": "list", "data": data, "has_more": has_more })))
+    Ok(HttpResponse::Ok().json(PaymentList::new(&page, has_more)))
 }
 
 /// A stored answer, exactly as stored.

@@ -93,17 +93,17 @@ impl ProblemType {
     }
 }
 
-/// A problem details body.
+/// A problem details body, with extension members `X` (such as the failed `payment` of a 402)
+/// after the standard four.
 #[derive(Debug, Serialize)]
-pub struct Problem {
+pub struct Problem<X = ()> {
     #[serde(rename = "type")]
     type_uri: String,
     title: &'static str,
     status: u16,
     detail: String,
-    /// Members beyond the standard four, such as the failed `payment` of a 402.
     #[serde(flatten)]
-    extensions: serde_json::Map<String, serde_json::Value>,
+    extensions: X,
 }
 
 impl Problem {
@@ -113,17 +113,18 @@ impl Problem {
             title: kind.title(),
             status: kind.status(),
             detail: detail.into(),
-            extensions: serde_json::Map::new(),
+            extensions: (),
         }
     }
 
-    /// Adds an extension member.
-    pub fn with(mut self, name: &str, value: impl Serialize) -> Problem {
-        let value = serde_json::to_value(value).expect("problem extensions serialise");
-        self.extensions.insert(name.to_owned(), value);
-        self
+    /// The same problem, with extension members.
+    pub fn with<X: Serialize>(self, extensions: X) -> Problem<X> {
+        let Problem { type_uri, title, status, detail, .. } = self;
+        Problem { type_uri, title, status, detail, extensions }
     }
+}
 
+impl<X: Serialize> Problem<X> {
     pub fn status(&self) -> u16 {
         self.status
     }

@@ -8,4 +8,4 @@ mod view;
 pub use create::{CreateError, Created, create_payment};
 pub use model::{ChargeOutcome, GATEWAY_REJECTED, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, PaymentRequest, ValidationError};
-pub use view::PaymentView;
+pub use view::{PaymentList, PaymentView};

@@ -42,6 +42,26 @@ impl<'a> From<&'a Payment> for PaymentView<'a> {
     }
 }
 
+/// A page of payments in API responses.
+#[derive(Debug, Serialize)]
+pub struct PaymentList<'a> {
+    pub object: &'static str,
+    pub data: Vec<PaymentView<'a>>,
+    pub has_more: bool,
+}
+
+impl<'a> PaymentList<'a> {
+    pub fn new(payments: &'a [Payment], has_more: bool) -> Self {
+        PaymentList { object: "list", data: payments.iter().map(PaymentView::from).collect(), has_more }
+    }
+}
+
+/// The `payment` member of a failed payment's problem.
+#[derive(Debug, Serialize)]
+struct FailedPayment<'a> {
+    payment: PaymentView<'a>,
+}
+
 /// The definitive answer to the request that created `payment`: 201 with the payment; 402 for a
 /// decline and 502 for any other rejection, each a problem that embeds the failed payment.
 pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
@@ -67,6 +87,6 @@ pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
             ),
         ),
     };
-    let problem = problem.with("payment", view);
+    let problem = problem.with(FailedPayment { payment: view });
     Ok(StoredResponse { status: problem.status(), body: problem.to_bytes() })
 }

@@ -48,8 +48,12 @@ async fn a_declined_card_is_answered_402_with_the_failed_payment_and_stored() {
 
     assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
     assert_eq!(response.headers()["content-type"], "application/problem+json");
-    let problem: Value = response.json().await.unwrap();
+    let body = response.text().await.unwrap();
+    let problem: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(problem["type"], "https://payments.example/problems/card-declined");
+    let fetched = app.get(&format!("/v1/payments/{}", problem["payment"]["id"].as_str().unwrap())).await;
+    let fetched = fetched.text().await.unwrap();
+    assert!(body.ends_with(&format!(r#""payment":{fetched}}}"#)), "the embedded payment reads as the payment itself");
     assert_eq!(problem["status"], 402);
     assert_eq!(problem["payment"]["status"], "failed");
     assert_eq!(problem["payment"]["failure_code"], "card_declined");

@@ -1,9 +1,13 @@
 //! A finished key answers every retry with the stored response, byte for byte.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde_json::json;
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{TestApp, new_key, payment_body};
+use crate::helpers::{TestApp, new_key, payment_body, wait_until};
 
 #[tokio::test]
 async fn replaying_a_finished_key_returns_the_stored_bytes() {
@@ -64,4 +68,41 @@ async fn a_stored_decline_is_replayed_too() {
     assert_eq!(retry.headers()["content-type"], "application/problem+json");
     assert_eq!(retry.bytes().await.unwrap(), first);
     assert_eq!(app.gateway.stats().await.requests, 1);
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_request_gets_the_finished_answer_on_retry() {
+    let gateway = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({ "id": "ch_patient" }))
+                .set_delay(Duration::from_millis(500)),
+        )
+        .expect(1)
+        .mount(&gateway)
+        .await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+
+    // The client gives up while the charge is on its way.
+    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
+    let hung_up = impatient
+        .post(format!("{}/v1/payments", app.address))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", &key)
+        .json(&payment_body())
+        .send()
+        .await;
+    assert!(hung_up.is_err());
+
+    // The request runs to the end anyway, and the retry gets its answer.
+    wait_until(Duration::from_secs(10), "the abandoned request finished", || async {
+        app.key_row(&key).await.is_some_and(|row| row.recovery_point == "finished")
+    })
+    .await;
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
 }
