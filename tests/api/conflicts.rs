@@ -1,44 +1,22 @@
 //! Serialization failures and deadlocks inside a phase are run again, not surfaced.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use payments::audit::{Actor, AuditRecord};
 use payments::db::StoreError;
 use payments::db::schema::audit_records;
-use payments::idempotency::{
-    Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, PhaseError, RecoveryPoint, Transition, atomic_phase, claim,
-};
-use payments::payments::CreatePaymentBody;
+use payments::idempotency::{KeyLock, PhaseError, RecoveryPoint, Transition, atomic_phase};
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key, payment_body};
+use crate::helpers::TestApp;
 
 /// The server-side errors a phase may hit, raised for real (same SQLSTATE, same message).
 const CONFLICTS: [(&str, &str); 2] = [
     ("serialization_failure", "could not serialize access due to concurrent update"),
     ("deadlock_detected", "deadlock detected"),
 ];
-
-async fn claimed(app: &TestApp) -> KeyLock {
-    let key = IdempotencyKey::parse(new_key().as_bytes()).unwrap();
-    let request = serde_json::from_value::<CreatePaymentBody>(payment_body()).unwrap().validate().unwrap();
-    let params = request.to_params();
-    let new = NewKey {
-        account_id: app.account_id,
-        key: &key,
-        method: "POST",
-        path: "/v1/payments",
-        fingerprint: Fingerprint::of(&params),
-        params: &params,
-    };
-    match claim(&mut app.db().await, &new, Duration::from_secs(60)).await.unwrap() {
-        Claim::Acquired(lock) => lock,
-        other => panic!("a new key is acquired, not {other:?}"),
-    }
-}
 
 /// A phase that writes an audit record, then fails with `conflict` on its first `failures` runs.
 async fn phase_failing(
@@ -73,7 +51,7 @@ async fn phase_failing(
 async fn a_phase_that_conflicts_once_runs_again_and_commits_once() {
     for conflict in CONFLICTS {
         let app = TestApp::spawn().await;
-        let mut lock = claimed(&app).await;
+        let mut lock = app.key_request().claim(&app).await;
 
         let (result, runs) = phase_failing(&app, &mut lock, conflict, 1).await;
 
@@ -88,7 +66,7 @@ async fn a_phase_that_conflicts_once_runs_again_and_commits_once() {
 #[tokio::test]
 async fn a_phase_that_keeps_conflicting_gives_up_as_a_conflict_not_an_internal_error() {
     let app = TestApp::spawn().await;
-    let mut lock = claimed(&app).await;
+    let mut lock = app.key_request().claim(&app).await;
 
     let (result, runs) = phase_failing(&app, &mut lock, CONFLICTS[0], usize::MAX).await;
 

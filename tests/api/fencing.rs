@@ -1,50 +1,31 @@
 //! A request whose lock was taken over can no longer write: its phase rolls back as a whole, and
 //! its unlock does not free the new holder's lock.
 
-use std::time::Duration;
-
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use payments::audit::{Actor, AuditRecord};
 use payments::db::schema::audit_records;
-use payments::idempotency::{
-    Claim, Fingerprint, IdempotencyKey, NewKey, PhaseError, RecoveryPoint, Transition, atomic_phase, claim,
-};
-use payments::payments::CreatePaymentBody;
+use payments::idempotency::{PhaseError, RecoveryPoint, Transition, atomic_phase};
 use serde_json::json;
 
-use crate::helpers::{TestApp, new_key, payment_body};
+use crate::helpers::TestApp;
 
 #[tokio::test]
 async fn a_request_whose_lock_was_taken_over_commits_nothing() {
     let app = TestApp::spawn().await;
     let mut conn = app.db().await;
-    let key = IdempotencyKey::parse(new_key().as_bytes()).unwrap();
-    let request = serde_json::from_value::<CreatePaymentBody>(payment_body()).unwrap().validate().unwrap();
-    let params = request.to_params();
-    let new = NewKey {
-        account_id: app.account_id,
-        key: &key,
-        method: "POST",
-        path: "/v1/payments",
-        fingerprint: Fingerprint::of(&params),
-        params: &params,
-    };
-    let lock_timeout = Duration::from_secs(60);
-    let Claim::Acquired(mut first) = claim(&mut conn, &new, lock_timeout).await.unwrap() else {
-        panic!("a new key is acquired")
-    };
+    let request = app.key_request();
+    let key = &request.key;
+    let mut first = request.claim(&app).await;
     // The first holder stalls past the lock timeout, and a retry takes the key over.
     app.run_sql("UPDATE idempotency_keys SET locked_at = now() - interval '61 seconds'").await;
-    let Claim::Acquired(second) = claim(&mut conn, &new, lock_timeout).await.unwrap() else {
-        panic!("a stale lock is taken over")
-    };
+    let second = request.claim(&app).await;
     let held_by_second = app.key_row(key.as_str()).await.unwrap();
 
     // The first holder wakes up and tries to commit a phase: an audit record and a new point.
     let result = atomic_phase(&mut conn, &mut first, async |conn| {
         let record = AuditRecord {
-            account_id: new.account_id,
+            account_id: app.account_id,
             action: "payment.charge_recorded",
             resource_type: "payment",
             resource_id: uuid::Uuid::now_v7(),

@@ -8,6 +8,8 @@ use payments::gateway::mock::{FaultPlan, MockGateway};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 
+use crate::helpers::wait_until;
+
 /// How long a client that must give up waits before it does.
 const SHORT_TIMEOUT: Duration = Duration::from_millis(200);
 
@@ -100,15 +102,6 @@ async fn json_of(response: Response) -> (StatusCode, Value) {
 
 fn replayed(response: &Response) -> bool {
     response.headers().get("Idempotent-Replayed").is_some_and(|v| v == "true")
-}
-
-/// Polls `check` until it holds, failing the test after five seconds.
-async fn eventually<F: AsyncFnMut() -> bool>(what: &str, mut check: F) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test]
@@ -227,7 +220,7 @@ async fn a_key_in_use_is_409_and_charges_once() {
         request.send()
     });
     // The key is claimed in the same step that counts the request.
-    eventually("the first request to arrive", async || gw.stats().await.2 == 1).await;
+    wait_until(Duration::from_secs(5), "the first request arrives", || async { gw.stats().await.2 == 1 }).await;
     let (status, error) = json_of(gw.charge("k", &body(5, "tok_visa")).await).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(error["error"]["type"], "idempotency_error");
@@ -257,6 +250,16 @@ async fn error_before_processes_nothing() {
     gw.stop().await;
 }
 
+/// After a fault that struck once the charge was made, key `k` holds one charge, and a retry
+/// gets exactly that charge back.
+async fn assert_the_retry_replays_the_one_charge(gw: &Gw) {
+    let made = gw.charges_with_key("k").await;
+    assert_eq!(made.len(), 1);
+    let retry = gw.charge("k", &body(5, "tok_visa")).await;
+    assert!(replayed(&retry));
+    assert_eq!(json_of(retry).await, (StatusCode::OK, made[0].clone()));
+}
+
 #[tokio::test]
 async fn error_after_charges_then_fails_and_the_retry_replays() {
     let gw = start().await;
@@ -264,11 +267,7 @@ async fn error_after_charges_then_fails_and_the_retry_replays() {
     let (status, error) = json_of(gw.charge("k", &body(5, "tok_visa")).await).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(error["error"]["message"], "injected fault: error_after");
-    let made = gw.charges_with_key("k").await;
-    assert_eq!(made.len(), 1);
-    let retry = gw.charge("k", &body(5, "tok_visa")).await;
-    assert!(replayed(&retry));
-    assert_eq!(json_of(retry).await, (StatusCode::OK, made[0].clone()));
+    assert_the_retry_replays_the_one_charge(&gw).await;
     gw.stop().await;
 }
 
@@ -278,11 +277,7 @@ async fn timeout_after_charges_then_hangs_and_the_retry_replays() {
     gw.set_faults(json!({"mode": "timeout_after"})).await;
     let err = gw.charge_with(&impatient_client(), "k", &body(5, "tok_visa")).await;
     assert!(err.expect_err("no answer").is_timeout());
-    let made = gw.charges_with_key("k").await;
-    assert_eq!(made.len(), 1);
-    let retry = gw.charge("k", &body(5, "tok_visa")).await;
-    assert!(replayed(&retry));
-    assert_eq!(json_of(retry).await, (StatusCode::OK, made[0].clone()));
+    assert_the_retry_replays_the_one_charge(&gw).await;
     gw.stop().await;
 }
 
@@ -394,7 +389,8 @@ async fn a_charge_is_made_even_if_its_client_hangs_up() {
     let err = gw.charge_with(&impatient_client(), "k", &body(5, "tok_visa")).await;
     assert!(err.expect_err("client gave up").is_timeout());
     assert!(gw.charges_with_key("k").await.is_empty(), "still waiting out its latency");
-    eventually("the charge", async || gw.charges_with_key("k").await.len() == 1).await;
+    wait_until(Duration::from_secs(5), "the charge is made", || async { gw.charges_with_key("k").await.len() == 1 })
+        .await;
     gw.stop().await;
 }
 

@@ -5,7 +5,7 @@
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use payments::db::schema::{idempotency_keys, payments as payments_table};
-use payments::idempotency::Fingerprint;
+use payments::idempotency::{Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, claim};
 use payments::payments::CreatePaymentBody;
 use serde_json::Value;
 use uuid::Uuid;
@@ -20,7 +20,43 @@ pub enum Lock {
     HeldFor(i64),
 }
 
+/// A new key and the payment request it is used with, for tests that drive the key store
+/// themselves.
+pub struct KeyRequest {
+    account_id: Uuid,
+    pub key: IdempotencyKey,
+    params: Value,
+}
+
+impl KeyRequest {
+    pub fn new_key(&self) -> NewKey<'_> {
+        NewKey {
+            account_id: self.account_id,
+            key: &self.key,
+            method: "POST",
+            path: "/v1/payments",
+            fingerprint: Fingerprint::of(&self.params),
+            params: &self.params,
+        }
+    }
+
+    /// Claims the key (which must be free to take) with a 60-second lock timeout.
+    pub async fn claim(&self, app: &TestApp) -> KeyLock {
+        match claim(&mut app.db().await, &self.new_key(), std::time::Duration::from_secs(60)).await.unwrap() {
+            Claim::Acquired(lock) => lock,
+            other => panic!("the key was not acquired: {other:?}"),
+        }
+    }
+}
+
 impl TestApp {
+    /// A fresh key for the usual payment body.
+    pub fn key_request(&self) -> KeyRequest {
+        let key = IdempotencyKey::parse(super::new_key().as_bytes()).unwrap();
+        let request = serde_json::from_value::<CreatePaymentBody>(super::payment_body()).unwrap().validate().unwrap();
+        KeyRequest { account_id: self.account_id, key, params: request.to_params() }
+    }
+
     /// Inserts a key row for `body` at `recovery_point`, and returns its id.
     pub async fn seed_key(&self, key: &str, body: &Value, recovery_point: &str, lock: Lock) -> Uuid {
         let request = serde_json::from_value::<CreatePaymentBody>(body.clone()).unwrap().validate().unwrap();
