@@ -12,6 +12,10 @@ text_enum! {
     /// Who made a change: the API on a client's request, or a background worker.
     pub enum Actor {
         Api = "api",
+        Completer = "completer",
+        Reaper = "reaper",
+        Outbox = "outbox",
+        Operator = "operator",
     }
 }
 

@@ -2,7 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{CreateAccountArgs, GatewayArgs, MigrateArgs, ServeArgs};
+use crate::config::{CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, WorkerCommandArgs};
 
 /// A reference payment API: idempotency keys, atomic phases and recovery points on PostgreSQL.
 #[derive(Parser)]
@@ -14,9 +14,12 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 pub enum Command {
-    /// Serve the HTTP API. Without DATABASE_URL it runs its own PostgreSQL (embedded mode), and
-    /// without GATEWAY_URL an in-process mock gateway, so it works with no set-up.
+    /// Serve the HTTP API and run the background workers. Without DATABASE_URL it runs its own
+    /// PostgreSQL (embedded mode), and without GATEWAY_URL an in-process mock gateway, so it works
+    /// with no set-up.
     Serve(ServeArgs),
+    /// Run the background workers (completer, reaper, outbox) alone, with no HTTP.
+    Worker(WorkerCommandArgs),
     /// Run the mock payment gateway as a process of its own.
     Gateway(GatewayArgs),
     /// Apply the database migrations to DATABASE_URL and exit.
@@ -24,6 +27,22 @@ pub enum Command {
     /// Manage accounts.
     #[command(subcommand)]
     Accounts(AccountsCommand),
+    /// Keys the completer gave up on.
+    #[command(subcommand)]
+    Attention(AttentionCommand),
+}
+
+#[derive(Subcommand)]
+pub enum AttentionCommand {
+    /// List the keys that need attention, oldest first.
+    List(DatabaseArgs),
+    /// Hand a key back to the workers once its cause is fixed (safe: they reconcile before charging).
+    Retry {
+        /// The key row's id, as `attention list` prints it.
+        key_id: String,
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
 }
 
 #[derive(Subcommand)]

@@ -10,6 +10,13 @@
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
 //! | `PAYMENTS_GATEWAY_TIMEOUT_MS` | `10000` | timeout of one gateway call |
 //! | `PAYMENTS_FAULT_INJECTION` | off | `1` honours the `X-Fault-Inject` header (tests only) |
+//! | `PAYMENTS_WORKER_INTERVAL_MS` | `1000` | how often an idle worker looks for work (jittered) |
+//! | `PAYMENTS_COMPLETER_BACKOFF_MS` | `5000` | the completer's first wait before re-driving a key; doubles per attempt |
+//! | `PAYMENTS_COMPLETER_MAX_ATTEMPTS` | `8` | completer attempts after which a key needs attention |
+//! | `PAYMENTS_WEBHOOK_URL` | unset: log events | where finished payments' events are POSTed |
+//! | `PAYMENTS_WEBHOOK_TIMEOUT_MS` | `10000` | timeout of one event delivery |
+//! | `PAYMENTS_WEBHOOK_BACKOFF_MS` | `1000` | first wait before redelivering a failed event; doubles per attempt |
+//! | `PAYMENTS_WEBHOOK_MAX_ATTEMPTS` | `10` | delivery attempts after which an event is dead-lettered |
 //!
 //! Flags and variables are parsed here and turned into typed values ([`Settings`], `Duration`s) at
 //! the edge; tests build [`Settings`] in code instead of through the process environment.
@@ -29,6 +36,20 @@ pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 90_000;
 /// A day, like Stripe: comfortably longer than any client's retry horizon.
 pub const DEFAULT_KEY_RETENTION_SECS: u64 = 86_400;
 pub const DEFAULT_GATEWAY_TIMEOUT_MS: u64 = 10_000;
+/// Idle workers look again this often: a second of latency for background work is plenty.
+pub const DEFAULT_WORKER_INTERVAL_MS: u64 = 1_000;
+/// Gives a client that got a 503 a few seconds to retry by itself before a worker steps in.
+pub const DEFAULT_COMPLETER_BACKOFF_MS: u64 = 5_000;
+/// With the backoff doubling, eight attempts span about ten minutes: long enough to ride out a
+/// gateway outage, short enough that an operator hears about a stuck payment the same day.
+pub const DEFAULT_COMPLETER_MAX_ATTEMPTS: u32 = 8;
+pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_WEBHOOK_BACKOFF_MS: u64 = 1_000;
+/// Ten attempts with a doubling backoff span about seventeen minutes.
+pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
+/// A resumed request may call the gateway twice between two phase commits (the look-up, then
+/// the charge), so its lock must outlive both calls with room to spare.
+const MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS: u32 = 3;
 
 /// Where the database is. Not `Debug`: the URL may hold a password.
 #[derive(Clone, Args)]
@@ -59,6 +80,33 @@ pub struct ProtocolArgs {
     pub fault_injection: bool,
 }
 
+/// The background workers' knobs.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// How often an idle worker looks for work, in milliseconds (each wait is jittered by ±50%).
+    #[arg(long, env = "PAYMENTS_WORKER_INTERVAL_MS", default_value_t = DEFAULT_WORKER_INTERVAL_MS)]
+    pub worker_interval_ms: u64,
+    /// Milliseconds the completer waits after a key's last run before driving it; doubles with
+    /// every attempt it makes.
+    #[arg(long, env = "PAYMENTS_COMPLETER_BACKOFF_MS", default_value_t = DEFAULT_COMPLETER_BACKOFF_MS)]
+    pub completer_backoff_ms: u64,
+    /// Attempts after which the completer stops and marks the key as needing attention.
+    #[arg(long, env = "PAYMENTS_COMPLETER_MAX_ATTEMPTS", default_value_t = DEFAULT_COMPLETER_MAX_ATTEMPTS)]
+    pub completer_max_attempts: u32,
+    /// Where events of finished payments are POSTed. Unset: they are logged.
+    #[arg(long, env = "PAYMENTS_WEBHOOK_URL")]
+    pub webhook_url: Option<Url>,
+    /// Timeout of one event delivery, in milliseconds.
+    #[arg(long, env = "PAYMENTS_WEBHOOK_TIMEOUT_MS", default_value_t = DEFAULT_WEBHOOK_TIMEOUT_MS)]
+    pub webhook_timeout_ms: u64,
+    /// Milliseconds before a failed delivery is tried again; doubles with every attempt.
+    #[arg(long, env = "PAYMENTS_WEBHOOK_BACKOFF_MS", default_value_t = DEFAULT_WEBHOOK_BACKOFF_MS)]
+    pub webhook_backoff_ms: u64,
+    /// Delivery attempts after which an event is dead-lettered.
+    #[arg(long, env = "PAYMENTS_WEBHOOK_MAX_ATTEMPTS", default_value_t = DEFAULT_WEBHOOK_MAX_ATTEMPTS)]
+    pub webhook_max_attempts: u32,
+}
+
 /// `payments serve`.
 #[derive(Clone, Args)]
 pub struct ServeArgs {
@@ -72,6 +120,26 @@ pub struct ServeArgs {
     pub bind: String,
     #[command(flatten)]
     pub protocol: ProtocolArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
+    /// Serve the API only; run the workers elsewhere (`payments worker`).
+    #[arg(long)]
+    pub no_workers: bool,
+}
+
+/// `payments worker`.
+#[derive(Clone, Args)]
+pub struct WorkerCommandArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Base URL of the payment gateway (the completer reconciles and charges through it).
+    /// Unset: `http://127.0.0.1:8081`, where `serve` puts its in-process mock.
+    #[arg(long, env = "GATEWAY_URL")]
+    pub gateway_url: Option<Url>,
+    #[command(flatten)]
+    pub protocol: ProtocolArgs,
+    #[command(flatten)]
+    pub workers: WorkerArgs,
 }
 
 /// `payments gateway`.
@@ -123,12 +191,83 @@ impl Default for Settings {
 }
 
 impl ProtocolArgs {
-    pub fn settings(&self) -> Settings {
-        Settings {
+    /// The settings, after checking that they keep the protocol's promises.
+    pub fn settings(&self) -> anyhow::Result<Settings> {
+        let settings = Settings {
             lock_timeout: Duration::from_millis(self.lock_timeout_ms),
             key_retention: Duration::from_secs(self.key_retention_secs),
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
             fault_injection: self.fault_injection,
+        };
+        settings.check()?;
+        Ok(settings)
+    }
+}
+
+impl Settings {
+    /// Refuses settings under which a live request could be taken for dead (and its key driven by
+    /// two requests at once), or a key reaped while its request may still be running.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let min_lock_timeout = self.gateway_timeout * MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS;
+        if self.lock_timeout < min_lock_timeout {
+            anyhow::bail!(
+                "PAYMENTS_LOCK_TIMEOUT_MS ({} ms) must be at least {MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS} times \
+                 PAYMENTS_GATEWAY_TIMEOUT_MS ({} ms): a resumed request may wait on the gateway twice between two \
+                 commits, and its lock must not go stale meanwhile. Raise the lock timeout to at least {} ms, or \
+                 lower the gateway timeout.",
+                self.lock_timeout.as_millis(),
+                self.gateway_timeout.as_millis(),
+                min_lock_timeout.as_millis()
+            );
+        }
+        if self.key_retention < self.lock_timeout {
+            anyhow::bail!(
+                "PAYMENTS_KEY_RETENTION_SECS ({} s) must not be shorter than PAYMENTS_LOCK_TIMEOUT_MS ({} ms): \
+                 keys must be kept at least as long as a request may hold one. Raise the retention.",
+                self.key_retention.as_secs(),
+                self.lock_timeout.as_millis()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The workers' settings, as the code uses them.
+#[derive(Debug, Clone)]
+pub struct WorkerSettings {
+    pub interval: Duration,
+    pub completer_backoff: Duration,
+    pub completer_max_attempts: u32,
+    pub webhook_url: Option<Url>,
+    pub webhook_timeout: Duration,
+    pub webhook_backoff: Duration,
+    pub webhook_max_attempts: u32,
+}
+
+impl Default for WorkerSettings {
+    fn default() -> Self {
+        WorkerSettings {
+            interval: Duration::from_millis(DEFAULT_WORKER_INTERVAL_MS),
+            completer_backoff: Duration::from_millis(DEFAULT_COMPLETER_BACKOFF_MS),
+            completer_max_attempts: DEFAULT_COMPLETER_MAX_ATTEMPTS,
+            webhook_url: None,
+            webhook_timeout: Duration::from_millis(DEFAULT_WEBHOOK_TIMEOUT_MS),
+            webhook_backoff: Duration::from_millis(DEFAULT_WEBHOOK_BACKOFF_MS),
+            webhook_max_attempts: DEFAULT_WEBHOOK_MAX_ATTEMPTS,
+        }
+    }
+}
+
+impl WorkerArgs {
+    pub fn settings(&self) -> WorkerSettings {
+        WorkerSettings {
+            interval: Duration::from_millis(self.worker_interval_ms),
+            completer_backoff: Duration::from_millis(self.completer_backoff_ms),
+            completer_max_attempts: self.completer_max_attempts,
+            webhook_url: self.webhook_url.clone(),
+            webhook_timeout: Duration::from_millis(self.webhook_timeout_ms),
+            webhook_backoff: Duration::from_millis(self.webhook_backoff_ms),
+            webhook_max_attempts: self.webhook_max_attempts,
         }
     }
 }
@@ -137,5 +276,28 @@ fn parse_rate(value: &str) -> Result<f64, String> {
     match value.parse::<f64>() {
         Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
         _ => Err(format!("{value:?} is not a probability from 0 to 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_pass_the_check() {
+        Settings::default().check().unwrap();
+    }
+
+    #[test]
+    fn a_lock_timeout_too_close_to_the_gateway_timeout_is_refused() {
+        let settings = Settings { lock_timeout: Duration::from_secs(20), ..Settings::default() };
+        let error = settings.check().unwrap_err().to_string();
+        assert!(error.contains("at least 30000 ms"), "{error}");
+    }
+
+    #[test]
+    fn a_retention_shorter_than_the_lock_timeout_is_refused() {
+        let settings = Settings { key_retention: Duration::from_secs(60), ..Settings::default() };
+        assert!(settings.check().unwrap_err().to_string().contains("PAYMENTS_KEY_RETENTION_SECS"));
     }
 }

@@ -3,7 +3,8 @@
 //! Start reading at [`payments::create`]: the recovery-point loop and its phases, on one screen.
 //! [`idempotency`] holds the protocol's generic parts (the key, the fingerprint, the claim, the
 //! fenced phase runner); [`http`] the thin handlers and the one mapping of errors to responses;
-//! [`gateway`] the client with its typed outcomes, and the mock gateway.
+//! [`gateway`] the client with its typed outcomes, and the mock gateway; [`workers`] the
+//! completer, reaper and outbox that finish what clients abandon.
 
 pub mod accounts;
 pub mod audit;
@@ -19,3 +20,4 @@ pub mod outbox;
 pub mod payments;
 pub mod startup;
 pub mod telemetry;
+pub mod workers;

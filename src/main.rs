@@ -1,5 +1,5 @@
 use clap::Parser;
-use payments::cli::{AccountsCommand, Cli, Command};
+use payments::cli::{AccountsCommand, AttentionCommand, Cli, Command};
 use payments::commands;
 
 #[tokio::main]
@@ -8,8 +8,13 @@ async fn main() -> anyhow::Result<()> {
     payments::telemetry::init();
     match cli.command {
         Command::Serve(args) => commands::serve::run(args).await,
+        Command::Worker(args) => commands::worker::run(args).await,
         Command::Gateway(args) => commands::gateway::run(args).await,
         Command::Migrate(args) => commands::migrate::run(args).await,
         Command::Accounts(AccountsCommand::Create(args)) => commands::accounts::create(args).await,
+        Command::Attention(AttentionCommand::List(database)) => commands::attention::list(database).await,
+        Command::Attention(AttentionCommand::Retry { key_id, database }) => {
+            commands::attention::retry(database, &key_id).await
+        }
     }
 }

@@ -1,13 +1,21 @@
 //! The transactional outbox: an event is staged in the same transaction that finishes the request
-//! it announces, so it exists if and only if that request finished. A worker delivers it later.
+//! it announces, so it exists if and only if that request finished. The outbox worker delivers
+//! it later, at least once: it leases the event (so no two workers deliver it at the same time),
+//! delivers with no transaction open, then deletes it, or reschedules it with backoff, or after
+//! too many failures dead-letters it. Each settlement writes its audit record in the same
+//! statement. A worker that dies mid-delivery leaves its lease to run out, and the event is
+//! delivered again, with the same id.
+
+use std::time::Duration;
 
 use diesel::prelude::*;
+use diesel::sql_types::{BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::Prepare;
 use crate::db::schema::staged_jobs;
+use crate::db::{Prepare, StoreError};
 
 /// An event about to be staged. Its id is fixed here, once, so every delivery attempt carries
 /// the same id and receivers can de-duplicate.
@@ -30,4 +38,110 @@ impl StagedEvent {
     pub async fn stage(&self, conn: &mut AsyncPgConnection) -> QueryResult<()> {
         diesel::insert_into(staged_jobs::table).values(self).prepared().execute(conn).await.map(drop)
     }
+}
+
+/// An event leased for delivery.
+#[derive(Debug, QueryableByName)]
+pub struct LeasedEvent {
+    #[diesel(sql_type = SqlUuid)]
+    pub account_id: Uuid,
+    #[diesel(sql_type = BigInt)]
+    pub job_id: i64,
+    /// The event as delivered: `{"id", "type", "data": {"object": ...}}`.
+    #[diesel(sql_type = Jsonb)]
+    pub event: serde_json::Value,
+    /// Delivery attempts, this one included. Also the lease's fence: only the holder of this
+    /// attempt may reschedule or dead-letter the event.
+    #[diesel(sql_type = Integer)]
+    pub attempts: i32,
+}
+
+impl LeasedEvent {
+    /// The event's id, which receivers de-duplicate on.
+    pub fn id(&self) -> &str {
+        self.event["id"].as_str().unwrap_or_default()
+    }
+}
+
+/// Leases the event that has been due longest, for `lease`: no other worker sees it until the
+/// lease runs out (and then it is due again, as if this delivery had failed).
+pub async fn lease_due_event(conn: &mut AsyncPgConnection, lease: Duration) -> Result<Option<LeasedEvent>, StoreError> {
+    Ok(diesel::sql_query(
+        "UPDATE staged_jobs j
+         SET run_at = now() + $1 * interval '1 millisecond', attempts = j.attempts + 1
+         FROM (SELECT account_id, id FROM staged_jobs
+               WHERE dead_at IS NULL AND run_at <= now()
+               ORDER BY run_at
+               LIMIT 1
+               FOR UPDATE SKIP LOCKED) due
+         WHERE j.account_id = due.account_id AND j.id = due.id
+         RETURNING j.account_id, j.id AS job_id, j.job_args AS event, j.attempts",
+    )
+    .bind::<BigInt, _>(millis(lease))
+    .get_result(conn)
+    .await
+    .optional()?)
+}
+
+/// How a delivery ended.
+#[derive(Debug)]
+pub enum Settlement<'a> {
+    Delivered,
+    /// Failed; due again after `retry_in`.
+    Failed {
+        error: &'a str,
+        retry_in: Duration,
+    },
+    /// Failed for the last time: kept, dead, for an operator.
+    DeadLettered {
+        error: &'a str,
+    },
+}
+
+/// Records how a delivery ended, with its audit record, in one statement.
+pub async fn settle(
+    conn: &mut AsyncPgConnection,
+    event: &LeasedEvent,
+    settlement: Settlement<'_>,
+) -> Result<(), StoreError> {
+    let (change, action, error, retry_in) = match settlement {
+        Settlement::Delivered => {
+            ("DELETE FROM staged_jobs WHERE account_id = $1 AND id = $2", "event.delivered", "", Duration::ZERO)
+        }
+        Settlement::Failed { error, retry_in } => (
+            "UPDATE staged_jobs SET run_at = now() + $5 * interval '1 millisecond', last_error = $4
+             WHERE account_id = $1 AND id = $2 AND attempts = $3",
+            "event.delivery_failed",
+            error,
+            retry_in,
+        ),
+        Settlement::DeadLettered { error } => (
+            "UPDATE staged_jobs SET dead_at = now(), last_error = $4 WHERE account_id = $1 AND id = $2 AND attempts = $3",
+            "event.dead_lettered",
+            error,
+            Duration::ZERO,
+        ),
+    };
+    // Each statement uses the parameters it needs; the audit record names the event and how it went.
+    let sql = format!(
+        "WITH settled AS ({change} RETURNING account_id, job_args)
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         SELECT account_id, '{action}', 'event', (job_args->>'id')::uuid, 'outbox',
+                jsonb_build_object('type', job_args->>'type', 'attempts', $3::int, 'error', nullif($4::text, ''),
+                                   'retry_in_ms', nullif($5::bigint, 0))
+         FROM settled"
+    );
+    diesel::sql_query(sql)
+        .bind::<SqlUuid, _>(event.account_id)
+        .bind::<BigInt, _>(event.job_id)
+        .bind::<Integer, _>(event.attempts)
+        .bind::<Text, _>(error.chars().take(1000).collect::<String>())
+        .bind::<BigInt, _>(millis(retry_in))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -2,6 +2,7 @@
 //! bind first, learn the real address (port 0 allowed), and only then serve.
 
 use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
@@ -30,9 +31,9 @@ pub struct Application {
 
 impl Application {
     /// Builds the server on an already-bound listener, with `workers` threads.
-    pub fn build(state: AppState, listener: TcpListener, workers: usize) -> std::io::Result<Application> {
+    pub fn build(state: Arc<AppState>, listener: TcpListener, workers: usize) -> std::io::Result<Application> {
         let addr = listener.local_addr()?;
-        let state = web::Data::new(state);
+        let state = web::Data::from(state);
         let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(http::configure))
             .listen(listener)?
             .workers(workers)

@@ -1,9 +1,11 @@
 //! One module per subcommand; `main` only dispatches.
 
 pub mod accounts;
+pub mod attention;
 pub mod gateway;
 pub mod migrate;
 pub mod serve;
+pub mod worker;
 
 use crate::config::DatabaseArgs;
 use crate::db::embedded::EmbeddedDatabase;

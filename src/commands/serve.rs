@@ -1,8 +1,12 @@
-//! `payments serve`: the HTTP API, with everything it needs started around it.
+//! `payments serve`: the HTTP API (and the workers, unless `--no-workers`), with everything it
+//! needs started around it.
 
+use std::future::pending;
 use std::net::TcpListener;
+use std::sync::Arc;
 
 use anyhow::Context;
+use tokio::sync::watch;
 
 use super::{open_database, shutdown_signal};
 use crate::accounts::DEMO_API_KEY;
@@ -11,6 +15,7 @@ use crate::db::{self, embedded::EmbeddedDatabase};
 use crate::gateway::GatewayClient;
 use crate::gateway::mock::{FaultPlan, MockGateway};
 use crate::startup::{AppState, Application};
+use crate::workers::Workers;
 
 /// Connections per process. Each request holds one only while it runs a phase (never across the
 /// gateway call), so a few dozen serve many more concurrent requests.
@@ -20,7 +25,7 @@ const POOL_SIZE: u32 = 32;
 pub const LISTENING: &str = "payments listening on";
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let settings = args.protocol.settings();
+    let settings = args.protocol.settings()?;
     if settings.fault_injection {
         tracing::warn!("FAULT INJECTION IS ON: X-Fault-Inject can crash this process. Never use this in production.");
     }
@@ -34,22 +39,28 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         (None, Some(mock)) => mock.url().parse()?,
         (None, None) => unreachable!("a mock is started when no gateway URL is given"),
     };
-    let state = AppState {
+    let state = Arc::new(AppState {
         db: db::pool(&database_url, POOL_SIZE),
         gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
-    };
+    });
     let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let app = Application::build(state, listener, workers)?;
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let app = Application::build(state.clone(), listener, threads)?;
     let (addr, handle) = (app.addr(), app.handle());
-    let server = tokio::spawn(app.run_until_stopped());
+    let mut server = tokio::spawn(app.run_until_stopped());
+    let (stop_workers, workers_stop) = watch::channel(false);
+    let mut workers = match args.no_workers {
+        true => None,
+        false => Some(tokio::spawn(Workers::new(state, &args.workers.settings())?.run(workers_stop))),
+    };
 
     println!("{LISTENING} http://{addr}");
     match &mock {
         Some(mock) => println!("gateway: in-process mock at {}", mock.url()),
         None => println!("gateway: {gateway_url}"),
     }
+    println!("workers: {}", if workers.is_some() { "completer, reaper, outbox" } else { "none (--no-workers)" });
     if embedded.is_some() {
         let socket = EmbeddedDatabase::socket_dir(&args.database.data_dir);
         println!(
@@ -65,11 +76,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
 
+    // The API and the workers run side by side; if either ends by itself, the process stops.
+    let workers_ended = async {
+        match &mut workers {
+            Some(workers) => drop(workers.await),
+            None => pending().await,
+        }
+    };
     tokio::select! {
-        signal = shutdown_signal() => tracing::info!(signal, "stopping: draining requests"),
-        result = server => tracing::error!(?result, "the HTTP server stopped by itself"),
+        signal = shutdown_signal() => tracing::info!(signal, "stopping: draining requests and workers"),
+        result = &mut server => tracing::error!(?result, "the HTTP server stopped by itself; stopping"),
+        () = workers_ended => tracing::error!("the workers stopped by themselves; stopping"),
     }
+    // In dependency order: requests, then workers (which finish the unit they are on), then what
+    // both use.
     handle.stop(true).await;
+    let _ = stop_workers.send(true);
+    if let Some(workers) = workers {
+        let _ = workers.await;
+    }
     if let Some(mock) = mock {
         mock.stop().await;
     }

@@ -38,6 +38,9 @@ diesel::table! {
         created_at -> Timestamptz,
         response_status -> Nullable<Int2>,
         response_body -> Nullable<Bytea>,
+        completer_attempts -> Int4,
+        needs_attention_at -> Nullable<Timestamptz>,
+        attention_reason -> Nullable<Text>,
     }
 }
 
@@ -70,6 +73,7 @@ diesel::table! {
         run_at -> Timestamptz,
         attempts -> Int4,
         last_error -> Nullable<Text>,
+        dead_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -63,6 +63,12 @@ struct ErrorBody {
     error: ErrorDetail,
 }
 
+/// The answer to a look-up by key: `{"object": "list", "data": [charge, ...]}`.
+#[derive(Debug, Deserialize)]
+struct ChargeList {
+    data: Vec<Charge>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct ErrorDetail {
     code: Option<String>,
@@ -82,6 +88,30 @@ impl GatewayClient {
     pub fn new(base_url: &Url, timeout: Duration) -> anyhow::Result<GatewayClient> {
         let http = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout).build()?;
         Ok(GatewayClient { http, charges_url: base_url.join("v1/charges")? })
+    }
+
+    /// The charge made under `idempotency_key`, if any. Charges keep the key they were made with,
+    /// so this finds one even after the gateway has forgotten the key itself (and would charge
+    /// again if asked to). Any answer but a list is indeterminate.
+    #[tracing::instrument(name = "gateway.find_charge", skip_all)]
+    pub async fn find_charge(&self, idempotency_key: &str) -> Result<Option<Charge>, GatewayError> {
+        let mut url = self.charges_url.clone();
+        url.query_pairs_mut().append_pair("idempotency_key", idempotency_key);
+        let response = self.http.get(url).send().await.map_err(from_transport)?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(from_transport)?;
+        if !status.is_success() {
+            return Err(GatewayError::Unavailable(format!("the charge look-up answered {status}")));
+        }
+        let list: ChargeList = serde_json::from_slice(&body)
+            .map_err(|e| GatewayError::Unavailable(format!("unreadable charge look-up: {e}")))?;
+        if list.data.len() > 1 {
+            tracing::error!(
+                charges = list.data.len(),
+                "the gateway holds several charges for one key; adopting the first"
+            );
+        }
+        Ok(list.data.into_iter().next())
     }
 
     /// Asks the gateway to charge, under `idempotency_key` (see [`downstream_key`]).

@@ -22,6 +22,7 @@ pub enum ProblemType {
     RouteNotFound,
     MethodNotAllowed,
     IdempotencyKeyReused,
+    IdempotencyKeyExpired,
     RequestInFlight,
     CardDeclined,
     GatewayRejected,
@@ -33,7 +34,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 17] = [
+    pub const ALL: [ProblemType; 18] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -44,6 +45,7 @@ impl ProblemType {
         ProblemType::RouteNotFound,
         ProblemType::MethodNotAllowed,
         ProblemType::IdempotencyKeyReused,
+        ProblemType::IdempotencyKeyExpired,
         ProblemType::RequestInFlight,
         ProblemType::CardDeclined,
         ProblemType::GatewayRejected,
@@ -69,6 +71,11 @@ impl ProblemType {
             IdempotencyKeyReused => {
                 ("idempotency-key-reused", "Idempotency-Key was already used with another request", 422)
             }
+            IdempotencyKeyExpired => (
+                "idempotency-key-expired",
+                "Idempotency-Key already made a payment, and its stored response has expired",
+                410,
+            ),
             RequestInFlight => ("request-in-flight", "A request with this Idempotency-Key is in progress", 409),
             CardDeclined => ("card-declined", "The card was declined", 402),
             GatewayRejected => ("gateway-rejected", "The payment gateway rejected the charge", 502),

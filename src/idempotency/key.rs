@@ -44,6 +44,12 @@ impl IdempotencyKey {
         }
     }
 
+    /// A key read back from the database, where only valid keys are stored (a `CHECK` holds them
+    /// to the same rules). Not parsed again: a stored key may itself start with a quote.
+    pub(crate) fn from_stored(key: String) -> IdempotencyKey {
+        IdempotencyKey(key)
+    }
+
     /// The key as the client meant it (unquoted).
     pub fn as_str(&self) -> &str {
         &self.0

@@ -18,14 +18,20 @@
 //! lock stops without writing; nothing is stored for a rejected or indeterminate request, so its
 //! retry runs again. The payment's phases themselves are in [`crate::payments::create`].
 
+mod abandoned;
 mod fingerprint;
 mod key;
 mod phase;
+mod reap;
 mod recovery_point;
 mod store;
 
+pub use abandoned::{
+    Abandoned, NeedsAttention, claim_abandoned, mark_needs_attention, needing_attention, retry_needing_attention,
+};
 pub use fingerprint::{Fingerprint, canonical_json};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LENGTH};
 pub use phase::{PhaseError, atomic_phase};
+pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use store::{Claim, KeyLock, NewKey, StoredResponse, Transition, claim};

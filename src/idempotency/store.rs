@@ -51,6 +51,7 @@ pub struct KeyLock {
     pub key_id: Uuid,
     token: Uuid,
     recovery_point: RecoveryPoint,
+    resumed: bool,
 }
 
 /// How a phase leaves the key row, applied in the phase's own transaction.
@@ -86,8 +87,8 @@ pub async fn claim(
             continue;
         };
         return Ok(match row {
-            ClaimRow { claimed: true, id, recovery_point, .. } => {
-                Claim::Acquired(KeyLock { account_id: new.account_id, key_id: id, token, recovery_point })
+            ClaimRow { claimed: true, id, recovery_point, fresh, .. } => {
+                Claim::Acquired(KeyLock::new(new.account_id, id, token, recovery_point, !fresh))
             }
             ClaimRow { same_request: false, .. } => Claim::Mismatch,
             ClaimRow { response_status: Some(status), response_body: Some(body), .. } => {
@@ -100,6 +101,22 @@ pub async fn claim(
 }
 
 impl KeyLock {
+    pub(super) fn new(
+        account_id: Uuid,
+        key_id: Uuid,
+        token: Uuid,
+        recovery_point: RecoveryPoint,
+        resumed: bool,
+    ) -> Self {
+        KeyLock { account_id, key_id, token, recovery_point, resumed }
+    }
+
+    /// Whether an earlier run drove this key before (a retry, or a worker taking it over), so
+    /// that the gateway may have charged for it already.
+    pub fn resumed(&self) -> bool {
+        self.resumed
+    }
+
     /// The recovery point this request resumes at, or has reached.
     pub fn recovery_point(&self) -> RecoveryPoint {
         self.recovery_point
@@ -132,6 +149,9 @@ impl KeyLock {
                     k::response_body.eq(&response.body),
                     k::locked_at.eq(None::<chrono::DateTime<chrono::Utc>>),
                     k::lock_token.eq(None::<Uuid>),
+                    // A key a worker gave up on may still be finished by its client's retry.
+                    k::needs_attention_at.eq(None::<chrono::DateTime<chrono::Utc>>),
+                    k::attention_reason.eq(None::<String>),
                 );
                 diesel::update(ours).set(changes).prepared().execute(conn).await?
             }
@@ -172,6 +192,9 @@ fn millis(duration: Duration) -> i64 {
 struct ClaimRow {
     #[diesel(sql_type = Bool)]
     claimed: bool,
+    /// Claimed by inserting it: no earlier run can have reached the gateway.
+    #[diesel(sql_type = Bool)]
+    fresh: bool,
     #[diesel(sql_type = SqlUuid)]
     id: Uuid,
     #[diesel(sql_type = Bool)]
@@ -220,13 +243,13 @@ const CLAIM_SQL: &str = "
       AND (k.locked_at IS NULL OR k.locked_at < now() - i.lock_timeout_ms * interval '1 millisecond')
     RETURNING k.*
 )
-SELECT true AS claimed, id, true AS same_request, recovery_point, response_status, response_body
+SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body
 FROM inserted
 UNION ALL
-SELECT true, id, true, recovery_point, response_status, response_body
+SELECT true, false, id, true, recovery_point, response_status, response_body
 FROM taken
 UNION ALL
-SELECT false, e.id,
+SELECT false, false, e.id,
        e.request_fingerprint = i.fingerprint AND e.request_method = i.method AND e.request_path = i.path,
        e.recovery_point, e.response_status, e.response_body
 FROM existing e, input i

@@ -14,29 +14,32 @@
 //!   our database does not know about. It keeps the recovery point where it is, so the phase runs
 //!   again on resumption and finds the payment it made (it never makes a second).
 //! - The gateway call sends a key derived from our key row, so calling again after a crash, a
-//!   timeout or a 5xx returns the first charge instead of making another. That is what makes
-//!   `started` safe to resume from when we do not know what the gateway did.
+//!   timeout or a 5xx returns the first charge instead of making another. A resumed key first looks
+//!   its charge up by that key and adopts it if one exists, which holds even after the gateway has
+//!   forgotten the key. That is what makes `started` safe to resume from when nobody knows what
+//!   the gateway did.
 //! - `charge_created` records the gateway's definitive answer: once it commits, the gateway is
 //!   never asked again.
 //! - `finished` stores the response, stages the outbox event and unlocks, all at once: a request
 //!   is either finished with a stored answer and its event, or not finished at all.
 //!
 //! An indeterminate gateway outcome (timeout, connection error, 5xx, 409) commits nothing: the key
-//! is unlocked at `started` and the client is told 503, retry with the same key.
+//! is unlocked at `started` and the client is told 503, retry with the same key. The same driver
+//! serves a client's request and a worker finishing an abandoned one ([`complete_abandoned`]).
 
 use serde_json::json;
 use uuid::Uuid;
 
-use super::model::{ChargeOutcome, NewPayment, Payment, PaymentStatus};
+use super::model::{ChargeOutcome, Insertion, NewPayment, Payment, PaymentStatus};
 use super::request::PaymentRequest;
-use super::view::{PaymentView, final_response};
+use super::view::{PaymentView, expired_key_response, final_response};
 use crate::audit::{Actor, AuditRecord};
 use crate::db::{self, PooledConnection, StoreError};
 use crate::faults::{CrashPoint, crash_at};
 use crate::gateway::{self, ChargeRequest, GatewayError};
 use crate::idempotency::{
-    Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, PhaseError, RecoveryPoint, StoredResponse, Transition,
-    atomic_phase, claim,
+    Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, PhaseError, RecoveryPoint, StoredResponse,
+    Transition, atomic_phase, claim,
 };
 use crate::outbox::StagedEvent;
 use crate::startup::AppState;
@@ -98,9 +101,24 @@ pub async fn create_payment(
         Claim::Acquired(lock) => lock,
     };
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
-    let driver = Driver { state, lock, key, request, conn: Some(conn), crash, payment: None, response: None };
+    let driver = Driver::new(state, lock, key, request, Actor::Api);
+    let driver = Driver { conn: Some(conn), crash, ..driver };
     let response = driver.run().await?;
     Ok(Created { response, replayed: false })
+}
+
+/// Finishes a request that a worker took over from its vanished client: the same phases, from
+/// the key's recovery point, with the request stored on the key.
+#[tracing::instrument(name = "payments.complete", skip_all, fields(idempotency_key.id = %abandoned.lock.key_id, attempt = abandoned.attempts, payment.id))]
+pub async fn complete_abandoned(state: &AppState, abandoned: Abandoned) -> Result<StoredResponse, CreateError> {
+    let Abandoned { lock, key, params, .. } = abandoned;
+    match serde_json::from_value::<PaymentRequest>(params) {
+        Ok(request) => Driver::new(state, lock, key, request, Actor::Completer).run().await,
+        Err(error) => {
+            release(state, &lock).await;
+            Err(PhaseError::Inconsistent(format!("the stored request does not read as a payment: {error}")).into())
+        }
+    }
 }
 
 /// Drives one claimed key from its recovery point to `finished`.
@@ -109,6 +127,8 @@ struct Driver<'a> {
     lock: KeyLock,
     key: IdempotencyKey,
     request: PaymentRequest,
+    /// Who drives the request: the API for its client, or a worker.
+    actor: Actor,
     /// Held across consecutive database phases, returned to the pool before the gateway call.
     conn: Option<PooledConnection>,
     crash: Option<CrashPoint>,
@@ -117,7 +137,11 @@ struct Driver<'a> {
     response: Option<StoredResponse>,
 }
 
-impl Driver<'_> {
+impl<'a> Driver<'a> {
+    fn new(state: &'a AppState, lock: KeyLock, key: IdempotencyKey, request: PaymentRequest, actor: Actor) -> Self {
+        Driver { state, lock, key, request, actor, conn: None, crash: None, payment: None, response: None }
+    }
+
     /// Runs the protocol. If it stops short of `finished`, the key is unlocked where it stands, so
     /// a retry resumes at once (unless another request took the key over: then it is theirs).
     async fn run(mut self) -> Result<StoredResponse, CreateError> {
@@ -135,7 +159,8 @@ impl Driver<'_> {
         loop {
             match self.lock.recovery_point() {
                 RecoveryPoint::Started => {
-                    let payment_id = self.start().await?;
+                    // A late retry of a reaped key is answered by this phase, with no charge.
+                    let Some(payment_id) = self.start().await? else { continue };
                     crash_at(self.crash, CrashPoint::AfterStarted);
                     let outcome = self.charge().await?;
                     crash_at(self.crash, CrashPoint::AfterCharge);
@@ -156,8 +181,10 @@ impl Driver<'_> {
     }
 
     /// `started`: the pending payment and its audit record. On resumption it finds the payment
-    /// it made before instead of making another.
-    async fn start(&mut self) -> Result<Uuid, CreateError> {
+    /// it made before instead of making another. If the client's key made a payment under an
+    /// earlier key row, since reaped, the phase finishes the key with a 410 naming that payment
+    /// (and returns no payment to charge for).
+    async fn start(&mut self) -> Result<Option<Uuid>, CreateError> {
         let new = NewPayment {
             id: Uuid::now_v7(),
             account_id: self.lock.account_id,
@@ -168,18 +195,33 @@ impl Driver<'_> {
             description: self.request.description.as_deref(),
             metadata: json!(self.request.metadata),
         };
+        let actor = self.actor;
         let conn = connection(&mut self.conn, self.state).await?;
-        let payment = atomic_phase(conn, &mut self.lock, async |conn| {
-            let (payment, created) = new.insert_or_find(conn).await?;
-            if created {
+        let started = atomic_phase(conn, &mut self.lock, async |conn| match new.insert(conn).await? {
+            Insertion::New(payment) => {
                 let data = json!({ "amount": payment.amount, "currency": payment.currency });
-                audit(&payment, "payment.created", data).insert(conn).await?;
+                audit(&payment, actor, "payment.created", data).insert(conn).await?;
+                Ok((Transition::Stay, Ok(payment.id)))
             }
-            Ok((Transition::Stay, payment))
+            Insertion::Existing(payment) => Ok((Transition::Stay, Ok(payment.id))),
+            Insertion::UnderReapedKey(payment) => {
+                let response = expired_key_response(&payment);
+                let data = json!({ "idempotency_key_id": new.idempotency_key_id });
+                audit(&payment, actor, "payment.retried_after_key_expired", data).insert(conn).await?;
+                Ok((Transition::Finish(response.clone()), Err(response)))
+            }
         })
         .await?;
-        tracing::Span::current().record("payment.id", payment.id.to_string());
-        Ok(payment.id)
+        match started {
+            Ok(payment_id) => {
+                tracing::Span::current().record("payment.id", payment_id.to_string());
+                Ok(Some(payment_id))
+            }
+            Err(response) => {
+                self.response = Some(response);
+                Ok(None)
+            }
+        }
     }
 
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled
@@ -187,6 +229,19 @@ impl Driver<'_> {
     async fn charge(&mut self) -> Result<ChargeOutcome, CreateError> {
         self.conn = None;
         let key = gateway::downstream_key(self.lock.account_id, self.lock.key_id);
+        // An earlier run may have charged and lost the answer: reconcile first, and adopt its
+        // charge. The look-up finds it even where the gateway has forgotten the key (and would
+        // charge again if asked).
+        if self.lock.resumed() {
+            match self.state.gateway.find_charge(&key).await {
+                Ok(Some(charge)) => {
+                    tracing::info!(gateway.charge_id = %charge.id, "adopting the charge an earlier run made");
+                    return Ok(ChargeOutcome::Succeeded { charge_id: charge.id });
+                }
+                Ok(None) => {}
+                Err(error) => return Err(indeterminate(error)),
+            }
+        }
         let request = ChargeRequest {
             amount: self.request.amount,
             currency: &self.request.currency,
@@ -201,22 +256,19 @@ impl Driver<'_> {
                 tracing::error!(gateway.status = status, %message, "the gateway rejected a charge request");
                 Ok(ChargeOutcome::Rejected { message })
             }
-            Err(error) => {
-                tracing::warn!(%error, "gateway outcome unknown; the key stays at started");
-                Err(CreateError::GatewayIndeterminate(error))
-            }
+            Err(error) => Err(indeterminate(error)),
         }
     }
 
     /// `charge_created`: the gateway's definitive answer, recorded on the payment.
     async fn record_charge(&mut self, payment_id: Uuid, outcome: ChargeOutcome) -> Result<(), CreateError> {
-        let account_id = self.lock.account_id;
+        let (account_id, actor) = (self.lock.account_id, self.actor);
         let conn = connection(&mut self.conn, self.state).await?;
         let payment = atomic_phase(conn, &mut self.lock, async |conn| {
             let payment = Payment::record_outcome(conn, account_id, payment_id, &outcome).await?;
             let data = json!({ "status": payment.status, "gateway_charge_id": payment.gateway_charge_id,
                                "failure_code": payment.failure_code });
-            audit(&payment, "payment.charge_recorded", data).insert(conn).await?;
+            audit(&payment, actor, "payment.charge_recorded", data).insert(conn).await?;
             Ok((Transition::Advance(RecoveryPoint::ChargeCreated), payment))
         })
         .await?;
@@ -226,7 +278,7 @@ impl Driver<'_> {
 
     /// `finished`: the response stored, the outbox event staged and the key unlocked, together.
     async fn finish(&mut self) -> Result<(), CreateError> {
-        let (account_id, key_id) = (self.lock.account_id, self.lock.key_id);
+        let (account_id, key_id, actor) = (self.lock.account_id, self.lock.key_id, self.actor);
         let known = self.payment.take();
         let conn = connection(&mut self.conn, self.state).await?;
         let response = atomic_phase(conn, &mut self.lock, async |conn| {
@@ -241,7 +293,7 @@ impl Driver<'_> {
             };
             StagedEvent::new(account_id, event, PaymentView::from(&payment)).stage(conn).await?;
             let data = json!({ "response_status": response.status });
-            audit(&payment, "payment.finished", data).insert(conn).await?;
+            audit(&payment, actor, "payment.finished", data).insert(conn).await?;
             Ok((Transition::Finish(response.clone()), response))
         })
         .await?;
@@ -249,20 +301,30 @@ impl Driver<'_> {
         Ok(())
     }
 
-    /// Unlocks the key where it stands (best effort: if even this fails, the lock goes stale
-    /// after the lock timeout and the key is taken over then).
+    /// Unlocks the key where it stands.
     async fn release(&mut self) {
         // A connection that just failed may be broken: use a fresh one.
         self.conn = None;
-        let result = async {
-            let mut conn = db::connect(&self.state.db).await?;
-            self.lock.release(&mut conn).await
-        }
-        .await;
-        if let Err(error) = result {
-            tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
-        }
+        release(self.state, &self.lock).await;
     }
+}
+
+/// Unlocks a key where it stands, so a retry resumes at once (best effort: if even this fails,
+/// the lock goes stale after the lock timeout and the key is taken over then).
+async fn release(state: &AppState, lock: &KeyLock) {
+    let result = async {
+        let mut conn = db::connect(&state.db).await?;
+        lock.release(&mut conn).await
+    }
+    .await;
+    if let Err(error) = result {
+        tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
+    }
+}
+
+fn indeterminate(error: GatewayError) -> CreateError {
+    tracing::warn!(%error, "gateway outcome unknown; the key stays at started");
+    CreateError::GatewayIndeterminate(error)
 }
 
 /// The driver's connection, checked out on first use after the last release.
@@ -276,13 +338,13 @@ async fn connection<'c>(
     Ok(slot.as_mut().expect("checked out above"))
 }
 
-fn audit<'a>(payment: &Payment, action: &'a str, data: serde_json::Value) -> AuditRecord<'a> {
+fn audit<'a>(payment: &Payment, actor: Actor, action: &'a str, data: serde_json::Value) -> AuditRecord<'a> {
     AuditRecord {
         account_id: payment.account_id,
         action,
         resource_type: "payment",
         resource_id: payment.id,
-        actor: Actor::Api,
+        actor,
         data,
     }
 }

@@ -5,7 +5,7 @@ mod model;
 mod request;
 mod view;
 
-pub use create::{CreateError, Created, create_payment};
-pub use model::{ChargeOutcome, GATEWAY_REJECTED, Payment, PaymentStatus};
+pub use create::{CreateError, Created, complete_abandoned, create_payment};
+pub use model::{ChargeOutcome, GATEWAY_REJECTED, Insertion, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, PaymentRequest, ValidationError};
 pub use view::{PaymentList, PaymentView};

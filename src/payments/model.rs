@@ -72,23 +72,44 @@ struct OutcomeChanges<'a> {
     failure_message: Option<&'a str>,
 }
 
+/// What the `started` phase found when it went to create its payment.
+#[derive(Debug)]
+pub enum Insertion {
+    /// The payment is new.
+    New(Payment),
+    /// This key row made it before (the phase is running again after a crash or a retry).
+    Existing(Payment),
+    /// The client's key already made this payment, under an earlier key row that has since been
+    /// reaped: the request is a late retry and must not charge again.
+    UnderReapedKey(Payment),
+}
+
 impl NewPayment<'_> {
-    /// Inserts the payment unless its key row already has one; either way returns the key's
-    /// payment, and whether it is new. This is what makes the `started` phase safe to re-run.
-    pub async fn insert_or_find(&self, conn: &mut AsyncPgConnection) -> QueryResult<(Payment, bool)> {
+    /// Inserts the payment unless one exists for its key row, or for its client key. Never a
+    /// unique violation: either conflict is an answer, which is what makes `started` re-runnable.
+    pub async fn insert(&self, conn: &mut AsyncPgConnection) -> QueryResult<Insertion> {
         let inserted = diesel::insert_into(payments::table)
             .values(self)
-            .on_conflict((payments::account_id, payments::idempotency_key_id))
-            .do_nothing()
+            .on_conflict_do_nothing()
             .returning(Payment::as_returning())
             .prepared()
             .get_result(conn)
             .await
             .optional()?;
-        match inserted {
-            Some(payment) => Ok((payment, true)),
-            None => Payment::find_by_key(conn, self.account_id, self.idempotency_key_id).await.map(|p| (p, false)),
+        if let Some(payment) = inserted {
+            return Ok(Insertion::New(payment));
         }
+        if let Some(payment) = Payment::find_by_key(conn, self.account_id, self.idempotency_key_id).await.optional()? {
+            return Ok(Insertion::Existing(payment));
+        }
+        // The id is new and the key row has no payment: the conflict was on the client's key.
+        let earlier = payments::table
+            .filter(payments::account_id.eq(self.account_id))
+            .filter(payments::idempotency_key.eq(self.idempotency_key))
+            .select(Payment::as_select())
+            .get_result(conn)
+            .await?;
+        Ok(Insertion::UnderReapedKey(earlier))
     }
 }
 

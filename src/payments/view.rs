@@ -56,10 +56,25 @@ impl<'a> PaymentList<'a> {
     }
 }
 
-/// The `payment` member of a failed payment's problem.
+/// The `payment` member of a problem about a payment.
 #[derive(Debug, Serialize)]
-struct FailedPayment<'a> {
+struct PaymentMember<'a> {
     payment: PaymentView<'a>,
+}
+
+/// The answer to a late retry whose key was reaped: 410, never a second charge. It names the
+/// payment the key made (its current state), so the client can fetch it.
+pub fn expired_key_response(payment: &Payment) -> StoredResponse {
+    let detail = format!(
+        "This Idempotency-Key made payment {} on {}, and its stored response has expired. Nothing was charged \
+         now; GET /v1/payments/{} shows the payment.",
+        payment.id,
+        payment.created_at.format("%Y-%m-%d %H:%M:%S UTC"),
+        payment.id
+    );
+    let problem =
+        Problem::new(ProblemType::IdempotencyKeyExpired, detail).with(PaymentMember { payment: payment.into() });
+    StoredResponse { status: problem.status(), body: problem.to_bytes() }
 }
 
 /// The definitive answer to the request that created `payment`: 201 with the payment; 402 for a
@@ -87,6 +102,6 @@ pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
             ),
         ),
     };
-    let problem = problem.with(FailedPayment { payment: view });
+    let problem = problem.with(PaymentMember { payment: view });
     Ok(StoredResponse { status: problem.status(), body: problem.to_bytes() })
 }

@@ -8,10 +8,12 @@ use serde_json::{Value, json};
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{Lock, TestApp, new_key, payment_body};
+use crate::helpers::{Lock, TestApp, mount_no_charges_found, new_key, payment_body};
 
-/// An app whose gateway is a wiremock server mounted later (it needs the seeded key's id).
+/// An app whose gateway is a wiremock server mounted later (it needs the seeded key's id). Its
+/// look-up by key finds no charge.
 async fn app_with(gateway: &MockServer) -> TestApp {
+    mount_no_charges_found(gateway).await;
     TestApp::builder().gateway_url(gateway.uri()).spawn().await
 }
 
@@ -89,6 +91,7 @@ async fn a_declined_payment_at_charge_created_finishes_as_402() {
 #[tokio::test]
 async fn a_stale_lock_is_taken_over_and_the_request_finishes() {
     let gateway = MockServer::start().await;
+    mount_no_charges_found(&gateway).await;
     let app = TestApp::builder().gateway_url(gateway.uri()).lock_timeout(Duration::from_secs(60)).spawn().await;
     let key = new_key();
     let key_id = app.seed_key(&key, &payment_body(), "started", Lock::HeldFor(61)).await;
@@ -128,4 +131,45 @@ async fn gateway_expecting_on(gateway: &MockServer, downstream_key: &str, times:
         .expect(times)
         .mount_as_scoped(gateway)
         .await
+}
+
+#[tokio::test]
+async fn a_resumed_key_adopts_the_charge_the_gateway_already_made() {
+    let gateway = MockServer::start().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    app.seed_payment(key_id, &key, "pending", None).await;
+    // The earlier run's charge went through, but its answer was lost.
+    let downstream = app.downstream_key(key_id);
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .and(wiremock::matchers::query_param("idempotency_key", downstream.as_str()))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({ "object": "list", "data": [{ "id": "ch_lost_answer" }] })),
+        )
+        .expect(1)
+        .mount(&gateway)
+        .await;
+    let _no_second_charge = gateway_expecting_on(&gateway, &downstream, 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_finished(&app, &key, response, "ch_lost_answer").await;
+}
+
+#[tokio::test]
+async fn a_look_up_that_fails_is_indeterminate_and_charges_nothing() {
+    let gateway = MockServer::start().await;
+    Mock::given(method("GET")).and(path("/v1/charges")).respond_with(ResponseTemplate::new(500)).mount(&gateway).await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let _never = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!((row.recovery_point.as_str(), row.locked_at), ("started", None));
 }

@@ -1,6 +1,17 @@
 //! Talking to the mock gateway's control endpoints (in-process or a process of its own).
 
 use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+/// A wiremock gateway's look-up by key, finding no charge: what a resumed key asks first.
+pub async fn mount_no_charges_found(gateway: &MockServer) {
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({ "object": "list", "data": [] })))
+        .mount(gateway)
+        .await;
+}
 
 /// The mock's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

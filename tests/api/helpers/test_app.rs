@@ -2,16 +2,18 @@
 //! named after the endpoints they call.
 
 use std::net::TcpListener;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix_web::dev::ServerHandle;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use payments::config::Settings;
+use payments::config::{Settings, WorkerSettings};
 use payments::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
 use payments::gateway::GatewayClient;
 use payments::gateway::mock::{FaultPlan, MockGateway};
 use payments::startup::{AppState, Application};
+use payments::workers::Workers;
 use reqwest::Response;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -31,6 +33,7 @@ pub fn new_key() -> String {
 
 pub struct TestAppBuilder {
     settings: Settings,
+    workers: WorkerSettings,
     gateway_url: Option<String>,
     database_url: Option<String>,
 }
@@ -49,6 +52,17 @@ impl TestAppBuilder {
 
     pub fn gateway_timeout(mut self, timeout: Duration) -> Self {
         self.settings.gateway_timeout = timeout;
+        self
+    }
+
+    /// Adjusts the settings of the workers that [`TestApp::workers`] builds.
+    pub fn workers(mut self, adjust: impl FnOnce(&mut WorkerSettings)) -> Self {
+        adjust(&mut self.workers);
+        self
+    }
+
+    pub fn key_retention(mut self, retention: Duration) -> Self {
+        self.settings.key_retention = retention;
         self
     }
 
@@ -76,12 +90,12 @@ impl TestAppBuilder {
             None => Some(MockGateway::start(TcpListener::bind("127.0.0.1:0").unwrap(), FaultPlan::none()).unwrap()),
         };
         let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
-        let state = AppState {
+        let state = Arc::new(AppState {
             db: payments::db::pool(self.database_url.as_deref().unwrap_or(&database.url), 10),
             gateway: GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
             settings: self.settings,
-        };
-        let app = Application::build(state, TcpListener::bind("127.0.0.1:0").unwrap(), 2).unwrap();
+        });
+        let app = Application::build(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap(), 2).unwrap();
         let (address, server) = (format!("http://{}", app.addr()), app.handle());
         tokio::spawn(app.run_until_stopped());
         TestApp {
@@ -90,6 +104,8 @@ impl TestAppBuilder {
             account_id: account.id,
             http: reqwest::Client::new(),
             gateway: GatewayControl::new(&gateway_url),
+            state,
+            worker_settings: self.workers,
             server,
             mock,
             database,
@@ -105,6 +121,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     /// Control of the in-process mock gateway (or whatever gateway the builder was given).
     pub gateway: GatewayControl,
+    state: Arc<AppState>,
+    worker_settings: WorkerSettings,
     server: ServerHandle,
     mock: Option<MockGateway>,
     /// Must be the last field: dropping it drops the database.
@@ -113,7 +131,12 @@ pub struct TestApp {
 
 impl TestApp {
     pub fn builder() -> TestAppBuilder {
-        TestAppBuilder { settings: Settings::default(), gateway_url: None, database_url: None }
+        TestAppBuilder {
+            settings: Settings::default(),
+            workers: WorkerSettings::default(),
+            gateway_url: None,
+            database_url: None,
+        }
     }
 
     /// An app with default settings and an in-process mock gateway.
@@ -158,6 +181,12 @@ impl TestApp {
     /// Creates another account in the same database, and returns its API key.
     pub async fn create_account(&self, name: &str) -> String {
         payments::accounts::create(&mut self.db().await, name).await.unwrap().1
+    }
+
+    /// The workers, on this app's state (database, gateway, settings): tests drain them with
+    /// `run_once` instead of waiting for their loops.
+    pub fn workers(&self) -> Workers {
+        Workers::new(self.state.clone(), &self.worker_settings).unwrap()
     }
 
     /// A connection straight to the test database, for assertions.

@@ -1,0 +1,48 @@
+//! `payments worker`: the background workers alone, with no HTTP. Any number may run beside any
+//! number of `serve` processes on one database.
+
+use std::sync::Arc;
+
+use reqwest::Url;
+use tokio::sync::watch;
+
+use super::{open_database, shutdown_signal};
+use crate::config::{DEFAULT_GATEWAY_BIND, WorkerCommandArgs};
+use crate::db;
+use crate::gateway::GatewayClient;
+use crate::startup::AppState;
+use crate::workers::Workers;
+
+/// A worker drives one request at a time per worker kind: a few connections are plenty.
+const POOL_SIZE: u32 = 4;
+
+/// The line `worker` prints once its workers run.
+pub const RUNNING: &str = "payments worker running";
+
+pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
+    let settings = args.protocol.settings()?;
+    let (database_url, embedded) = open_database(&args.database).await?;
+    let gateway_url = match args.gateway_url {
+        Some(url) => url,
+        None => Url::parse(&format!("http://{DEFAULT_GATEWAY_BIND}"))?,
+    };
+    let state = Arc::new(AppState {
+        db: db::pool(&database_url, POOL_SIZE),
+        gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
+        settings,
+    });
+    let (stop, stopped) = watch::channel(false);
+    let mut running = tokio::spawn(Workers::new(state, &args.workers.settings())?.run(stopped));
+    println!("{RUNNING} (completer, reaper, outbox; gateway {gateway_url})");
+
+    tokio::select! {
+        signal = shutdown_signal() => tracing::info!(signal, "stopping: workers finish what they are on"),
+        result = &mut running => tracing::error!(?result, "the workers stopped by themselves"),
+    }
+    let _ = stop.send(true);
+    let _ = running.await;
+    if let Some(embedded) = embedded {
+        embedded.stop().await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,182 @@
+//! Keys whose requests nobody is driving any more: how a worker takes one over, and how it gives
+//! up on one and hands it to an operator.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::{OptionalExtension, QueryableByName};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use super::{IdempotencyKey, KeyLock, RecoveryPoint};
+use crate::db::StoreError;
+
+/// However many attempts a key has had, the completer never waits longer than this between two.
+const MAX_BACKOFF: Duration = Duration::from_secs(3600);
+
+/// A key a worker took over, with what it needs to drive the request without its client.
+#[derive(Debug)]
+pub struct Abandoned {
+    pub lock: KeyLock,
+    pub key: IdempotencyKey,
+    /// The validated request, as stored by the claim.
+    pub params: serde_json::Value,
+    /// Worker attempts on this key, this one included.
+    pub attempts: u32,
+}
+
+#[derive(QueryableByName)]
+struct AbandonedRow {
+    #[diesel(sql_type = SqlUuid)]
+    account_id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = Text)]
+    idempotency_key: String,
+    #[diesel(sql_type = Text)]
+    recovery_point: RecoveryPoint,
+    #[diesel(sql_type = SqlUuid)]
+    lock_token: Uuid,
+    #[diesel(sql_type = Jsonb)]
+    request_params: serde_json::Value,
+    #[diesel(sql_type = Integer)]
+    completer_attempts: i32,
+}
+
+/// Takes over the unfinished key that has waited longest, if one is due: unlocked or its lock
+/// stale, not given up on, and untouched for its backoff (`backoff` doubled per earlier attempt).
+/// `FOR UPDATE SKIP LOCKED`: concurrent workers take different keys, and none takes a key while a
+/// request is committing a phase on it. The claim and its audit record are one statement.
+pub async fn claim_abandoned(
+    conn: &mut AsyncPgConnection,
+    lock_timeout: Duration,
+    backoff: Duration,
+) -> Result<Option<Abandoned>, StoreError> {
+    let row: Option<AbandonedRow> = diesel::sql_query(
+        "WITH claimed AS (
+             UPDATE idempotency_keys k
+             SET locked_at = now(), lock_token = gen_random_uuid(), last_run_at = now(),
+                 completer_attempts = k.completer_attempts + 1
+             FROM (SELECT account_id, id FROM idempotency_keys
+                   WHERE recovery_point <> 'finished' AND needs_attention_at IS NULL
+                     AND (locked_at IS NULL OR locked_at < now() - $1 * interval '1 millisecond')
+                     AND last_run_at < now() - least($2 * power(2, completer_attempts), $3) * interval '1 millisecond'
+                   ORDER BY last_run_at
+                   LIMIT 1
+                   FOR UPDATE SKIP LOCKED) due
+             WHERE k.account_id = due.account_id AND k.id = due.id
+             RETURNING k.account_id, k.id, k.idempotency_key, k.recovery_point, k.lock_token,
+                       k.request_params, k.completer_attempts
+         ), audited AS (
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             SELECT account_id, 'idempotency_key.taken_over', 'idempotency_key', id, 'completer',
+                    jsonb_build_object('attempt', completer_attempts, 'recovery_point', recovery_point)
+             FROM claimed
+         )
+         SELECT * FROM claimed",
+    )
+    .bind::<BigInt, _>(millis(lock_timeout))
+    .bind::<BigInt, _>(millis(backoff))
+    .bind::<BigInt, _>(millis(MAX_BACKOFF))
+    .get_result(conn)
+    .await
+    .optional()?;
+    Ok(row.map(|row| Abandoned {
+        lock: KeyLock::new(row.account_id, row.id, row.lock_token, row.recovery_point, true),
+        key: IdempotencyKey::from_stored(row.idempotency_key),
+        params: row.request_params,
+        attempts: row.completer_attempts.unsigned_abs(),
+    }))
+}
+
+/// Gives up on a key: it stays unfinished, no worker drives it again, and it waits on the
+/// operator's list. Only while nobody holds it (its client may have come back meanwhile).
+pub async fn mark_needs_attention(
+    conn: &mut AsyncPgConnection,
+    key: &KeyLock,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    let marked = diesel::sql_query(
+        "WITH marked AS (
+             UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3
+             WHERE account_id = $1 AND id = $2 AND recovery_point <> 'finished' AND locked_at IS NULL
+               AND needs_attention_at IS NULL
+             RETURNING account_id, id, completer_attempts
+         )
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         SELECT account_id, 'idempotency_key.needs_attention', 'idempotency_key', id, 'completer',
+                jsonb_build_object('attempts', completer_attempts, 'reason', $3::text)
+         FROM marked",
+    )
+    .bind::<SqlUuid, _>(key.account_id)
+    .bind::<SqlUuid, _>(key.key_id)
+    .bind::<Text, _>(truncate(reason, 1000))
+    .execute(conn)
+    .await?;
+    Ok(marked == 1)
+}
+
+/// A key on the operator's list.
+#[derive(Debug, QueryableByName)]
+pub struct NeedsAttention {
+    #[diesel(sql_type = SqlUuid)]
+    pub id: Uuid,
+    #[diesel(sql_type = SqlUuid)]
+    pub account_id: Uuid,
+    #[diesel(sql_type = Text)]
+    pub idempotency_key: String,
+    #[diesel(sql_type = Text)]
+    pub recovery_point: RecoveryPoint,
+    #[diesel(sql_type = Integer)]
+    pub completer_attempts: i32,
+    #[diesel(sql_type = Timestamptz)]
+    pub needs_attention_at: DateTime<Utc>,
+    #[diesel(sql_type = Text)]
+    pub attention_reason: String,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub payment_id: Option<Uuid>,
+}
+
+/// The keys workers gave up on, oldest first, with their payment if one was made.
+pub async fn needing_attention(conn: &mut AsyncPgConnection) -> Result<Vec<NeedsAttention>, StoreError> {
+    Ok(diesel::sql_query(
+        "SELECT k.id, k.account_id, k.idempotency_key, k.recovery_point, k.completer_attempts,
+                k.needs_attention_at, k.attention_reason, p.id AS payment_id
+         FROM idempotency_keys k
+         LEFT JOIN payments p ON p.account_id = k.account_id AND p.idempotency_key_id = k.id
+         WHERE k.needs_attention_at IS NOT NULL
+         ORDER BY k.needs_attention_at",
+    )
+    .load(conn)
+    .await?)
+}
+
+/// An operator's answer to a key on the list, once its cause is fixed: let the workers try it
+/// again, from the start of their backoff. (Safe at any time: a resumed key reconciles with the
+/// gateway before it charges.)
+pub async fn retry_needing_attention(conn: &mut AsyncPgConnection, key_id: Uuid) -> Result<bool, StoreError> {
+    let reset = diesel::sql_query(
+        "WITH reset AS (
+             UPDATE idempotency_keys
+             SET needs_attention_at = NULL, attention_reason = NULL, completer_attempts = 0
+             WHERE id = $1 AND needs_attention_at IS NOT NULL
+             RETURNING account_id, id
+         )
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         SELECT account_id, 'idempotency_key.retried', 'idempotency_key', id, 'operator', '{}'
+         FROM reset",
+    )
+    .bind::<SqlUuid, _>(key_id)
+    .execute(conn)
+    .await?;
+    Ok(reset == 1)
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn truncate(text: &str, max_chars: usize) -> String {
+    text.chars().take(max_chars).collect()
+}

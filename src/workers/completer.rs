@@ -1,0 +1,57 @@
+//! The completer: finishes requests that their clients abandoned.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{Outcome, Worker};
+use crate::config::WorkerSettings;
+use crate::db;
+use crate::idempotency::{claim_abandoned, mark_needs_attention};
+use crate::payments::complete_abandoned;
+use crate::startup::AppState;
+
+/// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
+/// between attempts; after `max_attempts` it gives up, and the key needs attention.
+pub struct Completer {
+    state: Arc<AppState>,
+    backoff: Duration,
+    max_attempts: u32,
+}
+
+impl Completer {
+    pub fn new(state: Arc<AppState>, settings: &WorkerSettings) -> Completer {
+        Completer { state, backoff: settings.completer_backoff, max_attempts: settings.completer_max_attempts }
+    }
+}
+
+impl Worker for Completer {
+    const NAME: &'static str = "completer";
+
+    async fn run_once(&self) -> anyhow::Result<Outcome> {
+        let mut conn = db::connect(&self.state.db).await?;
+        let Some(abandoned) = claim_abandoned(&mut conn, self.state.settings.lock_timeout, self.backoff).await? else {
+            return Ok(Outcome::Idle);
+        };
+        drop(conn);
+        let (lock, attempt) = (abandoned.lock.clone(), abandoned.attempts);
+        let key_id = lock.key_id;
+        match complete_abandoned(&self.state, abandoned).await {
+            Ok(response) => {
+                tracing::info!(%key_id, attempt, response.status = response.status, "finished an abandoned request");
+            }
+            Err(error) if attempt >= self.max_attempts => {
+                let mut conn = db::connect(&self.state.db).await?;
+                if mark_needs_attention(&mut conn, &lock, &error.to_string()).await? {
+                    tracing::error!(
+                        %key_id, attempt, %error,
+                        "gave up on an abandoned request: it needs attention (see `payments attention list`)"
+                    );
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%key_id, attempt, %error, "could not finish an abandoned request yet; it will be tried again");
+            }
+        }
+        Ok(Outcome::Worked)
+    }
+}

@@ -1,0 +1,95 @@
+//! Background workers: whatever crashes, they drive every request back to a coherent, final
+//! state by themselves, without its client and without an operator.
+//!
+//! - The [`Completer`] finishes requests whose clients went away: unfinished keys whose lock is
+//!   free or stale, re-driven from their recovery point through the same phases as the API.
+//! - The [`Reaper`] deletes finished keys once their retention is over.
+//! - The [`Outbox`] delivers the events that finished payments staged.
+//!
+//! Each worker has `run_once`, one unit of work, which tests call to drain it deterministically;
+//! [`Workers::run`] loops them until asked to stop. Any number of worker processes may run beside
+//! any number of `serve`s: they coordinate only through PostgreSQL row locks (`FOR UPDATE SKIP
+//! LOCKED`), so no key and no event is ever handled by two of them at once.
+
+mod completer;
+mod outbox;
+mod reaper;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tokio::sync::watch;
+
+pub use completer::Completer;
+pub use outbox::Outbox;
+pub use reaper::Reaper;
+
+use crate::config::WorkerSettings;
+use crate::startup::AppState;
+
+/// What one `run_once` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It did something, and there may be more: run again at once.
+    Worked,
+    /// Nothing to do: wait an interval before looking again.
+    Idle,
+}
+
+/// One kind of background work.
+pub trait Worker: Send + Sync + 'static {
+    /// For logs.
+    const NAME: &'static str;
+
+    /// Does one unit of work, if there is any.
+    fn run_once(&self) -> impl Future<Output = anyhow::Result<Outcome>> + Send;
+}
+
+/// The workers of one process.
+pub struct Workers {
+    pub completer: Completer,
+    pub reaper: Reaper,
+    pub outbox: Outbox,
+    interval: Duration,
+}
+
+impl Workers {
+    pub fn new(state: Arc<AppState>, settings: &WorkerSettings) -> anyhow::Result<Workers> {
+        Ok(Workers {
+            completer: Completer::new(state.clone(), settings),
+            reaper: Reaper::new(state.clone()),
+            outbox: Outbox::new(state, settings)?,
+            interval: settings.interval,
+        })
+    }
+
+    /// Runs every worker until `stop` turns true. A unit of work under way when it does is
+    /// finished first, so a request being completed is not left half-done by a clean stop.
+    pub async fn run(self, stop: watch::Receiver<bool>) {
+        tokio::join!(
+            run_loop(self.completer, self.interval, stop.clone()),
+            run_loop(self.reaper, self.interval, stop.clone()),
+            run_loop(self.outbox, self.interval, stop),
+        );
+    }
+}
+
+async fn run_loop<W: Worker>(worker: W, interval: Duration, mut stop: watch::Receiver<bool>) {
+    tracing::info!(worker = W::NAME, "started");
+    while !*stop.borrow() {
+        match worker.run_once().await {
+            Ok(Outcome::Worked) => continue,
+            Ok(Outcome::Idle) => {}
+            Err(error) => tracing::warn!(worker = W::NAME, %error, "a run failed; trying again after a pause"),
+        }
+        // Jitter spreads the polls of many processes instead of letting them run in step.
+        let pause = interval.mul_f64(rand::rng().random_range(0.5..1.5));
+        tokio::select! {
+            _ = tokio::time::sleep(pause) => {}
+            _ = stop.changed() => {}
+        }
+    }
+    tracing::info!(worker = W::NAME, "stopped");
+}

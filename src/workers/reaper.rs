@@ -1,0 +1,38 @@
+//! The reaper: deletes finished keys once their retention is over.
+
+use std::sync::Arc;
+
+use super::{Outcome, Worker};
+use crate::db;
+use crate::idempotency::reap_finished;
+use crate::startup::AppState;
+
+/// Keys deleted per transaction: small, so a pass never holds many row locks or runs long.
+const BATCH: i64 = 500;
+
+/// Deletes finished keys older than the retention, a batch per run. Unfinished keys are never
+/// deleted: they belong to the completer, or to an operator. Payments keep the client's key, so
+/// a retry that arrives after its key was reaped is answered 410 and charged nothing.
+pub struct Reaper {
+    state: Arc<AppState>,
+}
+
+impl Reaper {
+    pub fn new(state: Arc<AppState>) -> Reaper {
+        Reaper { state }
+    }
+}
+
+impl Worker for Reaper {
+    const NAME: &'static str = "reaper";
+
+    async fn run_once(&self) -> anyhow::Result<Outcome> {
+        let mut conn = db::connect(&self.state.db).await?;
+        let reaped = reap_finished(&mut conn, self.state.settings.key_retention, BATCH).await?;
+        if reaped > 0 {
+            tracing::info!(reaped, "reaped finished keys past their retention");
+        }
+        // A full batch means there may be more.
+        Ok(if reaped as i64 == BATCH { Outcome::Worked } else { Outcome::Idle })
+    }
+}
