@@ -1,5 +1,7 @@
 //! The integration tests: one binary, so the crate links once and the run shares one cluster.
 
+mod commands;
+mod completer;
 mod concurrency;
 mod conflicts;
 mod crash_recovery;
@@ -10,7 +12,10 @@ mod fencing;
 mod gateway_faults;
 mod gateway_mock;
 mod helpers;
+mod many_instances;
 mod openapi;
+mod outbox;
+mod reaper;
 mod replay;
 mod resumption;
 mod round_trips;

@@ -2,7 +2,21 @@
 
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
+
+/// A wiremock answer to a charge request: a charge of its own per idempotency key (as a real
+/// gateway makes), after `delay`.
+pub struct ChargePerKey {
+    pub delay: std::time::Duration,
+}
+
+impl Respond for ChargePerKey {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        let key = request.headers.get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let id = format!("ch_{}", key.replace(':', "_"));
+        ResponseTemplate::new(200).set_body_json(json!({ "id": id })).set_delay(self.delay)
+    }
+}
 
 /// A wiremock gateway's look-up by key, finding no charge: what a resumed key asks first.
 pub async fn mount_no_charges_found(gateway: &MockServer) {
@@ -44,6 +58,12 @@ impl GatewayControl {
     pub async fn faults(&self, plan: Value) {
         let response = self.http.post(format!("{}/_control/faults", self.url)).json(&plan).send().await.unwrap();
         assert!(response.status().is_success(), "setting faults {plan}: {}", response.status());
+    }
+
+    /// Makes the gateway forget every idempotency key (its charges stay, findable by key).
+    pub async fn forget_keys(&self) {
+        let response = self.http.delete(format!("{}/_control/idempotency-keys", self.url)).send().await.unwrap();
+        assert!(response.status().is_success());
     }
 
     /// The charges the gateway holds for one downstream key.

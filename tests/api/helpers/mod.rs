@@ -13,7 +13,7 @@ use std::time::Duration;
 
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
-pub use gateway::{GatewayControl, GatewayStats, mount_no_charges_found};
+pub use gateway::{ChargePerKey, GatewayControl, GatewayStats, mount_no_charges_found};
 pub use process::Process;
 pub use seed::Lock;
 pub use statements::{record_statements, statements};

@@ -25,7 +25,12 @@ impl Process {
         let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
         command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).kill_on_drop(true);
         command.stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() });
-        for var in ["DATABASE_URL", "GATEWAY_URL", "PAYMENTS_FAULT_INJECTION", "PAYMENTS_BIND", "PAYMENTS_DATA_DIR"] {
+        // Only what the test passes: nothing from the environment the tests run in.
+        let inherited = std::env::vars_os().map(|(var, _)| var).filter(|var| {
+            let var = var.to_string_lossy();
+            var.starts_with("PAYMENTS_") || var == "DATABASE_URL" || var == "GATEWAY_URL"
+        });
+        for var in inherited {
             command.env_remove(var);
         }
         command.envs(env.iter().copied());
@@ -51,12 +56,20 @@ impl Process {
         Process { child, url, stdout }
     }
 
-    /// `payments serve` against `database_url`, on a free port, with these extra variables.
-    pub async fn serve(database_url: &str, gateway_url: &str, env: &[(&str, &str)]) -> Process {
+    /// `payments serve <args>` against `database_url`, on a free port, with these extra variables.
+    pub async fn serve(database_url: &str, gateway_url: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
         let mut all =
             vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url), ("PAYMENTS_BIND", "127.0.0.1:0")];
         all.extend_from_slice(env);
-        Process::start(&["serve"], &all, payments::commands::serve::LISTENING).await
+        let args: Vec<&str> = ["serve"].iter().chain(args).copied().collect();
+        Process::start(&args, &all, payments::commands::serve::LISTENING).await
+    }
+
+    /// `payments worker` against `database_url`, with these extra variables.
+    pub async fn worker(database_url: &str, gateway_url: &str, env: &[(&str, &str)]) -> Process {
+        let mut all = vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url)];
+        all.extend_from_slice(env);
+        Process::start(&["worker"], &all, payments::commands::worker::RUNNING).await
     }
 
     /// `payments gateway` on a free port.

@@ -61,11 +61,6 @@ impl TestAppBuilder {
         self
     }
 
-    pub fn key_retention(mut self, retention: Duration) -> Self {
-        self.settings.key_retention = retention;
-        self
-    }
-
     pub fn fault_injection(mut self) -> Self {
         self.settings.fault_injection = true;
         self
@@ -104,6 +99,7 @@ impl TestAppBuilder {
             account_id: account.id,
             http: reqwest::Client::new(),
             gateway: GatewayControl::new(&gateway_url),
+            gateway_url,
             state,
             worker_settings: self.workers,
             server,
@@ -121,6 +117,7 @@ pub struct TestApp {
     pub http: reqwest::Client,
     /// Control of the in-process mock gateway (or whatever gateway the builder was given).
     pub gateway: GatewayControl,
+    gateway_url: String,
     state: Arc<AppState>,
     worker_settings: WorkerSettings,
     server: ServerHandle,
@@ -181,6 +178,11 @@ impl TestApp {
     /// Creates another account in the same database, and returns its API key.
     pub async fn create_account(&self, name: &str) -> String {
         payments::accounts::create(&mut self.db().await, name).await.unwrap().1
+    }
+
+    /// The gateway this app charges through.
+    pub fn gateway_url(&self) -> &str {
+        &self.gateway_url
     }
 
     /// The workers, on this app's state (database, gateway, settings): tests drain them with

@@ -1,0 +1,113 @@
+//! Two `serve` processes and a `worker` process on one database keep every guarantee: one
+//! charge per key, however the requests are spread, and a request whose server dies is finished
+//! by the worker.
+
+use std::time::Duration;
+
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+use reqwest::StatusCode;
+use serde_json::json;
+use tokio::task::JoinSet;
+
+use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, wait_until};
+
+/// A lock timeout of three gateway timeouts, short enough for a test to wait out.
+const ENV: [(&str, &str); 4] = [
+    ("PAYMENTS_LOCK_TIMEOUT_MS", "4500"),
+    ("PAYMENTS_GATEWAY_TIMEOUT_MS", "1500"),
+    ("PAYMENTS_WORKER_INTERVAL_MS", "100"),
+    ("PAYMENTS_COMPLETER_BACKOFF_MS", "0"),
+];
+
+/// Everything runs as long as this does. Fields drop in order: the processes, then the database.
+struct Cluster {
+    api_key: String,
+    control: GatewayControl,
+    servers: [Process; 2],
+    _worker: Process,
+    _gateway: Process,
+    _database: TestDatabase,
+}
+
+async fn start() -> Cluster {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments::accounts::create(&mut conn, "many").await.unwrap();
+    let gateway = Process::gateway().await;
+    let control = GatewayControl::new(&gateway.url);
+    let servers = [
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &ENV).await,
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &ENV).await,
+    ];
+    let worker = Process::worker(&database.url, &gateway.url, &ENV).await;
+    Cluster { api_key, control, servers, _worker: worker, _gateway: gateway, _database: database }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_identical_requests_over_two_servers_make_one_charge() {
+    let cluster = start().await;
+    // A slow charge keeps the first request in flight while the others arrive.
+    cluster.control.faults(json!({ "mode": "latency", "latency_ms": 500, "count": 30 })).await;
+    let key = new_key();
+
+    let mut requests = JoinSet::new();
+    for i in 0..30 {
+        let url = format!("{}/v1/payments", cluster.servers[i % 2].url);
+        let (api_key, key) = (cluster.api_key.clone(), key.clone());
+        requests.spawn(async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", key)
+                .json(&payment_body())
+                .send()
+                .await
+                .unwrap();
+            (response.status(), response.headers().contains_key("Idempotent-Replayed"))
+        });
+    }
+    let answers = requests.join_all().await;
+
+    let fresh = answers.iter().filter(|(status, replayed)| *status == StatusCode::CREATED && !replayed).count();
+    assert_eq!(fresh, 1, "{answers:?}");
+    assert!(
+        answers.iter().all(|(status, _)| [StatusCode::CREATED, StatusCode::CONFLICT].contains(status)),
+        "{answers:?}"
+    );
+    assert_eq!(cluster.control.stats().await.charges, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_whose_server_is_killed_is_finished_by_the_worker() {
+    let cluster = start().await;
+    cluster.control.faults(json!({ "mode": "latency", "latency_ms": 1000, "count": 1 })).await;
+    let key = new_key();
+    let post = |url: String| {
+        reqwest::Client::new()
+            .post(format!("{url}/v1/payments"))
+            .bearer_auth(&cluster.api_key)
+            .header("Idempotency-Key", &key)
+            .json(&payment_body())
+            .send()
+    };
+
+    // The first server takes the request and dies while the gateway is charging.
+    let in_flight = tokio::spawn(post(cluster.servers[0].url.clone()));
+    wait_until(Duration::from_secs(10), "the charge request reaches the gateway", || async {
+        cluster.control.stats().await.requests == 1
+    })
+    .await;
+    cluster.servers[0].signal(nix::sys::signal::Signal::SIGKILL);
+    assert!(in_flight.await.unwrap().is_err());
+
+    // Nobody retries; once the lock is stale the worker takes the key over, finds the charge the
+    // gateway made, and finishes the request.
+    let other = cluster.servers[1].url.clone();
+    wait_until(Duration::from_secs(30), "the worker finishes the request", || async {
+        let response = post(other.clone()).await.unwrap();
+        response.headers().contains_key("Idempotent-Replayed")
+    })
+    .await;
+    assert_eq!(cluster.control.stats().await.charges, 1);
+    assert_eq!(cluster.control.stats().await.requests, 1, "adopted by look-up, not charged again");
+}

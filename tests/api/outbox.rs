@@ -1,0 +1,163 @@
+//! Events of finished payments leave the outbox at least once: delivered to the webhook with a
+//! stable id (exactly once in normal operation), re-sent with the same id after a crash, and
+//! dead-lettered when the receiver keeps failing.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use payments::db::schema::{audit_records, staged_jobs};
+use payments::workers::{Outcome, Worker};
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::helpers::{Process, TestApp, new_key, payment_body, wait_until};
+
+async fn receiver(status: u16) -> MockServer {
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST")).and(path("/events")).respond_with(ResponseTemplate::new(status)).mount(&receiver).await;
+    receiver
+}
+
+async fn app_delivering_to(receiver: &MockServer, max_attempts: u32) -> TestApp {
+    let webhook = format!("{}/events", receiver.uri()).parse().unwrap();
+    TestApp::builder()
+        .workers(|w| {
+            w.webhook_url = Some(webhook);
+            w.webhook_backoff = Duration::ZERO;
+            w.webhook_max_attempts = max_attempts;
+        })
+        .spawn()
+        .await
+}
+
+async fn audited(app: &TestApp, action: &str) -> i64 {
+    audit_records::table.filter(audit_records::action.eq(action)).count().get_result(&mut app.db().await).await.unwrap()
+}
+
+#[tokio::test]
+async fn each_event_is_delivered_once_with_its_id_as_the_idempotency_key() {
+    let receiver = receiver(200).await;
+    let app = app_delivering_to(&receiver, 10).await;
+    let declined = json!({ "amount": 100, "currency": "usd", "source": "tok_chargeDeclined" });
+    let succeeded: Value = app.post_payment(&new_key(), &payment_body()).await.json().await.unwrap();
+    app.post_payment(&new_key(), &declined).await;
+    let outbox = app.workers().outbox;
+
+    while outbox.run_once().await.unwrap() == Outcome::Worked {}
+
+    let deliveries = receiver.received_requests().await.unwrap();
+    assert_eq!(deliveries.len(), 2);
+    let events: Vec<Value> = deliveries.iter().map(|r| r.body_json().unwrap()).collect();
+    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(types, ["payment.succeeded", "payment.failed"]);
+    assert_eq!(events[0]["data"]["object"], succeeded, "the event carries the payment as the API shows it");
+    for (delivery, event) in deliveries.iter().zip(&events) {
+        assert_eq!(delivery.headers["idempotency-key"], event["id"].as_str().unwrap());
+        assert_eq!(delivery.headers["content-type"], "application/json");
+    }
+    assert_eq!(app.row_counts().await.3, 0, "delivered events leave the outbox");
+    assert_eq!(audited(&app, "event.delivered").await, 2);
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Idle);
+    assert_eq!(receiver.received_requests().await.unwrap().len(), 2, "nothing is delivered twice");
+}
+
+#[tokio::test]
+async fn without_a_webhook_events_are_logged_and_cleared() {
+    let app = TestApp::spawn().await;
+    app.post_payment(&new_key(), &payment_body()).await;
+
+    assert_eq!(app.workers().outbox.run_once().await.unwrap(), Outcome::Worked);
+
+    assert_eq!(app.row_counts().await.3, 0);
+    assert_eq!(audited(&app, "event.delivered").await, 1);
+}
+
+#[tokio::test]
+async fn a_receiver_that_keeps_failing_gets_the_event_dead_lettered() {
+    let receiver = receiver(500).await;
+    let app = app_delivering_to(&receiver, 3).await;
+    app.post_payment(&new_key(), &payment_body()).await;
+    let outbox = app.workers().outbox;
+
+    for _ in 0..3 {
+        assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
+    }
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Idle, "a dead event is not retried");
+
+    let attempts = receiver.received_requests().await.unwrap();
+    assert_eq!(attempts.len(), 3);
+    assert!(
+        attempts.iter().all(|a| a.headers["idempotency-key"] == attempts[0].headers["idempotency-key"]),
+        "one event id"
+    );
+    let (attempts_made, dead_at, last_error): (i32, Option<chrono::DateTime<chrono::Utc>>, Option<String>) =
+        staged_jobs::table
+            .select((staged_jobs::attempts, staged_jobs::dead_at, staged_jobs::last_error))
+            .get_result(&mut app.db().await)
+            .await
+            .unwrap();
+    assert_eq!(attempts_made, 3);
+    assert!(dead_at.is_some(), "kept, dead, for an operator");
+    assert!(last_error.unwrap().contains("500"));
+    assert_eq!(audited(&app, "event.delivery_failed").await, 2);
+    assert_eq!(audited(&app, "event.dead_lettered").await, 1);
+}
+
+#[tokio::test]
+async fn a_failed_delivery_waits_for_its_backoff() {
+    let receiver = receiver(503).await;
+    let webhook = format!("{}/events", receiver.uri()).parse().unwrap();
+    let app = TestApp::builder()
+        .workers(|w| {
+            w.webhook_url = Some(webhook);
+            w.webhook_backoff = Duration::from_secs(60);
+        })
+        .spawn()
+        .await;
+    app.post_payment(&new_key(), &payment_body()).await;
+    let outbox = app.workers().outbox;
+
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Idle, "not due again for a minute");
+    app.run_sql("UPDATE staged_jobs SET run_at = now() - interval '1 second'").await;
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(receiver.received_requests().await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again_with_the_same_id() {
+    // The receiver holds the first delivery open, long enough to kill the worker mid-request.
+    let receiver = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/events"))
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
+        .up_to_n_times(1)
+        .mount(&receiver)
+        .await;
+    Mock::given(method("POST")).and(path("/events")).respond_with(ResponseTemplate::new(200)).mount(&receiver).await;
+    let app = app_delivering_to(&receiver, 10).await;
+    app.post_payment(&new_key(), &payment_body()).await;
+
+    let webhook = format!("{}/events", receiver.uri());
+    let env = [("PAYMENTS_WEBHOOK_URL", webhook.as_str()), ("PAYMENTS_WORKER_INTERVAL_MS", "50")];
+    let mut worker = Process::worker(&app.database.url, app.gateway_url(), &env).await;
+    wait_until(Duration::from_secs(20), "the worker is delivering", || async {
+        !receiver.received_requests().await.unwrap().is_empty()
+    })
+    .await;
+    worker.signal(nix::sys::signal::Signal::SIGKILL);
+    worker.exited().await;
+    assert_eq!(app.row_counts().await.3, 1, "the event is still staged");
+
+    // Its lease runs out (here: made to run out), and another worker delivers it again.
+    app.run_sql("UPDATE staged_jobs SET run_at = now()").await;
+    assert_eq!(app.workers().outbox.run_once().await.unwrap(), Outcome::Worked);
+
+    let deliveries = receiver.received_requests().await.unwrap();
+    assert_eq!(deliveries.len(), 2);
+    assert_eq!(deliveries[0].headers["idempotency-key"], deliveries[1].headers["idempotency-key"]);
+    assert_eq!(deliveries[0].body, deliveries[1].body, "the same event, byte for byte");
+    assert_eq!(app.row_counts().await.3, 0);
+}

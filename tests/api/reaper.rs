@@ -1,0 +1,81 @@
+//! The reaper deletes finished keys past their retention, in batches, and never an unfinished
+//! one; a retry that arrives after its key was reaped is told so, and charged nothing.
+
+use payments::workers::{Outcome, Worker};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::{Lock, TestApp, new_key, payment_body};
+
+/// Backdates every key by two days: past the default retention of one.
+async fn age_all_keys(app: &TestApp) {
+    app.run_sql("UPDATE idempotency_keys SET created_at = now() - interval '2 days'").await;
+}
+
+#[tokio::test]
+async fn finished_keys_past_retention_are_deleted_in_batches_and_unfinished_ones_never() {
+    let app = TestApp::spawn().await;
+    // 1,200 finished keys and one unfinished key, all two days old; and one fresh finished key.
+    app.run_sql(&format!(
+        "INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
+                                       request_fingerprint, request_params, recovery_point, response_status,
+                                       response_body)
+         SELECT gen_random_uuid(), '{}', 'old-' || i, 'POST', '/v1/payments', decode(repeat('00', 32), 'hex'), '{{}}',
+                'finished', 201, '{{}}'::bytea
+         FROM generate_series(1, 1200) i",
+        app.account_id
+    ))
+    .await;
+    let unfinished = new_key();
+    app.seed_key(&unfinished, &payment_body(), "started", Lock::Free).await;
+    age_all_keys(&app).await;
+    let fresh = new_key();
+    app.post_payment(&fresh, &payment_body()).await;
+    let reaper = app.workers().reaper;
+
+    // Batches of 500: two full ones (more may follow), then the rest.
+    assert_eq!(reaper.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(app.row_counts().await.0, 1200 + 2 - 500);
+    assert_eq!(reaper.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(reaper.run_once().await.unwrap(), Outcome::Idle);
+    assert_eq!(reaper.run_once().await.unwrap(), Outcome::Idle);
+
+    assert!(app.key_row(&unfinished).await.is_some(), "an unfinished key is never reaped");
+    assert!(app.key_row(&fresh).await.is_some(), "a key within its retention stays");
+    assert_eq!(app.row_counts().await.0, 2);
+    let mut conn = app.db().await;
+    let audited: i64 = diesel_async::RunQueryDsl::get_result(
+        diesel::QueryDsl::count(diesel::QueryDsl::filter(
+            payments::db::schema::audit_records::table,
+            diesel::ExpressionMethods::eq(payments::db::schema::audit_records::action, "idempotency_key.reaped"),
+        )),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    assert_eq!(audited, 1200, "one audit record per reaped key");
+}
+
+#[tokio::test]
+async fn a_retry_after_its_key_was_reaped_is_410_and_charges_nothing() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let payment: Value = app.post_payment(&key, &payment_body()).await.json().await.unwrap();
+    age_all_keys(&app).await;
+    assert_eq!(app.workers().reaper.run_once().await.unwrap(), Outcome::Idle);
+    assert!(app.key_row(&key).await.is_none(), "reaped");
+
+    let late = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(late.status(), StatusCode::GONE);
+    assert_eq!(late.headers()["content-type"], "application/problem+json");
+    let problem: Value = late.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/idempotency-key-expired");
+    assert_eq!(problem["payment"]["id"], payment["id"]);
+    assert!(problem["detail"].as_str().unwrap().contains(payment["id"].as_str().unwrap()));
+    assert_eq!(app.gateway.stats().await.requests, 1, "the gateway never heard of the late retry");
+    assert_eq!(app.row_counts().await.1, 1, "no second payment");
+    // The answer is stored like any other: the next retry replays it.
+    let again = app.post_payment(&key, &payment_body()).await;
+    assert_eq!((again.status(), &again.headers()["Idempotent-Replayed"]), (StatusCode::GONE, &"true".parse().unwrap()));
+}
