@@ -15,6 +15,7 @@ mod text_enum;
 pub use prepared::{Prepare, Prepared};
 pub(crate) use text_enum::text_enum;
 
+use std::future::Future;
 use std::time::Duration;
 
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
@@ -36,7 +37,12 @@ pub const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The server-side limit on any one statement. Every statement on the request path is an indexed
 /// look-up or a single-row write, so anything slower than this is a stuck lock or an overloaded
 /// server, and the request is better off failing (and being retried) than waiting.
-pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The client-side limit on one unit of database work (a look-up, the claim, a phase's
+/// transaction). The server's statement timeout cannot help when the server, or the network to it,
+/// stops answering altogether; this does, so that such a request fails closed too.
+pub const OPERATION_TIMEOUT: Duration = Duration::from_millis(2500);
 
 /// Builds the pool without connecting: the first checkout connects, and a database that is down
 /// at start-up is reported by `/readyz` and by 503s instead of preventing the process from starting.
@@ -75,10 +81,26 @@ pub async fn connect(pool: &Pool) -> Result<PooledConnection, StoreError> {
     Ok(pool.get_owned().await?)
 }
 
+/// Runs one unit of database work within [`OPERATION_TIMEOUT`]. Dropping a transaction's future
+/// leaves its connection marked broken, so the pool discards it and the server rolls back.
+pub async fn bounded<T, E: From<StoreError>>(work: impl Future<Output = Result<T, E>>) -> Result<T, E> {
+    match tokio::time::timeout(OPERATION_TIMEOUT, work).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Unavailable(format!("no answer within {OPERATION_TIMEOUT:?}")).into()),
+    }
+}
+
+/// One statement (or a few), within [`OPERATION_TIMEOUT`].
+pub async fn query<T>(work: impl Future<Output = diesel::QueryResult<T>>) -> Result<T, StoreError> {
+    bounded(async { Ok(work.await?) }).await
+}
+
 /// Why a database operation failed, sorted by what the caller should do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The database could not be reached or the connection broke: fail closed with a 503.
+    /// The database could not be reached, the connection broke, or the server cannot serve right
+    /// now (shutting down, restarting, out of resources, a statement cancelled by its timeout, a
+    /// read-only standby after a failover): fail closed with a 503.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
     /// A conflict between concurrent transactions (serialization failure or deadlock): the
@@ -93,10 +115,6 @@ pub enum StoreError {
 impl From<DieselError> for StoreError {
     fn from(error: DieselError) -> Self {
         match &error {
-            DieselError::DatabaseError(
-                DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand,
-                info,
-            ) => StoreError::Unavailable(info.message().to_owned()),
             DieselError::DatabaseError(DatabaseErrorKind::SerializationFailure, _) => StoreError::Conflict(error),
             // diesel reports a deadlock (SQLSTATE 40P01) only as `Unknown` with the server's
             // message; our clusters run with English messages, so the message identifies it.
@@ -105,6 +123,16 @@ impl From<DieselError> for StoreError {
             {
                 StoreError::Conflict(error)
             }
+            // diesel names the errors our statements can cause (constraint violations: bugs, or
+            // races we handle); what it does not name is the server failing to serve. Either way
+            // nothing committed, so failing closed and letting the client retry is safe.
+            DieselError::DatabaseError(
+                DatabaseErrorKind::ClosedConnection
+                | DatabaseErrorKind::UnableToSendCommand
+                | DatabaseErrorKind::ReadOnlyTransaction
+                | DatabaseErrorKind::Unknown,
+                info,
+            ) => StoreError::Unavailable(info.message().to_owned()),
             DieselError::BrokenTransactionManager => StoreError::Unavailable(error.to_string()),
             _ => StoreError::Query(error),
         }

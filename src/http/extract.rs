@@ -41,7 +41,7 @@ impl FromRequest for AuthenticatedAccount {
                 return Err(ApiError::Unauthorized);
             };
             let mut conn = db::connect(&state.db).await?;
-            let id = accounts::authenticate(&mut conn, &api_key).await?.ok_or(ApiError::Unauthorized)?;
+            let id = db::query(accounts::authenticate(&mut conn, &api_key)).await?.ok_or(ApiError::Unauthorized)?;
             Ok(AuthenticatedAccount { id })
         })
     }

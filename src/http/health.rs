@@ -21,7 +21,7 @@ pub async fn healthz() -> HttpResponse {
 /// `GET /readyz`: the database answers, so requests can be served; otherwise 503.
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let mut conn = db::connect(&state.db).await?;
-    diesel::select(1.into_sql::<Integer>()).execute(&mut conn).await?;
+    db::query(diesel::select(1.into_sql::<Integer>()).execute(&mut conn)).await?;
     Ok(HttpResponse::Ok().json(json!({ "status": "ready" })))
 }
 

@@ -46,7 +46,8 @@ pub async fn get_payment(
     id: web::Path<Uuid>,
 ) -> Result<HttpResponse, ApiError> {
     let mut conn = db::connect(&state.db).await?;
-    let payment = Payment::find(&mut conn, account.id, id.into_inner()).await?.ok_or(ApiError::PaymentNotFound)?;
+    let payment = db::query(Payment::find(&mut conn, account.id, id.into_inner())).await?;
+    let payment = payment.ok_or(ApiError::PaymentNotFound)?;
     Ok(HttpResponse::Ok().json(PaymentView::from(&payment)))
 }
 
@@ -69,7 +70,7 @@ pub async fn list_payments(
         return Err(ApiError::InvalidRequest(format!("limit must be from 1 to {MAX_PAGE}.")));
     }
     let mut conn = db::connect(&state.db).await?;
-    let mut page = Payment::list(&mut conn, account.id, query.starting_after, limit).await?;
+    let mut page = db::query(Payment::list(&mut conn, account.id, query.starting_after, limit)).await?;
     let has_more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     Ok(HttpResponse::Ok().json(PaymentList::new(&page, has_more)))

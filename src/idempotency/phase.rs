@@ -5,7 +5,7 @@ use std::future::Future;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 
 use super::store::{KeyLock, Transition};
-use crate::db::StoreError;
+use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
 /// conflicts are rare (phases lock the key row first-come-first-served) and the transaction
@@ -65,15 +65,14 @@ where
     loop {
         let body = body.clone();
         let held: &KeyLock = lock;
-        let result = conn
-            .transaction(async |conn| {
-                let (transition, value) = body(conn).await?;
-                if !held.apply(conn, &transition).await? {
-                    return Err(PhaseError::LockLost);
-                }
-                Ok((transition, value))
-            })
-            .await;
+        let result = db::bounded(conn.transaction(async |conn| {
+            let (transition, value) = body(conn).await?;
+            if !held.apply(conn, &transition).await? {
+                return Err(PhaseError::LockLost);
+            }
+            Ok((transition, value))
+        }))
+        .await;
         match result {
             Ok((transition, value)) => {
                 lock.advance_to(&transition);

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::db::schema::idempotency_keys;
-use crate::db::{Prepare, StoreError};
+use crate::db::{self, Prepare, StoreError};
 
 /// A request about to claim its key.
 pub struct NewKey<'a> {
@@ -83,7 +83,7 @@ pub async fn claim(
     let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lock_timeout_ms: millis(lock_timeout) };
     // One retry covers the one race (both inserting a new key); two more are a safety margin.
     for _ in 0..3 {
-        let Some(row) = query.get_result::<ClaimRow>(conn).await.optional()? else {
+        let Some(row) = db::query(async { query.get_result::<ClaimRow>(conn).await.optional() }).await? else {
             continue;
         };
         return Ok(match row {
@@ -171,14 +171,13 @@ impl KeyLock {
     /// it does nothing if another request has taken the key over meanwhile.
     pub async fn release(&self, conn: &mut AsyncPgConnection) -> Result<(), StoreError> {
         use idempotency_keys::dsl as k;
-        diesel::update(idempotency_keys::table)
+        let unlock = diesel::update(idempotency_keys::table)
             .filter(k::account_id.eq(self.account_id))
             .filter(k::id.eq(self.key_id))
             .filter(k::lock_token.eq(self.token))
             .set((k::locked_at.eq(None::<chrono::DateTime<chrono::Utc>>), k::lock_token.eq(None::<Uuid>)))
-            .prepared()
-            .execute(conn)
-            .await?;
+            .prepared();
+        db::query(unlock.execute(conn)).await?;
         Ok(())
     }
 }

@@ -8,7 +8,9 @@ use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{DbProxy, TestApp, TestDatabase, new_key, payment_body, wait_until};
+use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+
+use crate::helpers::{DbProxy, Lock, TestApp, TestDatabase, new_key, payment_body, wait_until};
 
 #[tokio::test]
 async fn an_unreachable_database_fails_closed_and_the_service_recovers() {
@@ -43,4 +45,85 @@ async fn an_unreachable_database_fails_closed_and_the_service_recovers() {
         .await;
     let response = app.post_payment(&key, &payment_body()).await;
     assert_eq!(response.status(), StatusCode::CREATED, "no restart needed");
+}
+
+#[tokio::test]
+async fn a_database_that_stops_answering_fails_closed_too() {
+    let gateway = MockServer::start().await;
+    let database = TestDatabase::create().await;
+    let proxy = DbProxy::start(TestDatabase::socket_path()).await;
+    let app =
+        TestApp::builder().gateway_url(gateway.uri()).database_url(proxy.url(&database.name)).spawn_on(database).await;
+    let patient = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
+    let ready = || async { patient.get(format!("{}/readyz", app.address)).send().await.unwrap().status() };
+    assert_eq!(ready().await, StatusCode::OK);
+
+    proxy.freeze();
+    let response = patient
+        .post(format!("{}/v1/payments", app.address))
+        .bearer_auth(&app.api_key)
+        .header("Idempotency-Key", new_key())
+        .json(&payment_body())
+        .send()
+        .await
+        .expect("an answer, not a hang");
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/database-unavailable");
+    assert_eq!(ready().await, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(gateway.received_requests().await.unwrap().is_empty(), "fail closed: no gateway call");
+
+    // The partition heals: the stuck connections die, and the service finds its way back.
+    proxy.break_connections();
+    proxy.restore();
+    wait_until(Duration::from_secs(10), "the service is ready again", || async { ready().await == StatusCode::OK })
+        .await;
+}
+
+#[tokio::test]
+async fn a_statement_the_server_kills_mid_way_is_a_503_not_a_500() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    // Hold the key's row, so the request's claim waits on it...
+    let mut holder = app.db().await;
+    holder.batch_execute("BEGIN; SELECT FROM idempotency_keys FOR UPDATE").await.unwrap();
+    let database = app.database.name.clone();
+    let terminate_the_waiter = async {
+        wait_until(Duration::from_secs(10), "the request waits on the row lock", || async {
+            !waiting_on_a_lock(&app, &database).await.is_empty()
+        })
+        .await;
+        // ...and end its backend, as a restart or a failover does.
+        for pid in waiting_on_a_lock(&app, &database).await {
+            app.run_sql(&format!("SELECT pg_terminate_backend({pid})")).await;
+        }
+    };
+
+    let body = payment_body();
+    let (response, ()) = tokio::join!(app.post_payment(&key, &body), terminate_the_waiter);
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/database-unavailable");
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    // A connection the server closed may fail one more request before the pool notices; a client
+    // retrying after Retry-After, as this one does once the service is ready, does not see it.
+    let ready = || async { app.http.get(format!("{}/readyz", app.address)).send().await.unwrap().status() };
+    wait_until(Duration::from_secs(10), "the service is ready", || async { ready().await == StatusCode::OK }).await;
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+}
+
+#[derive(diesel::QueryableByName)]
+struct Backend {
+    #[diesel(sql_type = diesel::sql_types::Integer)]
+    pid: i32,
+}
+
+/// The backends of `database` waiting on a lock.
+async fn waiting_on_a_lock(app: &TestApp, database: &str) -> Vec<i32> {
+    let sql = format!("SELECT pid FROM pg_stat_activity WHERE datname = '{database}' AND wait_event_type = 'Lock'");
+    let backends: Vec<Backend> = diesel::sql_query(sql).load(&mut app.db().await).await.unwrap();
+    backends.into_iter().map(|b| b.pid).collect()
 }

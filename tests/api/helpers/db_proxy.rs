@@ -5,11 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::net::{TcpListener, UnixStream};
+use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 pub struct DbProxy {
     pub port: u16,
     broken: Arc<AtomicBool>,
+    frozen: watch::Sender<bool>,
     connections: Arc<Mutex<Vec<AbortHandle>>>,
     accept_loop: AbortHandle,
 }
@@ -20,6 +22,7 @@ impl DbProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let broken = Arc::new(AtomicBool::new(false));
+        let (frozen, is_frozen) = watch::channel(false);
         let connections = Arc::new(Mutex::new(Vec::new()));
         let (is_broken, open) = (broken.clone(), connections.clone());
         let accept_loop = tokio::spawn(async move {
@@ -27,17 +30,26 @@ impl DbProxy {
                 if is_broken.load(Ordering::SeqCst) {
                     continue; // dropped: the connection is closed at once
                 }
-                let socket = socket.clone();
+                let (socket, mut frozen) = (socket.clone(), is_frozen.clone());
                 let task = tokio::spawn(async move {
-                    if let Ok(mut server) = UnixStream::connect(&socket).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    let already_frozen = *frozen.borrow();
+                    if already_frozen {
+                        return std::future::pending().await; // held open, never answered
+                    }
+                    let Ok(mut server) = UnixStream::connect(&socket).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = async { drop(frozen.wait_for(|frozen| *frozen).await) } => {
+                            drop(server);
+                            std::future::pending::<()>().await; // the client hears nothing more
+                        }
                     }
                 });
                 open.lock().unwrap().push(task.abort_handle());
             }
         })
         .abort_handle();
-        DbProxy { port, broken, connections, accept_loop }
+        DbProxy { port, broken, frozen, connections, accept_loop }
     }
 
     /// A connection string for `database` through the proxy.
@@ -53,9 +65,16 @@ impl DbProxy {
         }
     }
 
+    /// The database stops answering, as behind a network partition: connections stay open, and
+    /// nothing comes back on them.
+    pub fn freeze(&self) {
+        self.frozen.send_replace(true);
+    }
+
     /// The database is back.
     pub fn restore(&self) {
         self.broken.store(false, Ordering::SeqCst);
+        self.frozen.send_replace(false);
     }
 }
 
