@@ -31,6 +31,27 @@ pub struct Charge {
     pub id: String,
 }
 
+/// What a payment records of a gateway's answer, and how long each may be (the `payments`
+/// columns' limits). Longer text is cut and control characters dropped, so that a definitive
+/// answer is always recorded; a charge id is never cut (it would name another charge).
+const MAX_CHARGE_ID_CHARS: usize = 255;
+const MAX_CODE_CHARS: usize = 100;
+const MAX_MESSAGE_CHARS: usize = 500;
+
+impl Charge {
+    /// A charge the payment can record: its id is 1 to 255 printable characters.
+    fn recordable(self) -> Result<Charge, GatewayError> {
+        let length = self.id.chars().count();
+        if (1..=MAX_CHARGE_ID_CHARS).contains(&length) && !self.id.chars().any(char::is_control) {
+            Ok(self)
+        } else {
+            // Money may have moved: indeterminate, never a failure. A key that keeps getting this
+            // ends on the operator's list.
+            Err(GatewayError::Unavailable(format!("a charge id the payment cannot record ({length} characters)")))
+        }
+    }
+}
+
 /// Why a charge was not made, or may not have been.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -40,8 +61,9 @@ pub enum GatewayError {
     /// The gateway refused the request for another reason (a 4xx): definitive, nothing charged.
     #[error("charge rejected with {status}: {message}")]
     Rejected { status: u16, message: String },
-    /// No definitive answer: a connection error, a 5xx, a 409 (the gateway is still processing
-    /// this key) or an unreadable success. The charge may or may not exist.
+    /// No definitive answer: a connection error, a 5xx, a 408/409/425/429 (timed out, still
+    /// processing this key, throttled), an idempotency conflict at the gateway, or a success we
+    /// cannot read or record. The charge may or may not exist.
     #[error("gateway unavailable: {0}")]
     Unavailable(String),
     /// No answer in time. The charge may or may not exist.
@@ -71,8 +93,26 @@ struct ChargeList {
 
 #[derive(Debug, Default, Deserialize)]
 struct ErrorDetail {
+    #[serde(rename = "type")]
+    kind: Option<String>,
     code: Option<String>,
     message: Option<String>,
+}
+
+impl ErrorDetail {
+    fn code(&self, default: &str) -> String {
+        clean(self.code.as_deref(), MAX_CODE_CHARS).unwrap_or_else(|| default.to_owned())
+    }
+
+    fn message(&self, default: impl FnOnce() -> String) -> String {
+        clean(self.message.as_deref(), MAX_MESSAGE_CHARS).unwrap_or_else(default)
+    }
+}
+
+/// Text from the gateway, without control characters, cut to `max_chars`; none if nothing is left.
+fn clean(text: Option<&str>, max_chars: usize) -> Option<String> {
+    let cleaned: String = text?.chars().filter(|c| !c.is_control()).take(max_chars).collect();
+    Some(cleaned.trim().to_owned()).filter(|text| !text.is_empty())
 }
 
 /// A client for one gateway. Cheap to clone; clones share one connection pool, so calls reuse
@@ -111,7 +151,7 @@ impl GatewayClient {
                 "the gateway holds several charges for one key; adopting the first"
             );
         }
-        Ok(list.data.into_iter().next())
+        list.data.into_iter().next().map(Charge::recordable).transpose()
     }
 
     /// Asks the gateway to charge, under `idempotency_key` (see [`downstream_key`]).
@@ -130,20 +170,28 @@ impl GatewayClient {
         let body = response.bytes().await.map_err(from_transport)?;
         let error = || serde_json::from_slice::<ErrorBody>(&body).unwrap_or_default().error;
         match status {
-            200..=299 => serde_json::from_slice(&body)
-                .map_err(|e| GatewayError::Unavailable(format!("unreadable charge in a {status} answer: {e}"))),
+            200..=299 => serde_json::from_slice::<Charge>(&body)
+                .map_err(|e| GatewayError::Unavailable(format!("unreadable charge in a {status} answer: {e}")))?
+                .recordable(),
             402 => {
                 let error = error();
-                Err(GatewayError::Declined {
-                    code: error.code.unwrap_or_else(|| "card_declined".into()),
-                    message: error.message.unwrap_or_else(|| "The card was declined.".into()),
-                })
+                let message = error.message(|| "The card was declined.".into());
+                Err(GatewayError::Declined { code: error.code("card_declined"), message })
             }
-            409 => Err(GatewayError::Unavailable("the gateway is still processing this key (409)".into())),
-            400..=499 => Err(GatewayError::Rejected {
-                status,
-                message: error().message.unwrap_or_else(|| format!("the gateway answered {status}")),
-            }),
+            // Still processing this key, timed out, or throttling us: the outcome is not known.
+            408 | 409 | 425 | 429 => Err(GatewayError::Unavailable(format!("the gateway answered {status}"))),
+            400..=499 => {
+                let error = error();
+                let message = error.message(|| format!("the gateway answered {status}"));
+                match error.kind.as_deref() {
+                    // The gateway holds another request under this key: an earlier attempt of ours
+                    // may have charged. Never "nothing was charged".
+                    Some("idempotency_error") => Err(GatewayError::Unavailable(format!(
+                        "the gateway reports an idempotency conflict for this key: {message}"
+                    ))),
+                    _ => Err(GatewayError::Rejected { status, message }),
+                }
+            }
             _ => Err(GatewayError::Unavailable(format!("the gateway answered {status}"))),
         }
     }

@@ -61,6 +61,13 @@ impl CreatePaymentBody {
         if self.description.as_ref().is_some_and(|d| d.chars().count() > MAX_DESCRIPTION_CHARS) {
             return fail(format!("description must be at most {MAX_DESCRIPTION_CHARS} characters"));
         }
+        // PostgreSQL text cannot hold NUL; anything else (new lines included) is the client's to use.
+        let has_nul = |text: &str| text.contains('\0');
+        if self.description.as_deref().is_some_and(has_nul)
+            || self.metadata.iter().flatten().any(|(key, value)| has_nul(key) || has_nul(value))
+        {
+            return fail("description and metadata may not contain NUL characters".into());
+        }
         let metadata = self.metadata.unwrap_or_default();
         if metadata.len() > MAX_METADATA_KEYS {
             return fail(format!("metadata may have at most {MAX_METADATA_KEYS} keys"));
@@ -122,6 +129,8 @@ mod tests {
             format!(r#"{{"amount": 100, "currency": "usd", "source": "tok_visa", "description": "{long}"}}"#),
             format!(r#"{{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {{{many}}}}}"#),
             r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {"": "v"}}"#.to_string(),
+            r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "description": "a\u0000b"}"#.to_string(),
+            r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {"k": "a\u0000b"}}"#.to_string(),
         ];
         for case in cases {
             assert!(body(&case).validate().is_err(), "{case}");

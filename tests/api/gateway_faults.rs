@@ -208,3 +208,37 @@ async fn retrying_through_random_faults_ends_with_one_charge() {
     assert!(statuses[..statuses.len() - 1].iter().all(|&s| s == 503), "{statuses:?}");
     assert_eq!(app.gateway.stats().await.charges, 1);
 }
+
+#[tokio::test]
+async fn a_gateway_429_is_a_503_and_the_retry_finishes() {
+    retry_finishes_after(ResponseTemplate::new(429)).await;
+}
+
+#[tokio::test]
+async fn an_idempotency_conflict_at_the_gateway_is_a_503_not_a_rejection() {
+    let conflict = json!({ "error": { "type": "idempotency_error", "message": "Keys for idempotent requests can only be used with the same parameters" } });
+    retry_finishes_after(ResponseTemplate::new(400).set_body_json(conflict)).await;
+}
+
+#[tokio::test]
+async fn a_charge_id_the_payment_cannot_record_is_a_503_never_a_failure() {
+    let unrecordable = json!({ "id": format!("ch_{}", "x".repeat(300)) });
+    retry_finishes_after(ResponseTemplate::new(200).set_body_json(unrecordable)).await;
+}
+
+#[tokio::test]
+async fn an_odd_decline_is_still_recorded_as_a_decline() {
+    let message = format!("Declined\u{0}{}", "!".repeat(600));
+    let decline = json!({ "error": { "type": "card_error", "code": "", "message": message } });
+    let gateway = gateway_answering_first(ResponseTemplate::new(402).set_body_json(decline)).await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+
+    let response = app.post_payment(&new_key(), &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["payment"]["failure_code"], "card_declined", "an empty code gets the generic one");
+    let recorded = problem["payment"]["failure_message"].as_str().unwrap();
+    assert_eq!(recorded.chars().count(), 500, "cut to what the payment records");
+    assert!(recorded.starts_with("Declined!!"), "control characters dropped: {recorded:.20}");
+}

@@ -64,6 +64,8 @@ async fn a_malformed_body_is_400_and_leaves_the_key_unspent() {
         json!({ "amount": 1000, "currency": "usd", "source": "tok visa" }).to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "x".repeat(501) }).to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": { "k": 1 } }).to_string(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "a\u{0}b" }).to_string(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": { "k\u{0}": "v" } }).to_string(),
     ];
     for body in bodies {
         let response = app.post_payment_with(&key, body, &[]).await;
