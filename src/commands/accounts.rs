@@ -6,13 +6,14 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use super::open_database;
 use crate::accounts;
 use crate::config::CreateAccountArgs;
+use crate::db::embedded::Sharing;
 
 pub async fn create(args: CreateAccountArgs) -> anyhow::Result<()> {
     let name = args.name.trim();
     if name.is_empty() || name.chars().count() > 100 {
         bail!("the account name must be 1 to 100 characters");
     }
-    let (url, embedded) = open_database(&args.database).await?;
+    let (url, embedded) = open_database(&args.database, Sharing::JoinRunning).await?;
     let mut conn = AsyncPgConnection::establish(&url).await.context("connecting to the database")?;
     let (account, api_key) = accounts::create(&mut conn, name).await?;
     drop(conn);

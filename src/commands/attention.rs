@@ -6,11 +6,12 @@ use uuid::Uuid;
 
 use super::open_database;
 use crate::config::DatabaseArgs;
+use crate::db::embedded::Sharing;
 use crate::idempotency::{needing_attention, retry_needing_attention};
 
 /// Prints the keys that need attention, oldest first.
 pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
-    let (url, embedded) = open_database(&database).await?;
+    let (url, embedded) = open_database(&database, Sharing::JoinRunning).await?;
     let keys = needing_attention(&mut AsyncPgConnection::establish(&url).await?).await?;
     if keys.is_empty() {
         println!("no key needs attention");
@@ -38,7 +39,7 @@ pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
 /// Hands a key back to the workers, once its cause is fixed.
 pub async fn retry(database: DatabaseArgs, key_id: &str) -> anyhow::Result<()> {
     let key_id: Uuid = key_id.parse().context("KEY_ID is the key row's id, as `payments attention list` prints it")?;
-    let (url, embedded) = open_database(&database).await?;
+    let (url, embedded) = open_database(&database, Sharing::JoinRunning).await?;
     let retried = retry_needing_attention(&mut AsyncPgConnection::establish(&url).await?, key_id).await?;
     if let Some(embedded) = embedded {
         embedded.stop().await?;

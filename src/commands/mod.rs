@@ -8,7 +8,7 @@ pub mod serve;
 pub mod worker;
 
 use crate::config::DatabaseArgs;
-use crate::db::embedded::EmbeddedDatabase;
+use crate::db::embedded::{EmbeddedDatabase, Sharing};
 
 /// Resolves when the process is asked to stop (SIGINT or SIGTERM), naming the signal.
 pub async fn shutdown_signal() -> &'static str {
@@ -21,11 +21,14 @@ pub async fn shutdown_signal() -> &'static str {
 }
 
 /// The database to use: `DATABASE_URL`, or the embedded cluster (started if need be).
-pub async fn open_database(args: &DatabaseArgs) -> anyhow::Result<(String, Option<EmbeddedDatabase>)> {
+pub async fn open_database(
+    args: &DatabaseArgs,
+    sharing: Sharing,
+) -> anyhow::Result<(String, Option<EmbeddedDatabase>)> {
     match &args.database_url {
         Some(url) => Ok((url.clone(), None)),
         None => {
-            let embedded = EmbeddedDatabase::open(&args.data_dir).await?;
+            let embedded = EmbeddedDatabase::open(&args.data_dir, sharing).await?;
             Ok((embedded.url.clone(), Some(embedded)))
         }
     }

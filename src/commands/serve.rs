@@ -11,7 +11,8 @@ use tokio::sync::watch;
 use super::{open_database, shutdown_signal};
 use crate::accounts::DEMO_API_KEY;
 use crate::config::{DEFAULT_GATEWAY_BIND, ServeArgs};
-use crate::db::{self, embedded::EmbeddedDatabase};
+use crate::db;
+use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
 use crate::gateway::mock::{FaultPlan, MockGateway};
 use crate::startup::{AppState, Application};
@@ -29,7 +30,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if settings.fault_injection {
         tracing::warn!("FAULT INJECTION IS ON: X-Fault-Inject can crash this process. Never use this in production.");
     }
-    let (database_url, embedded) = open_database(&args.database).await?;
+    let (database_url, embedded) = open_database(&args.database, Sharing::Own).await?;
     let mock = match &args.gateway_url {
         Some(_) => None,
         None => Some(MockGateway::start(mock_listener()?, FaultPlan::none())?),

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use super::{open_database, shutdown_signal};
 use crate::config::{DEFAULT_GATEWAY_BIND, WorkerCommandArgs};
 use crate::db;
+use crate::db::embedded::Sharing;
 use crate::gateway::GatewayClient;
 use crate::startup::AppState;
 use crate::workers::Workers;
@@ -21,7 +22,7 @@ pub const RUNNING: &str = "payments worker running";
 
 pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;
-    let (database_url, embedded) = open_database(&args.database).await?;
+    let (database_url, embedded) = open_database(&args.database, Sharing::JoinRunning).await?;
     let gateway_url = match args.gateway_url {
         Some(url) => url,
         None => Url::parse(&format!("http://{DEFAULT_GATEWAY_BIND}"))?,

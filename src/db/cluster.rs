@@ -34,15 +34,20 @@ const MAX_SOCKET_PATH: usize = 107;
 
 /// The watchdog. It starts the postmaster in the background, prints its pid, and waits on the
 /// owner's pipe (kept on fd 3: background jobs of a script otherwise get /dev/null as stdin).
-/// SIGINT is PostgreSQL's "fast" shutdown: open transactions roll back, data is flushed.
+/// SIGINT is PostgreSQL's "fast" shutdown: open transactions roll back, data is flushed. If the
+/// postmaster exits by itself, the reader goes too, so it can never signal a reused pid.
 const WATCHDOG: &str = r#"
 exec 3<&0 </dev/null
 "$@" 3<&- >&2 &
 pid=$!
 echo "$pid"
 { read -r _ <&3; kill -INT "$pid"; } 2>/dev/null &
+reader=$!
 exec 3<&-
 wait "$pid"
+status=$?
+kill "$reader" 2>/dev/null
+exit "$status"
 "#;
 
 /// Whether the cluster must survive a machine crash.
@@ -67,8 +72,10 @@ impl Cluster {
     pub fn start(root: &Path, durability: Durability) -> anyhow::Result<Cluster> {
         let bin = find_server_binaries()?;
         fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
-        let root = root.canonicalize()?;
-        let (data, run) = (root.join("data"), root.join("run"));
+        // One spelling of the path for everything, the socket's length check included: the one
+        // connection strings use.
+        let root = std::path::absolute(root)?;
+        let (data, run) = (root.join("data"), socket_dir(&root));
         let socket = run.join(format!(".s.PGSQL.{PORT}"));
         if socket.as_os_str().len() > MAX_SOCKET_PATH {
             bail!(
@@ -191,6 +198,11 @@ pub fn url(root: &Path, database: &str) -> String {
 /// Where the socket of the cluster under `root` is (for `psql -h`).
 pub fn socket_dir(root: &Path) -> PathBuf {
     std::path::absolute(root).unwrap_or_else(|_| root.to_owned()).join("run")
+}
+
+/// Whether a server already runs the cluster under `root` (another process of ours owns it).
+pub fn is_running(root: &Path) -> bool {
+    std::os::unix::net::UnixStream::connect(socket_dir(root).join(format!(".s.PGSQL.{PORT}"))).is_ok()
 }
 
 /// The OS user the server runs as: ourselves, or `postgres` when we are root.

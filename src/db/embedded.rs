@@ -5,12 +5,22 @@ use std::path::Path;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
-use super::cluster::{Cluster, Durability, socket_dir, url};
+use super::cluster::{Cluster, Durability, is_running, socket_dir, url};
 use super::migrate;
 use crate::accounts;
 
 /// The database the service uses inside the embedded cluster.
 const DATABASE: &str = "payments";
+
+/// Whether a process may use a cluster that another process already runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Only `serve` owns a cluster: when it stops, the cluster stops, and a second `serve` relying
+    /// on it would be left without a database. So a second one refuses to start.
+    Own,
+    /// Short-lived commands (`accounts`, `attention`) and workers use the running one.
+    JoinRunning,
+}
 
 /// The embedded database: running, migrated and seeded. Dropping it stops the cluster if this
 /// process started it.
@@ -23,12 +33,18 @@ pub struct EmbeddedDatabase {
 impl EmbeddedDatabase {
     /// Starts the cluster under `data_dir` (or joins the one another process of ours runs there),
     /// creates the database, applies the migrations and seeds the demo account.
-    pub async fn open(data_dir: &Path) -> anyhow::Result<EmbeddedDatabase> {
-        let cluster = if AsyncPgConnection::establish(&url(data_dir, "postgres")).await.is_ok() {
-            None
-        } else {
-            let root = data_dir.to_owned();
-            Some(tokio::task::spawn_blocking(move || Cluster::start(&root, Durability::Durable)).await??)
+    pub async fn open(data_dir: &Path, sharing: Sharing) -> anyhow::Result<EmbeddedDatabase> {
+        let cluster = match (is_running(data_dir), sharing) {
+            (true, Sharing::JoinRunning) => None,
+            (true, Sharing::Own) => anyhow::bail!(
+                "another process already runs the embedded PostgreSQL under {} (a `payments serve`?); stop it, \
+                 or give this one its own PAYMENTS_DATA_DIR, or use DATABASE_URL",
+                data_dir.display()
+            ),
+            (false, _) => {
+                let root = data_dir.to_owned();
+                Some(tokio::task::spawn_blocking(move || Cluster::start(&root, Durability::Durable)).await??)
+            }
         };
         let mut admin = AsyncPgConnection::establish(&url(data_dir, "postgres")).await?;
         let exists = diesel::sql_query(format!("SELECT FROM pg_database WHERE datname = '{DATABASE}'"))

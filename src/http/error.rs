@@ -6,7 +6,7 @@
 
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
 use actix_web::http::StatusCode;
-use actix_web::http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
+use actix_web::http::header::{ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 
 use super::problem::{PROBLEM_JSON, Problem, ProblemType};
@@ -28,6 +28,10 @@ pub enum ApiError {
     Unauthorized,
     #[error("{0}.")]
     IdempotencyKey(#[from] KeyError),
+    /// Not JSON, or not the expected fields and types.
+    #[error("{0}")]
+    MalformedBody(String),
+    /// Well-formed, but a value breaks a rule (or a query parameter or header is invalid).
     #[error("{0}")]
     InvalidRequest(String),
     #[error("The request body is larger than {limit} bytes.")]
@@ -38,8 +42,8 @@ pub enum ApiError {
     PaymentNotFound,
     #[error("There is no endpoint at this path; the API is described at /openapi.yaml.")]
     RouteNotFound,
-    #[error("This endpoint does not support this method.")]
-    MethodNotAllowed,
+    #[error("This endpoint does not support this method; it supports {allowed}.")]
+    MethodNotAllowed { allowed: String },
     #[error(
         "This Idempotency-Key was already used with a different request (body, method or path). \
          Use a new key for a new request."
@@ -70,12 +74,13 @@ impl ApiError {
             ApiError::Unauthorized => ProblemType::Unauthorized,
             ApiError::IdempotencyKey(KeyError::Missing) => ProblemType::MissingIdempotencyKey,
             ApiError::IdempotencyKey(_) => ProblemType::InvalidIdempotencyKey,
+            ApiError::MalformedBody(_) => ProblemType::MalformedBody,
             ApiError::InvalidRequest(_) => ProblemType::InvalidRequest,
             ApiError::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
             ApiError::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
             ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
             ApiError::RouteNotFound => ProblemType::RouteNotFound,
-            ApiError::MethodNotAllowed => ProblemType::MethodNotAllowed,
+            ApiError::MethodNotAllowed { .. } => ProblemType::MethodNotAllowed,
             ApiError::KeyReused => ProblemType::IdempotencyKeyReused,
             ApiError::InFlight => ProblemType::RequestInFlight,
             ApiError::GatewayUnavailable => ProblemType::GatewayUnavailable,
@@ -110,8 +115,10 @@ impl ResponseError for ApiError {
         if let Some(seconds) = self.retry_after_secs() {
             response.insert_header((RETRY_AFTER, seconds));
         }
-        if let ApiError::Unauthorized = self {
-            response.insert_header((WWW_AUTHENTICATE, "Bearer"));
+        match self {
+            ApiError::Unauthorized => drop(response.insert_header((WWW_AUTHENTICATE, "Bearer"))),
+            ApiError::MethodNotAllowed { allowed } => drop(response.insert_header((ALLOW, allowed.as_str()))),
+            _ => {}
         }
         response.body(Problem::new(self.problem_type(), self.to_string()).to_bytes())
     }
@@ -170,10 +177,8 @@ impl From<JsonPayloadError> for ApiError {
                 ApiError::PayloadTooLarge { limit }
             }
             JsonPayloadError::ContentType => ApiError::UnsupportedMediaType,
-            JsonPayloadError::Deserialize(error) => {
-                ApiError::InvalidRequest(format!("The body is not valid: {error}."))
-            }
-            other => ApiError::InvalidRequest(format!("The body could not be read: {other}.")),
+            JsonPayloadError::Deserialize(error) => ApiError::MalformedBody(format!("The body is not valid: {error}.")),
+            other => ApiError::MalformedBody(format!("The body could not be read: {other}.")),
         }
     }
 }

@@ -41,7 +41,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     for path in paths {
         let routes = ENDPOINTS.iter().filter(|endpoint| endpoint.path == path);
         let resource = routes.fold(web::resource(path), |resource, endpoint| resource.route((endpoint.route)()));
-        cfg.service(resource.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::MethodNotAllowed) })));
+        let allowed: Vec<&str> = ENDPOINTS.iter().filter(|e| e.path == path).map(|e| e.method.as_str()).collect();
+        let allowed = allowed.join(", ");
+        cfg.service(resource.default_service(web::to(move || {
+            let allowed = allowed.clone();
+            async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed { allowed }) }
+        })));
     }
     cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::RouteNotFound) }));
 }

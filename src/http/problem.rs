@@ -15,6 +15,7 @@ pub enum ProblemType {
     Unauthorized,
     MissingIdempotencyKey,
     InvalidIdempotencyKey,
+    MalformedBody,
     InvalidRequest,
     PayloadTooLarge,
     UnsupportedMediaType,
@@ -34,10 +35,11 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 18] = [
+    pub const ALL: [ProblemType; 19] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
+        ProblemType::MalformedBody,
         ProblemType::InvalidRequest,
         ProblemType::PayloadTooLarge,
         ProblemType::UnsupportedMediaType,
@@ -62,7 +64,8 @@ impl ProblemType {
             Unauthorized => ("unauthorized", "Missing or invalid API key", 401),
             MissingIdempotencyKey => ("missing-idempotency-key", "Idempotency-Key header is missing", 400),
             InvalidIdempotencyKey => ("invalid-idempotency-key", "Idempotency-Key header is invalid", 400),
-            InvalidRequest => ("invalid-request", "The request is invalid", 400),
+            MalformedBody => ("malformed-body", "The body is not well-formed JSON of the expected shape", 400),
+            InvalidRequest => ("invalid-request", "The request breaks a rule", 400),
             PayloadTooLarge => ("payload-too-large", "The request body is too large", 413),
             UnsupportedMediaType => ("unsupported-media-type", "The request body must be JSON", 415),
             PaymentNotFound => ("payment-not-found", "No such payment", 404),

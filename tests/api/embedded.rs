@@ -34,6 +34,17 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     let payment: Value = created.json().await.unwrap();
     assert_eq!(payment["status"], "succeeded");
 
+    // A second `serve` on the same directory refuses to share the first one's cluster.
+    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
+        .args(["serve", "--bind", "127.0.0.1:0"])
+        .env("PAYMENTS_DATA_DIR", data)
+        .env_remove("DATABASE_URL")
+        .output()
+        .await
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("another process already runs the embedded PostgreSQL"));
+
     // While it runs, `accounts create` joins the same cluster.
     let account = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
         .args(["accounts", "create", "Acme"])

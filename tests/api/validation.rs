@@ -51,23 +51,29 @@ async fn a_missing_or_invalid_idempotency_key_is_400() {
 async fn a_malformed_body_is_400_and_leaves_the_key_unspent() {
     let app = TestApp::spawn().await;
     let key = new_key();
-    let bodies = [
+    let malformed = [
         "{".to_string(),
         "[]".to_string(),
         json!({ "amount": 1000, "currency": "usd" }).to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "ammount": 1 }).to_string(),
         json!({ "amount": "1000", "currency": "usd", "source": "tok_visa" }).to_string(),
         json!({ "amount": 10.5, "currency": "usd", "source": "tok_visa" }).to_string(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": { "k": 1 } }).to_string(),
+    ];
+    for body in malformed {
+        let response = app.post_payment_with(&key, body, &[]).await;
+        assert_rejected(&app, response, StatusCode::BAD_REQUEST, "malformed-body").await;
+    }
+    let breaking_a_rule = [
         json!({ "amount": 0, "currency": "usd", "source": "tok_visa" }).to_string(),
         json!({ "amount": 100_000_000, "currency": "usd", "source": "tok_visa" }).to_string(),
         json!({ "amount": 1000, "currency": "dollars", "source": "tok_visa" }).to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok visa" }).to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "x".repeat(501) }).to_string(),
-        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": { "k": 1 } }).to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "a\u{0}b" }).to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": { "k\u{0}": "v" } }).to_string(),
     ];
-    for body in bodies {
+    for body in breaking_a_rule {
         let response = app.post_payment_with(&key, body, &[]).await;
         assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
     }
@@ -173,6 +179,7 @@ async fn unknown_routes_and_methods_are_problems() {
 
     let response = app.http.delete(format!("{}/v1/payments", app.address)).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(response.headers()["allow"], "POST, GET");
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], format!("{PROBLEMS}method-not-allowed"));
 }
