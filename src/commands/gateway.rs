@@ -12,9 +12,10 @@ use crate::gateway::mock::{FaultPlan, MockGateway};
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
     let faults = args.fault_rate.map(FaultPlan::random).unwrap_or_else(FaultPlan::none);
+    let stop_requested = shutdown_signal()?;
     let gateway = MockGateway::start(listener, faults)?;
     println!("payments gateway listening on {}", gateway.url());
-    let signal = shutdown_signal().await;
+    let signal = stop_requested.await;
     tracing::info!(signal, "stopping the gateway");
     gateway.stop().await;
     Ok(())

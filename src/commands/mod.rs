@@ -7,17 +7,24 @@ pub mod migrate;
 pub mod serve;
 pub mod worker;
 
+use std::future::Future;
+
 use crate::config::DatabaseArgs;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 
-/// Resolves when the process is asked to stop (SIGINT or SIGTERM), naming the signal.
-pub async fn shutdown_signal() -> &'static str {
+/// Installs the SIGINT and SIGTERM handlers at once (call it before announcing readiness, so that
+/// a signal sent right after is not met by the default action, which kills the process), and
+/// returns a future that resolves, naming the signal, when one arrives.
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = &'static str>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    }
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        }
+    })
 }
 
 /// The database to use: `DATABASE_URL`, or the embedded cluster (started if need be).

@@ -27,6 +27,7 @@ pub const LISTENING: &str = "payments listening on";
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;
+    let stop_requested = shutdown_signal()?;
     if settings.fault_injection {
         tracing::warn!("FAULT INJECTION IS ON: X-Fault-Inject can crash this process. Never use this in production.");
     }
@@ -85,7 +86,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     tokio::select! {
-        signal = shutdown_signal() => tracing::info!(signal, "stopping: draining requests and workers"),
+        signal = stop_requested => tracing::info!(signal, "stopping: draining requests and workers"),
         result = &mut server => tracing::error!(?result, "the HTTP server stopped by itself; stopping"),
         () = workers_ended => tracing::error!("the workers stopped by themselves; stopping"),
     }

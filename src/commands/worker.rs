@@ -22,6 +22,7 @@ pub const RUNNING: &str = "payments worker running";
 
 pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;
+    let stop_requested = shutdown_signal()?;
     let (database_url, embedded) = open_database(&args.database, Sharing::JoinRunning).await?;
     let gateway_url = match args.gateway_url {
         Some(url) => url,
@@ -37,7 +38,7 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     println!("{RUNNING} (completer, reaper, outbox; gateway {gateway_url})");
 
     tokio::select! {
-        signal = shutdown_signal() => tracing::info!(signal, "stopping: workers finish what they are on"),
+        signal = stop_requested => tracing::info!(signal, "stopping: workers finish what they are on"),
         result = &mut running => tracing::error!(?result, "the workers stopped by themselves"),
     }
     let _ = stop.send(true);

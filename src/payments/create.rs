@@ -23,8 +23,9 @@
 //! - `finished` stores the response, stages the outbox event and unlocks, all at once: a request
 //!   is either finished with a stored answer and its event, or not finished at all.
 //!
-//! An indeterminate gateway outcome (timeout, connection error, 5xx, 409) commits nothing: the key
-//! is unlocked at `started` and the client is told 503, retry with the same key. The same driver
+//! An indeterminate gateway outcome (a timeout, a connection error, a 5xx, a 409 or 429, anything
+//! after which money may have moved without our knowing) commits nothing: the key is unlocked at
+//! `started` and the client is told 503, retry with the same key. The same driver
 //! serves a client's request and a worker finishing an abandoned one ([`complete_abandoned`]).
 
 use serde_json::json;

@@ -51,3 +51,13 @@ async fn an_operator_lists_keys_needing_attention_and_hands_them_back() {
     let empty = payments(&["attention", "list"], &env).await;
     assert_eq!(String::from_utf8(empty.stdout).unwrap().trim(), "no key needs attention");
 }
+
+#[tokio::test]
+async fn a_worker_stops_cleanly_on_sigterm() {
+    let app = TestApp::spawn().await;
+    let mut worker = crate::helpers::Process::worker(&app.database.url, app.gateway_url(), &[]).await;
+
+    worker.signal(nix::sys::signal::Signal::SIGTERM);
+
+    assert!(worker.exited().await.success());
+}

@@ -40,6 +40,11 @@ async fn a_charge_whose_answer_was_lost_is_adopted_even_after_the_gateway_forgot
 
     assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "finished");
     assert_eq!(app.gateway.stats().await.charges, 1, "the charge was found by look-up, not made again");
+    // Its takeover and every phase it drove are on the record, as the completer's.
+    let trail = app.audit_trail().await;
+    let by_completer: Vec<&str> =
+        trail.iter().filter(|(_, actor)| actor == "completer").map(|(a, _)| a.as_str()).collect();
+    assert_eq!(by_completer, ["idempotency_key.taken_over", "payment.charge_recorded", "payment.finished"]);
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()["Idempotent-Replayed"], "true");

@@ -5,34 +5,18 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::json;
-use tokio::task::JoinSet;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{TestApp, new_key, payment_body};
+use crate::helpers::{TestApp, new_key, payment_body, post_all_at_once};
 
 const CONCURRENT: usize = 24;
 
 /// Sends `CONCURRENT` identical requests at once; returns (fresh 201s, 409s, replays).
 async fn fire(app: &TestApp, key: &str) -> (usize, usize, usize) {
-    let mut requests = JoinSet::new();
-    for _ in 0..CONCURRENT {
-        let (http, url, api_key, key) =
-            (app.http.clone(), format!("{}/v1/payments", app.address), app.api_key.clone(), key.to_owned());
-        requests.spawn(async move {
-            let response = http
-                .post(url)
-                .bearer_auth(api_key)
-                .header("Idempotency-Key", key)
-                .json(&payment_body())
-                .send()
-                .await
-                .unwrap();
-            (response.status(), response.headers().contains_key("Idempotent-Replayed"))
-        });
-    }
+    let servers = vec![app.address.clone(); CONCURRENT];
     let (mut fresh, mut in_flight, mut replayed) = (0, 0, 0);
-    for (status, replay) in requests.join_all().await {
+    for (status, replay) in post_all_at_once(&servers, &app.api_key, key).await {
         match (status, replay) {
             (StatusCode::CREATED, false) => fresh += 1,
             (StatusCode::CREATED, true) => replayed += 1,

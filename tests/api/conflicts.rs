@@ -4,13 +4,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
-use payments::audit::{Actor, AuditRecord};
 use payments::db::StoreError;
 use payments::db::schema::audit_records;
 use payments::idempotency::{KeyLock, PhaseError, RecoveryPoint, Transition, atomic_phase};
-use serde_json::json;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, an_audit_record};
 
 /// The server-side errors a phase may hit, raised for real (same SQLSTATE, same message).
 const CONFLICTS: [(&str, &str); 2] = [
@@ -29,14 +27,7 @@ async fn phase_failing(
     let account_id = app.account_id;
     let raise = format!("DO $$ BEGIN RAISE EXCEPTION '{}' USING ERRCODE = '{}'; END $$", conflict.1, conflict.0);
     let result = atomic_phase(&mut app.db().await, lock, async |conn| {
-        let record = AuditRecord {
-            account_id,
-            action: "payment.charge_recorded",
-            resource_type: "payment",
-            resource_id: uuid::Uuid::now_v7(),
-            actor: Actor::Api,
-            data: json!({}),
-        };
+        let record = an_audit_record(account_id);
         record.insert(conn).await?;
         if runs.fetch_add(1, Ordering::SeqCst) < failures {
             diesel::sql_query(&raise).execute(conn).await?;

@@ -3,12 +3,10 @@
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
-use payments::audit::{Actor, AuditRecord};
 use payments::db::schema::audit_records;
 use payments::idempotency::{PhaseError, RecoveryPoint, Transition, atomic_phase};
-use serde_json::json;
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, an_audit_record};
 
 #[tokio::test]
 async fn a_request_whose_lock_was_taken_over_commits_nothing() {
@@ -24,14 +22,7 @@ async fn a_request_whose_lock_was_taken_over_commits_nothing() {
 
     // The first holder wakes up and tries to commit a phase: an audit record and a new point.
     let result = atomic_phase(&mut conn, &mut first, async |conn| {
-        let record = AuditRecord {
-            account_id: app.account_id,
-            action: "payment.charge_recorded",
-            resource_type: "payment",
-            resource_id: uuid::Uuid::now_v7(),
-            actor: Actor::Api,
-            data: json!({}),
-        };
+        let record = an_audit_record(app.account_id);
         record.insert(conn).await?;
         Ok((Transition::Advance(RecoveryPoint::ChargeCreated), ()))
     })

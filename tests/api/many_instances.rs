@@ -7,9 +7,8 @@ use std::time::Duration;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use reqwest::StatusCode;
 use serde_json::json;
-use tokio::task::JoinSet;
 
-use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, wait_until};
+use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, post_all_at_once, wait_until};
 
 /// A lock timeout of three gateway timeouts, short enough for a test to wait out.
 const ENV: [(&str, &str); 4] = [
@@ -50,23 +49,8 @@ async fn thirty_identical_requests_over_two_servers_make_one_charge() {
     cluster.control.faults(json!({ "mode": "latency", "latency_ms": 500, "count": 30 })).await;
     let key = new_key();
 
-    let mut requests = JoinSet::new();
-    for i in 0..30 {
-        let url = format!("{}/v1/payments", cluster.servers[i % 2].url);
-        let (api_key, key) = (cluster.api_key.clone(), key.clone());
-        requests.spawn(async move {
-            let response = reqwest::Client::new()
-                .post(url)
-                .bearer_auth(api_key)
-                .header("Idempotency-Key", key)
-                .json(&payment_body())
-                .send()
-                .await
-                .unwrap();
-            (response.status(), response.headers().contains_key("Idempotent-Replayed"))
-        });
-    }
-    let answers = requests.join_all().await;
+    let servers: Vec<String> = (0..30).map(|i| cluster.servers[i % 2].url.clone()).collect();
+    let answers = post_all_at_once(&servers, &cluster.api_key, &key).await;
 
     let fresh = answers.iter().filter(|(status, replayed)| *status == StatusCode::CREATED && !replayed).count();
     assert_eq!(fresh, 1, "{answers:?}");

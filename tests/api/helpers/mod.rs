@@ -15,9 +15,30 @@ pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
 pub use gateway::{ChargePerKey, GatewayControl, GatewayStats, mount_no_charges_found};
 pub use process::Process;
-pub use seed::Lock;
+pub use seed::{Lock, an_audit_record};
 pub use statements::{record_statements, statements};
 pub use test_app::{TestApp, new_key, payment_body};
+
+/// Sends the same payment request to each of `servers` (base URLs) at once, and returns every
+/// answer's status and whether it was a replay.
+pub async fn post_all_at_once(servers: &[String], api_key: &str, key: &str) -> Vec<(reqwest::StatusCode, bool)> {
+    let mut requests = tokio::task::JoinSet::new();
+    for server in servers {
+        let (url, api_key, key) = (format!("{server}/v1/payments"), api_key.to_owned(), key.to_owned());
+        requests.spawn(async move {
+            let response = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(api_key)
+                .header("Idempotency-Key", key)
+                .json(&payment_body())
+                .send()
+                .await
+                .unwrap();
+            (response.status(), response.headers().contains_key("Idempotent-Replayed"))
+        });
+    }
+    requests.join_all().await
+}
 
 /// Polls `check` until it yields a value (every 20 ms, for at most `within`): tests wait for
 /// what they need to be true, never for a fixed time.

@@ -12,6 +12,18 @@ use uuid::Uuid;
 
 use super::TestApp;
 
+/// An audit record, as a phase body writes one: something for a phase to commit, or not.
+pub fn an_audit_record(account_id: Uuid) -> payments::audit::AuditRecord<'static> {
+    payments::audit::AuditRecord {
+        account_id,
+        action: "payment.charge_recorded",
+        resource_type: "payment",
+        resource_id: Uuid::now_v7(),
+        actor: payments::audit::Actor::Api,
+        data: serde_json::json!({}),
+    }
+}
+
 /// How the seeded key's lock looks.
 #[derive(Debug, Clone, Copy)]
 pub enum Lock {

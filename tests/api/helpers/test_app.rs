@@ -218,6 +218,16 @@ impl TestApp {
         (keys, payments, audits, jobs)
     }
 
+    /// Every audit record, oldest first: (action, actor).
+    pub async fn audit_trail(&self) -> Vec<(String, String)> {
+        audit_records::table
+            .order(audit_records::id)
+            .select((audit_records::action, audit_records::actor))
+            .load(&mut self.db().await)
+            .await
+            .unwrap()
+    }
+
     /// Runs SQL against the test database (to seed states the API cannot reach directly).
     pub async fn run_sql(&self, sql: &str) {
         diesel::sql_query(sql).execute(&mut self.db().await).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
