@@ -103,6 +103,16 @@ async fn a_receiver_that_keeps_failing_gets_the_event_dead_lettered() {
     assert!(last_error.unwrap().contains("500"));
     assert_eq!(audited(&app, "event.delivery_failed").await, 2);
     assert_eq!(audited(&app, "event.dead_lettered").await, 1);
+
+    // The receiver is fixed; the operator requeues the dead letter as the README says.
+    receiver.reset().await;
+    Mock::given(method("POST")).and(path("/events")).respond_with(ResponseTemplate::new(200)).mount(&receiver).await;
+    app.run_sql("UPDATE staged_jobs SET dead_at = NULL, attempts = 0, run_at = now() WHERE dead_at IS NOT NULL").await;
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
+    let redelivered = receiver.received_requests().await.unwrap();
+    assert_eq!(redelivered.len(), 1);
+    assert_eq!(redelivered[0].headers["idempotency-key"], attempts[0].headers["idempotency-key"], "the same event");
+    assert_eq!(app.row_counts().await.3, 0);
 }
 
 #[tokio::test]
