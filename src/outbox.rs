@@ -15,7 +15,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::db::schema::staged_jobs;
-use crate::db::{Prepare, StoreError};
+use crate::db::{self, Prepare, StoreError};
 
 /// An event about to be staged. Its id is fixed here, once, so every delivery attempt carries
 /// the same id and receivers can de-duplicate.
@@ -66,7 +66,7 @@ impl LeasedEvent {
 /// Leases the event that has been due longest, for `lease`: no other worker sees it until the
 /// lease runs out (and then it is due again, as if this delivery had failed).
 pub async fn lease_due_event(conn: &mut AsyncPgConnection, lease: Duration) -> Result<Option<LeasedEvent>, StoreError> {
-    Ok(diesel::sql_query(
+    let take = diesel::sql_query(
         "UPDATE staged_jobs j
          SET run_at = now() + $1 * interval '1 millisecond', attempts = j.attempts + 1
          FROM (SELECT account_id, id FROM staged_jobs
@@ -77,10 +77,8 @@ pub async fn lease_due_event(conn: &mut AsyncPgConnection, lease: Duration) -> R
          WHERE j.account_id = due.account_id AND j.id = due.id
          RETURNING j.account_id, j.id AS job_id, j.job_args AS event, j.attempts",
     )
-    .bind::<BigInt, _>(millis(lease))
-    .get_result(conn)
-    .await
-    .optional()?)
+    .bind::<BigInt, _>(millis(lease));
+    db::query(async { take.get_result(conn).await.optional() }).await
 }
 
 /// How a delivery ended.
@@ -131,14 +129,13 @@ pub async fn settle(
                                    'retry_in_ms', nullif($5::bigint, 0))
          FROM settled"
     );
-    diesel::sql_query(sql)
+    let settle = diesel::sql_query(sql)
         .bind::<SqlUuid, _>(event.account_id)
         .bind::<BigInt, _>(event.job_id)
         .bind::<Integer, _>(event.attempts)
         .bind::<Text, _>(error.chars().take(1000).collect::<String>())
-        .bind::<BigInt, _>(millis(retry_in))
-        .execute(conn)
-        .await?;
+        .bind::<BigInt, _>(millis(retry_in));
+    db::query(settle.execute(conn)).await?;
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
-use crate::db::StoreError;
+use crate::db::{self, StoreError};
 
 /// However many attempts a key has had, the completer never waits longer than this between two.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
@@ -53,7 +53,7 @@ pub async fn claim_abandoned(
     lock_timeout: Duration,
     backoff: Duration,
 ) -> Result<Option<Abandoned>, StoreError> {
-    let row: Option<AbandonedRow> = diesel::sql_query(
+    let claim = diesel::sql_query(
         "WITH claimed AS (
              UPDATE idempotency_keys k
              SET locked_at = now(), lock_token = gen_random_uuid(), last_run_at = now(),
@@ -78,10 +78,8 @@ pub async fn claim_abandoned(
     )
     .bind::<BigInt, _>(millis(lock_timeout))
     .bind::<BigInt, _>(millis(backoff))
-    .bind::<BigInt, _>(millis(MAX_BACKOFF))
-    .get_result(conn)
-    .await
-    .optional()?;
+    .bind::<BigInt, _>(millis(MAX_BACKOFF));
+    let row: Option<AbandonedRow> = db::query(async { claim.get_result(conn).await.optional() }).await?;
     Ok(row.map(|row| Abandoned {
         lock: KeyLock::new(row.account_id, row.id, row.lock_token, row.recovery_point, true),
         key: IdempotencyKey::from_stored(row.idempotency_key),
@@ -97,7 +95,7 @@ pub async fn mark_needs_attention(
     key: &KeyLock,
     reason: &str,
 ) -> Result<bool, StoreError> {
-    let marked = diesel::sql_query(
+    let mark = diesel::sql_query(
         "WITH marked AS (
              UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3
              WHERE account_id = $1 AND id = $2 AND recovery_point <> 'finished' AND locked_at IS NULL
@@ -111,10 +109,8 @@ pub async fn mark_needs_attention(
     )
     .bind::<SqlUuid, _>(key.account_id)
     .bind::<SqlUuid, _>(key.key_id)
-    .bind::<Text, _>(truncate(reason, 1000))
-    .execute(conn)
-    .await?;
-    Ok(marked == 1)
+    .bind::<Text, _>(truncate(reason, 1000));
+    Ok(db::query(mark.execute(conn)).await? == 1)
 }
 
 /// A key on the operator's list.
@@ -140,16 +136,18 @@ pub struct NeedsAttention {
 
 /// The keys workers gave up on, oldest first, with their payment if one was made.
 pub async fn needing_attention(conn: &mut AsyncPgConnection) -> Result<Vec<NeedsAttention>, StoreError> {
-    Ok(diesel::sql_query(
-        "SELECT k.id, k.account_id, k.idempotency_key, k.recovery_point, k.completer_attempts,
+    db::query(
+        diesel::sql_query(
+            "SELECT k.id, k.account_id, k.idempotency_key, k.recovery_point, k.completer_attempts,
                 k.needs_attention_at, k.attention_reason, p.id AS payment_id
          FROM idempotency_keys k
          LEFT JOIN payments p ON p.account_id = k.account_id AND p.idempotency_key_id = k.id
          WHERE k.needs_attention_at IS NOT NULL
          ORDER BY k.needs_attention_at",
+        )
+        .load(conn),
     )
-    .load(conn)
-    .await?)
+    .await
 }
 
 /// An operator's answer to a key on the list, once its cause is fixed: let the workers try it
@@ -167,10 +165,8 @@ pub async fn retry_needing_attention(conn: &mut AsyncPgConnection, key_id: Uuid)
          SELECT account_id, 'idempotency_key.retried', 'idempotency_key', id, 'operator', '{}'
          FROM reset",
     )
-    .bind::<SqlUuid, _>(key_id)
-    .execute(conn)
-    .await?;
-    Ok(reset == 1)
+    .bind::<SqlUuid, _>(key_id);
+    Ok(db::query(reset.execute(conn)).await? == 1)
 }
 
 fn millis(duration: Duration) -> i64 {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use diesel::sql_types::BigInt;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use crate::db::StoreError;
+use crate::db::{self, StoreError};
 
 /// Deletes up to `batch` finished keys created more than `retention` ago, oldest first, with an
 /// audit record for each, in one statement; returns how many. The partial index on finished keys
@@ -13,8 +13,9 @@ use crate::db::StoreError;
 /// its key: the foreign key only clears the payment's link.
 pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, batch: i64) -> Result<usize, StoreError> {
     let retention_secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
-    Ok(diesel::sql_query(
-        "WITH reaped AS (
+    db::query(
+        diesel::sql_query(
+            "WITH reaped AS (
              DELETE FROM idempotency_keys k
              USING (SELECT account_id, id FROM idempotency_keys
                     WHERE recovery_point = 'finished' AND created_at < now() - $1 * interval '1 second'
@@ -28,9 +29,10 @@ pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, ba
          SELECT account_id, 'idempotency_key.reaped', 'idempotency_key', id, 'reaper',
                 jsonb_build_object('idempotency_key', idempotency_key, 'response_status', response_status)
          FROM reaped",
+        )
+        .bind::<BigInt, _>(retention_secs)
+        .bind::<BigInt, _>(batch)
+        .execute(conn),
     )
-    .bind::<BigInt, _>(retention_secs)
-    .bind::<BigInt, _>(batch)
-    .execute(conn)
-    .await?)
+    .await
 }
