@@ -34,7 +34,9 @@ impl Outbox {
             state,
             http,
             webhook: settings.webhook_url.clone(),
-            lease: settings.webhook_timeout * 2,
+            // The delivery is bounded by the webhook timeout and the settlement by the database
+            // bound; twice the first plus the second leaves room to spare.
+            lease: settings.webhook_timeout * 2 + db::OPERATION_TIMEOUT,
             backoff: settings.webhook_backoff,
             max_attempts: settings.webhook_max_attempts,
         })
