@@ -25,6 +25,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+
+use crate::db;
 use reqwest::Url;
 
 pub const DEFAULT_DATA_DIR: &str = "./.payments";
@@ -40,15 +42,16 @@ pub const DEFAULT_GATEWAY_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_WORKER_INTERVAL_MS: u64 = 1_000;
 /// Gives a client that got a 503 a few seconds to retry by itself before a worker steps in.
 pub const DEFAULT_COMPLETER_BACKOFF_MS: u64 = 5_000;
-/// With the backoff doubling, eight attempts span about ten minutes: long enough to ride out a
-/// gateway outage, short enough that an operator hears about a stuck payment the same day.
+/// With the backoff doubling from 5 s, eight attempts span about twenty-one minutes (5 s + 10 s +
+/// ... + 640 s): long enough to ride out a gateway outage, short enough that an operator hears
+/// about a stuck payment the same hour.
 pub const DEFAULT_COMPLETER_MAX_ATTEMPTS: u32 = 8;
 pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_WEBHOOK_BACKOFF_MS: u64 = 1_000;
 /// Ten attempts with a doubling backoff span about seventeen minutes.
 pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
 /// A resumed request may call the gateway twice between two phase commits (the look-up, then
-/// the charge), so its lock must outlive both calls with room to spare.
+/// the charge), so its lock must outlive both calls with a third to spare...
 const MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS: u32 = 3;
 
 /// Where the database is. Not `Debug`: the URL may hold a password.
@@ -91,7 +94,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "PAYMENTS_COMPLETER_BACKOFF_MS", default_value_t = DEFAULT_COMPLETER_BACKOFF_MS)]
     pub completer_backoff_ms: u64,
     /// Attempts after which the completer stops and marks the key as needing attention.
-    #[arg(long, env = "PAYMENTS_COMPLETER_MAX_ATTEMPTS", default_value_t = DEFAULT_COMPLETER_MAX_ATTEMPTS)]
+    #[arg(long, env = "PAYMENTS_COMPLETER_MAX_ATTEMPTS", default_value_t = DEFAULT_COMPLETER_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
     pub completer_max_attempts: u32,
     /// Where events of finished payments are POSTed. Unset: they are logged.
     #[arg(long, env = "PAYMENTS_WEBHOOK_URL")]
@@ -103,7 +107,8 @@ pub struct WorkerArgs {
     #[arg(long, env = "PAYMENTS_WEBHOOK_BACKOFF_MS", default_value_t = DEFAULT_WEBHOOK_BACKOFF_MS)]
     pub webhook_backoff_ms: u64,
     /// Delivery attempts after which an event is dead-lettered.
-    #[arg(long, env = "PAYMENTS_WEBHOOK_MAX_ATTEMPTS", default_value_t = DEFAULT_WEBHOOK_MAX_ATTEMPTS)]
+    #[arg(long, env = "PAYMENTS_WEBHOOK_MAX_ATTEMPTS", default_value_t = DEFAULT_WEBHOOK_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
     pub webhook_max_attempts: u32,
 }
 
@@ -208,15 +213,19 @@ impl Settings {
     /// Refuses settings under which a live request could be taken for dead (and its key driven by
     /// two requests at once), or a key reaped while its request may still be running.
     pub fn check(&self) -> anyhow::Result<()> {
-        let min_lock_timeout = self.gateway_timeout * MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS;
+        // ...plus the database work around them: the phase before, a checkout, and the phase
+        // after, each at its worst.
+        let database_work = db::OPERATION_TIMEOUT * 2 + db::CHECKOUT_TIMEOUT;
+        let min_lock_timeout = self.gateway_timeout * MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS + database_work;
         if self.lock_timeout < min_lock_timeout {
             anyhow::bail!(
                 "PAYMENTS_LOCK_TIMEOUT_MS ({} ms) must be at least {MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS} times \
-                 PAYMENTS_GATEWAY_TIMEOUT_MS ({} ms): a resumed request may wait on the gateway twice between two \
-                 commits, and its lock must not go stale meanwhile. Raise the lock timeout to at least {} ms, or \
-                 lower the gateway timeout.",
+                 PAYMENTS_GATEWAY_TIMEOUT_MS ({} ms) plus {} ms of database work: a resumed request may wait on \
+                 the gateway twice between two commits, and its lock must not go stale meanwhile. Raise the lock \
+                 timeout to at least {} ms, or lower the gateway timeout.",
                 self.lock_timeout.as_millis(),
                 self.gateway_timeout.as_millis(),
+                database_work.as_millis(),
                 min_lock_timeout.as_millis()
             );
         }
@@ -290,9 +299,10 @@ mod tests {
 
     #[test]
     fn a_lock_timeout_too_close_to_the_gateway_timeout_is_refused() {
-        let settings = Settings { lock_timeout: Duration::from_secs(20), ..Settings::default() };
+        let settings = Settings { lock_timeout: Duration::from_secs(35), ..Settings::default() };
         let error = settings.check().unwrap_err().to_string();
-        assert!(error.contains("at least 30000 ms"), "{error}");
+        assert!(error.contains("at least 36000 ms"), "{error}");
+        Settings { lock_timeout: Duration::from_secs(36), ..Settings::default() }.check().unwrap();
     }
 
     #[test]

@@ -45,7 +45,8 @@ struct AbandonedRow {
 }
 
 /// Takes over the unfinished key that has waited longest, if one is due: unlocked or its lock
-/// stale, not given up on, and untouched for its backoff (`backoff` doubled per earlier attempt).
+/// stale, not given up on, and untouched for its backoff (`backoff` doubled per earlier attempt,
+/// counted from the end of the last run, at most an hour).
 /// `FOR UPDATE SKIP LOCKED`: concurrent workers take different keys, and none takes a key while a
 /// request is committing a phase on it. The claim and its audit record are one statement.
 pub async fn claim_abandoned(
@@ -61,7 +62,7 @@ pub async fn claim_abandoned(
              FROM (SELECT account_id, id FROM idempotency_keys
                    WHERE recovery_point <> 'finished' AND needs_attention_at IS NULL
                      AND (locked_at IS NULL OR locked_at < now() - $1 * interval '1 millisecond')
-                     AND last_run_at < now() - least($2 * power(2, completer_attempts), $3) * interval '1 millisecond'
+                     AND last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
                    ORDER BY last_run_at
                    LIMIT 1
                    FOR UPDATE SKIP LOCKED) due

@@ -10,6 +10,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
+use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
 use crate::db::{self, Prepare, StoreError};
 
@@ -167,17 +168,28 @@ impl KeyLock {
         }
     }
 
-    /// Unlocks the key at its current recovery point so that a retry can resume at once. Fenced:
-    /// it does nothing if another request has taken the key over meanwhile.
-    pub async fn release(&self, conn: &mut AsyncPgConnection) -> Result<(), StoreError> {
-        use idempotency_keys::dsl as k;
-        let unlock = diesel::update(idempotency_keys::table)
-            .filter(k::account_id.eq(self.account_id))
-            .filter(k::id.eq(self.key_id))
-            .filter(k::lock_token.eq(self.token))
-            .set((k::locked_at.eq(None::<chrono::DateTime<chrono::Utc>>), k::lock_token.eq(None::<Uuid>)))
-            .prepared();
-        db::query(unlock.execute(conn)).await?;
+    /// Unlocks the key at its current recovery point, so that a retry can resume at once, and
+    /// records who gave it up and why, in one statement. The key's last run ends now, so a
+    /// worker's backoff counts from here. Fenced: it does nothing if another request has taken the
+    /// key over meanwhile.
+    pub async fn release(&self, conn: &mut AsyncPgConnection, actor: Actor, reason: &str) -> Result<(), StoreError> {
+        let release = diesel::sql_query(
+            "WITH released AS (
+                 UPDATE idempotency_keys SET locked_at = NULL, lock_token = NULL, last_run_at = now()
+                 WHERE account_id = $1 AND id = $2 AND lock_token = $3
+                 RETURNING account_id, id, recovery_point
+             )
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             SELECT account_id, 'idempotency_key.released', 'idempotency_key', id, $4,
+                    jsonb_build_object('recovery_point', recovery_point, 'reason', $5::text)
+             FROM released",
+        )
+        .bind::<SqlUuid, _>(self.account_id)
+        .bind::<SqlUuid, _>(self.key_id)
+        .bind::<SqlUuid, _>(self.token)
+        .bind::<Text, _>(actor.as_str())
+        .bind::<Text, _>(reason.chars().take(1000).collect::<String>());
+        db::query(release.execute(conn)).await?;
         Ok(())
     }
 }

@@ -116,8 +116,9 @@ pub async fn complete_abandoned(state: &AppState, abandoned: Abandoned) -> Resul
     match serde_json::from_value::<PaymentRequest>(params) {
         Ok(request) => Driver::new(state, lock, key, request, Actor::Completer).run().await,
         Err(error) => {
-            release(state, &lock).await;
-            Err(PhaseError::Inconsistent(format!("the stored request does not read as a payment: {error}")).into())
+            let error = PhaseError::Inconsistent(format!("the stored request does not read as a payment: {error}"));
+            release(state, &lock, Actor::Completer, &error.to_string()).await;
+            Err(error.into())
         }
     }
 }
@@ -150,7 +151,7 @@ impl<'a> Driver<'a> {
         if let Err(error) = &result
             && !matches!(error, CreateError::Phase(PhaseError::LockLost))
         {
-            self.release().await;
+            self.release(&error.to_string()).await;
         }
         result
     }
@@ -303,19 +304,19 @@ impl<'a> Driver<'a> {
     }
 
     /// Unlocks the key where it stands.
-    async fn release(&mut self) {
+    async fn release(&mut self, reason: &str) {
         // A connection that just failed may be broken: use a fresh one.
         self.conn = None;
-        release(self.state, &self.lock).await;
+        release(self.state, &self.lock, self.actor, reason).await;
     }
 }
 
 /// Unlocks a key where it stands, so a retry resumes at once (best effort: if even this fails,
 /// the lock goes stale after the lock timeout and the key is taken over then).
-async fn release(state: &AppState, lock: &KeyLock) {
+async fn release(state: &AppState, lock: &KeyLock, actor: Actor, reason: &str) {
     let result = async {
         let mut conn = db::connect(&state.db).await?;
-        lock.release(&mut conn).await
+        lock.release(&mut conn, actor, reason).await
     }
     .await;
     if let Err(error) = result {

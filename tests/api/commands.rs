@@ -17,7 +17,7 @@ async fn serve_and_worker_refuse_unsafe_settings_and_say_how_to_fix_them() {
         let short_lock = payments(&[command, "--lock-timeout-ms", "20000"], &[]).await;
         assert!(!short_lock.status.success());
         let error = String::from_utf8_lossy(&short_lock.stderr);
-        assert!(error.contains("PAYMENTS_LOCK_TIMEOUT_MS") && error.contains("at least 30000 ms"), "{error}");
+        assert!(error.contains("PAYMENTS_LOCK_TIMEOUT_MS") && error.contains("at least 36000 ms"), "{error}");
 
         let short_retention = payments(&[command], &[("PAYMENTS_KEY_RETENTION_SECS", "60")]).await;
         assert!(!short_retention.status.success());

@@ -15,9 +15,9 @@ use uuid::Uuid;
 
 use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, wait_for};
 
-/// Short enough that a crashed request's lock goes stale quickly, and three gateway timeouts
-/// long (the shortest the service accepts).
-const LOCK_TIMEOUT_MS: &str = "1500";
+/// Short enough that a crashed request's lock goes stale quickly: the shortest the service accepts
+/// for this gateway timeout (three of them, plus 6 s of database work).
+const LOCK_TIMEOUT_MS: &str = "7500";
 const GATEWAY_TIMEOUT_MS: &str = "500";
 
 /// A request that crashed the process at `point`, and what is left of it.

@@ -3,6 +3,7 @@
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
+use payments::audit::Actor;
 use payments::db::schema::audit_records;
 use payments::idempotency::{PhaseError, RecoveryPoint, Transition, atomic_phase};
 
@@ -36,8 +37,8 @@ async fn a_request_whose_lock_was_taken_over_commits_nothing() {
     assert_eq!(row.lock_token, held_by_second.lock_token);
 
     // Its attempt to unlock is fenced too: the second holder keeps the key.
-    first.release(&mut conn).await.unwrap();
+    first.release(&mut conn, Actor::Api, "stalled").await.unwrap();
     assert_eq!(app.key_row(key.as_str()).await.unwrap().lock_token, held_by_second.lock_token);
-    second.release(&mut conn).await.unwrap();
+    second.release(&mut conn, Actor::Api, "done with it").await.unwrap();
     assert!(app.key_row(key.as_str()).await.unwrap().lock_token.is_none());
 }

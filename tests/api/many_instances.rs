@@ -10,10 +10,11 @@ use serde_json::json;
 
 use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, post_all_at_once, wait_until};
 
-/// A lock timeout of three gateway timeouts, short enough for a test to wait out.
+/// The shortest lock timeout the service accepts for this gateway timeout (three of them plus 6 s
+/// of database work), short enough for a test to wait out.
 const ENV: [(&str, &str); 4] = [
-    ("PAYMENTS_LOCK_TIMEOUT_MS", "4500"),
-    ("PAYMENTS_GATEWAY_TIMEOUT_MS", "1500"),
+    ("PAYMENTS_LOCK_TIMEOUT_MS", "9600"),
+    ("PAYMENTS_GATEWAY_TIMEOUT_MS", "1200"),
     ("PAYMENTS_WORKER_INTERVAL_MS", "100"),
     ("PAYMENTS_COMPLETER_BACKOFF_MS", "0"),
 ];
