@@ -25,10 +25,21 @@ pub struct ChargeRequest<'a> {
     pub metadata: &'a BTreeMap<String, String>,
 }
 
-/// A charge the gateway made.
-#[derive(Debug, Clone, Deserialize)]
+/// A charge the gateway made, and that succeeded.
+#[derive(Debug, Clone)]
 pub struct Charge {
     pub id: String,
+}
+
+/// A charge as the gateway describes it, in a charge's answer or a look-up.
+#[derive(Debug, Deserialize)]
+struct ChargeObject {
+    id: String,
+    /// `succeeded`, `failed` (declined) or `pending`. Absent in the shortest answers, where the
+    /// 200 itself says it succeeded.
+    status: Option<String>,
+    failure_code: Option<String>,
+    failure_message: Option<String>,
 }
 
 /// What a payment records of a gateway's answer, and how long each may be (the `payments`
@@ -38,16 +49,28 @@ const MAX_CHARGE_ID_CHARS: usize = 255;
 const MAX_CODE_CHARS: usize = 100;
 const MAX_MESSAGE_CHARS: usize = 500;
 
-impl Charge {
-    /// A charge the payment can record: its id is 1 to 255 printable characters.
-    fn recordable(self) -> Result<Charge, GatewayError> {
+impl ChargeObject {
+    /// What the charge means for the payment: a success it can record, a decline, or (pending,
+    /// unknown, or an id it cannot store) an outcome not known yet.
+    fn outcome(self) -> Result<Charge, GatewayError> {
         let length = self.id.chars().count();
-        if (1..=MAX_CHARGE_ID_CHARS).contains(&length) && !self.id.chars().any(char::is_control) {
-            Ok(self)
-        } else {
+        if !(1..=MAX_CHARGE_ID_CHARS).contains(&length) || self.id.chars().any(char::is_control) {
             // Money may have moved: indeterminate, never a failure. A key that keeps getting this
             // ends on the operator's list.
-            Err(GatewayError::Unavailable(format!("a charge id the payment cannot record ({length} characters)")))
+            return Err(GatewayError::Unavailable(format!(
+                "a charge id the payment cannot record ({length} characters)"
+            )));
+        }
+        match self.status.as_deref() {
+            None | Some("succeeded") => Ok(Charge { id: self.id }),
+            Some("failed") => {
+                let detail = ErrorDetail { kind: None, code: self.failure_code, message: self.failure_message };
+                Err(GatewayError::Declined {
+                    code: detail.code("card_declined"),
+                    message: detail.message(|| "The card was declined.".into()),
+                })
+            }
+            Some(status) => Err(GatewayError::Unavailable(format!("the charge is {status}"))),
         }
     }
 }
@@ -88,7 +111,7 @@ struct ErrorBody {
 /// The answer to a look-up by key: `{"object": "list", "data": [charge, ...]}`.
 #[derive(Debug, Deserialize)]
 struct ChargeList {
-    data: Vec<Charge>,
+    data: Vec<ChargeObject>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -130,9 +153,10 @@ impl GatewayClient {
         Ok(GatewayClient { http, charges_url: base_url.join("v1/charges")? })
     }
 
-    /// The charge made under `idempotency_key`, if any. Charges keep the key they were made with,
-    /// so this finds one even after the gateway has forgotten the key itself (and would charge
-    /// again if asked to). Any answer but a list is indeterminate.
+    /// The charge made under `idempotency_key`, if any, classified like a charge's own answer (a
+    /// failed charge is a decline). Charges keep the key they were made with, so this finds one
+    /// even after the gateway has forgotten the key itself (and would charge again if asked to).
+    /// Any answer but a list is indeterminate.
     #[tracing::instrument(name = "gateway.find_charge", skip_all)]
     pub async fn find_charge(&self, idempotency_key: &str) -> Result<Option<Charge>, GatewayError> {
         let mut url = self.charges_url.clone();
@@ -151,7 +175,7 @@ impl GatewayClient {
                 "the gateway holds several charges for one key; adopting the first"
             );
         }
-        list.data.into_iter().next().map(Charge::recordable).transpose()
+        list.data.into_iter().next().map(ChargeObject::outcome).transpose()
     }
 
     /// Asks the gateway to charge, under `idempotency_key` (see [`downstream_key`]).
@@ -170,9 +194,9 @@ impl GatewayClient {
         let body = response.bytes().await.map_err(from_transport)?;
         let error = || serde_json::from_slice::<ErrorBody>(&body).unwrap_or_default().error;
         match status {
-            200..=299 => serde_json::from_slice::<Charge>(&body)
+            200..=299 => serde_json::from_slice::<ChargeObject>(&body)
                 .map_err(|e| GatewayError::Unavailable(format!("unreadable charge in a {status} answer: {e}")))?
-                .recordable(),
+                .outcome(),
             402 => {
                 let error = error();
                 let message = error.message(|| "The card was declined.".into());

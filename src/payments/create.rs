@@ -231,19 +231,6 @@ impl<'a> Driver<'a> {
     async fn charge(&mut self) -> Result<ChargeOutcome, CreateError> {
         self.conn = None;
         let key = gateway::downstream_key(self.lock.account_id, self.lock.key_id);
-        // An earlier run may have charged and lost the answer: reconcile first, and adopt its
-        // charge. The look-up finds it even where the gateway has forgotten the key (and would
-        // charge again if asked).
-        if self.lock.resumed() {
-            match self.state.gateway.find_charge(&key).await {
-                Ok(Some(charge)) => {
-                    tracing::info!(gateway.charge_id = %charge.id, "adopting the charge an earlier run made");
-                    return Ok(ChargeOutcome::Succeeded { charge_id: charge.id });
-                }
-                Ok(None) => {}
-                Err(error) => return Err(indeterminate(error)),
-            }
-        }
         let request = ChargeRequest {
             amount: self.request.amount,
             currency: &self.request.currency,
@@ -251,7 +238,22 @@ impl<'a> Driver<'a> {
             description: self.request.description.as_deref(),
             metadata: &self.request.metadata,
         };
-        match self.state.gateway.charge(&key, &request).await {
+        // An earlier run may have charged and lost the answer: reconcile first, and adopt what it
+        // did (a success or a decline). The look-up finds it even where the gateway has forgotten
+        // the key (and would charge again if asked).
+        let found = match self.lock.resumed() {
+            true => self.state.gateway.find_charge(&key).await,
+            false => Ok(None),
+        };
+        let answer = match found {
+            Ok(Some(charge)) => {
+                tracing::info!(gateway.charge_id = %charge.id, "adopting the charge an earlier run made");
+                Ok(charge)
+            }
+            Ok(None) => self.state.gateway.charge(&key, &request).await,
+            Err(error) => Err(error),
+        };
+        match answer {
             Ok(charge) => Ok(ChargeOutcome::Succeeded { charge_id: charge.id }),
             Err(GatewayError::Declined { code, message }) => Ok(ChargeOutcome::Declined { code, message }),
             Err(GatewayError::Rejected { status, message }) => {

@@ -173,3 +173,47 @@ async fn a_look_up_that_fails_is_indeterminate_and_charges_nothing() {
     let row = app.key_row(&key).await.unwrap();
     assert_eq!((row.recovery_point.as_str(), row.locked_at), ("started", None));
 }
+
+#[tokio::test]
+async fn a_resumed_key_whose_charge_failed_records_the_decline_instead_of_charging() {
+    let gateway = MockServer::start().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    // The earlier run was declined, and crashed before recording it.
+    let failed = json!({ "object": "list", "data": [{ "id": "ch_declined", "status": "failed",
+        "failure_code": "expired_card", "failure_message": "The card has expired." }] });
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(failed))
+        .mount(&gateway)
+        .await;
+    let _no_charge = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["payment"]["failure_code"], "expired_card");
+    assert!(problem["payment"]["gateway_charge_id"].is_null(), "a failed charge is not the payment's charge");
+}
+
+#[tokio::test]
+async fn a_resumed_key_whose_charge_is_pending_waits() {
+    let gateway = MockServer::start().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let pending = json!({ "object": "list", "data": [{ "id": "ch_pending", "status": "pending" }] });
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(pending))
+        .mount(&gateway)
+        .await;
+    let _no_charge = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "started");
+}
