@@ -149,7 +149,13 @@ pub struct GatewayClient {
 impl GatewayClient {
     /// A client for the gateway at `base_url`, giving up on any call after `timeout`.
     pub fn new(base_url: &Url, timeout: Duration) -> anyhow::Result<GatewayClient> {
-        let http = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout).build()?;
+        // Never follow a redirect: reqwest would turn a POST into a GET without its body, and a
+        // 3xx is then an answer we cannot read (indeterminate) rather than a charge made elsewhere.
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
         Ok(GatewayClient { http, charges_url: base_url.join("v1/charges")? })
     }
 

@@ -29,7 +29,12 @@ pub struct Outbox {
 
 impl Outbox {
     pub fn new(state: Arc<AppState>, settings: &WorkerSettings) -> anyhow::Result<Outbox> {
-        let http = reqwest::Client::builder().timeout(settings.webhook_timeout).build()?;
+        // Never follow a redirect: reqwest would turn the POST into a GET without the event, and a
+        // 2xx to that would count as delivered. A 3xx is a failed delivery, retried like any other.
+        let http = reqwest::Client::builder()
+            .timeout(settings.webhook_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
         Ok(Outbox {
             state,
             http,

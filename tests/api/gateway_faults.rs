@@ -242,3 +242,8 @@ async fn an_odd_decline_is_still_recorded_as_a_decline() {
     assert_eq!(recorded.chars().count(), 500, "cut to what the payment records");
     assert!(recorded.starts_with("Declined!!"), "control characters dropped: {recorded:.20}");
 }
+
+#[tokio::test]
+async fn a_gateway_redirect_is_not_followed_and_is_a_503() {
+    retry_finishes_after(ResponseTemplate::new(302).insert_header("Location", "/v1/charges/elsewhere")).await;
+}

@@ -171,3 +171,24 @@ async fn a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again_with_the
     assert_eq!(deliveries[0].body, deliveries[1].body, "the same event, byte for byte");
     assert_eq!(app.row_counts().await.3, 0);
 }
+
+#[tokio::test]
+async fn a_receiver_that_redirects_has_not_received_the_event() {
+    let receiver = MockServer::start().await;
+    let moved = format!("{}/moved", receiver.uri());
+    Mock::given(method("POST"))
+        .and(path("/events"))
+        .respond_with(ResponseTemplate::new(301).insert_header("Location", moved.as_str()))
+        .mount(&receiver)
+        .await;
+    Mock::given(path("/moved")).respond_with(ResponseTemplate::new(200)).mount(&receiver).await;
+    let app = app_delivering_to(&receiver, 10).await;
+    app.post_payment(&new_key(), &payment_body()).await;
+
+    assert_eq!(app.workers().outbox.run_once().await.unwrap(), Outcome::Worked);
+
+    let requests = receiver.received_requests().await.unwrap();
+    assert_eq!(requests.len(), 1, "the redirect is not followed");
+    assert_eq!(app.row_counts().await.3, 1, "the event stays in the outbox");
+    assert_eq!(audited(&app, "event.delivery_failed").await, 1);
+}
