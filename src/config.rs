@@ -232,7 +232,8 @@ impl Settings {
         if self.key_retention < self.lock_timeout {
             anyhow::bail!(
                 "PAYMENTS_KEY_RETENTION_SECS ({} s) must not be shorter than PAYMENTS_LOCK_TIMEOUT_MS ({} ms): \
-                 keys must be kept at least as long as a request may hold one. Raise the retention.",
+                 a client told to wait out a lock must still find its answer when it comes back. Raise the \
+                 retention.",
                 self.key_retention.as_secs(),
                 self.lock_timeout.as_millis()
             );

@@ -41,6 +41,7 @@ diesel::table! {
         completer_attempts -> Int4,
         needs_attention_at -> Nullable<Timestamptz>,
         attention_reason -> Nullable<Text>,
+        finished_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -7,7 +7,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use crate::db::{self, StoreError};
 
-/// Deletes up to `batch` finished keys created more than `retention` ago, oldest first, with an
+/// Deletes up to `batch` keys that finished more than `retention` ago, oldest first, with an
 /// audit record for each, in one statement; returns how many. The partial index on finished keys
 /// by age serves the scan, and `SKIP LOCKED` lets reapers run side by side. A payment outlives
 /// its key: the foreign key only clears the payment's link.
@@ -18,8 +18,8 @@ pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, ba
             "WITH reaped AS (
              DELETE FROM idempotency_keys k
              USING (SELECT account_id, id FROM idempotency_keys
-                    WHERE recovery_point = 'finished' AND created_at < now() - $1 * interval '1 second'
-                    ORDER BY created_at
+                    WHERE recovery_point = 'finished' AND finished_at < now() - $1 * interval '1 second'
+                    ORDER BY finished_at
                     LIMIT $2
                     FOR UPDATE SKIP LOCKED) old
              WHERE k.account_id = old.account_id AND k.id = old.id

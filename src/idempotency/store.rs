@@ -146,6 +146,7 @@ impl KeyLock {
             Transition::Finish(response) => {
                 let changes = (
                     k::recovery_point.eq(RecoveryPoint::Finished),
+                    k::finished_at.eq(now),
                     k::response_status.eq(response.status as i16),
                     k::response_body.eq(&response.body),
                     k::locked_at.eq(None::<chrono::DateTime<chrono::Utc>>),

@@ -10,7 +10,7 @@ use crate::startup::AppState;
 /// Keys deleted per transaction: small, so a pass never holds many row locks or runs long.
 const BATCH: i64 = 500;
 
-/// Deletes finished keys older than the retention, a batch per run. Unfinished keys are never
+/// Deletes keys that finished longer than the retention ago, a batch per run. Unfinished keys are never
 /// deleted: they belong to the completer, or to an operator. Payments keep the client's key, so
 /// a retry that arrives after its key was reaped is answered 410 and charged nothing.
 pub struct Reaper {

@@ -7,9 +7,14 @@ use serde_json::Value;
 
 use crate::helpers::{Lock, TestApp, new_key, payment_body};
 
-/// Backdates every key by two days: past the default retention of one.
+/// Backdates every key by two days (finished ones: when they finished), past the default
+/// retention of one.
 async fn age_all_keys(app: &TestApp) {
-    app.run_sql("UPDATE idempotency_keys SET created_at = now() - interval '2 days'").await;
+    app.run_sql(
+        "UPDATE idempotency_keys SET created_at = now() - interval '2 days',
+         finished_at = CASE WHEN recovery_point = 'finished' THEN now() - interval '2 days' END",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -19,9 +24,9 @@ async fn finished_keys_past_retention_are_deleted_in_batches_and_unfinished_ones
     app.run_sql(&format!(
         "INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
                                        request_fingerprint, request_params, recovery_point, response_status,
-                                       response_body)
+                                       response_body, finished_at)
          SELECT gen_random_uuid(), '{}', 'old-' || i, 'POST', '/v1/payments', decode(repeat('00', 32), 'hex'), '{{}}',
-                'finished', 201, '{{}}'::bytea
+                'finished', 201, '{{}}'::bytea, now()
          FROM generate_series(1, 1200) i",
         app.account_id
     ))
@@ -78,4 +83,18 @@ async fn a_retry_after_its_key_was_reaped_is_410_and_charges_nothing() {
     // The answer is stored like any other: the next retry replays it.
     let again = app.post_payment(&key, &payment_body()).await;
     assert_eq!((again.status(), &again.headers()["Idempotent-Replayed"]), (StatusCode::GONE, &"true".parse().unwrap()));
+}
+
+#[tokio::test]
+async fn retention_counts_from_when_a_key_finished_not_when_it_was_created() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    // A request that took two days to finish (say, after an outage and an operator's retry).
+    app.post_payment(&key, &payment_body()).await;
+    app.run_sql("UPDATE idempotency_keys SET created_at = now() - interval '2 days'").await;
+
+    assert_eq!(app.workers().reaper.run_once().await.unwrap(), Outcome::Idle);
+
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true", "still replayed: it finished just now");
 }
