@@ -27,6 +27,29 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = &'static str>> 
     })
 }
 
+/// After the first stop signal a process drains what it is doing; a second one means "now": it
+/// exits at once, and what was in flight is left as after a crash (and recovered like one).
+pub fn exit_on_second_signal() -> std::io::Result<()> {
+    let second = shutdown_signal()?;
+    tokio::spawn(async move {
+        let signal = second.await;
+        tracing::warn!(signal, "second stop signal: exiting at once");
+        std::process::exit(1);
+    });
+    Ok(())
+}
+
+/// All outbox workers share one outbox: one without a webhook consumes events by logging them,
+/// including events that a worker with a webhook was meant to deliver.
+pub fn warn_if_events_are_only_logged(settings: &crate::config::WorkerSettings) {
+    if settings.webhook_url.is_none() {
+        tracing::warn!(
+            "PAYMENTS_WEBHOOK_URL is unset: this process's outbox logs the events it takes and drops them; give \
+             every process that runs workers on this database the same PAYMENTS_WEBHOOK_URL"
+        );
+    }
+}
+
 /// The database to use: `DATABASE_URL`, or the embedded cluster (started if need be).
 pub async fn open_database(
     args: &DatabaseArgs,

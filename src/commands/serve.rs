@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use super::{open_database, shutdown_signal};
+use super::{exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged};
 use crate::accounts::DEMO_API_KEY;
 use crate::config::{DEFAULT_GATEWAY_BIND, ServeArgs};
 use crate::db;
@@ -36,6 +36,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(_) => None,
         None => Some(MockGateway::start(mock_listener()?, FaultPlan::none())?),
     };
+    if mock.is_some() && args.database.database_url.is_some() {
+        tracing::warn!(
+            "GATEWAY_URL is unset: this process charges through a mock gateway of its own, which other \
+             processes on this database cannot see (their reconciliation would find nothing). Set GATEWAY_URL \
+             when more than one process uses the database."
+        );
+    }
     let gateway_url = match (&args.gateway_url, &mock) {
         (Some(url), _) => url.clone(),
         (None, Some(mock)) => mock.url().parse()?,
@@ -56,6 +63,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         true => None,
         false => Some(tokio::spawn(Workers::new(state, &args.workers.settings())?.run(workers_stop))),
     };
+    if workers.is_some() {
+        warn_if_events_are_only_logged(&args.workers.settings());
+    }
 
     println!("{LISTENING} http://{addr}");
     match &mock {
@@ -90,6 +100,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         result = &mut server => tracing::error!(?result, "the HTTP server stopped by itself; stopping"),
         () = workers_ended => tracing::error!("the workers stopped by themselves; stopping"),
     }
+    exit_on_second_signal()?;
     // In dependency order: requests, then workers (which finish the unit they are on), then what
     // both use.
     handle.stop(true).await;

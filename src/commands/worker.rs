@@ -6,7 +6,7 @@ use std::sync::Arc;
 use reqwest::Url;
 use tokio::sync::watch;
 
-use super::{open_database, shutdown_signal};
+use super::{exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged};
 use crate::config::{DEFAULT_GATEWAY_BIND, WorkerCommandArgs};
 use crate::db;
 use crate::db::embedded::Sharing;
@@ -24,10 +24,16 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;
     let stop_requested = shutdown_signal()?;
     let (database_url, embedded) = open_database(&args.database, Sharing::JoinRunning).await?;
-    let gateway_url = match args.gateway_url {
-        Some(url) => url,
-        None => Url::parse(&format!("http://{DEFAULT_GATEWAY_BIND}"))?,
+    let gateway_url = match (args.gateway_url, &embedded) {
+        (Some(url), _) => url,
+        // Beside an embedded `serve`, the gateway is the mock it puts on its usual address.
+        (None, Some(_)) => Url::parse(&format!("http://{DEFAULT_GATEWAY_BIND}"))?,
+        (None, None) => anyhow::bail!(
+            "GATEWAY_URL is required with DATABASE_URL: the completer must reconcile with, and charge through, \
+             the gateway the serve processes use; set it to that gateway's base URL"
+        ),
     };
+    warn_if_events_are_only_logged(&args.workers.settings());
     let state = Arc::new(AppState {
         db: db::pool(&database_url, POOL_SIZE),
         gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
@@ -41,6 +47,7 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
         signal = stop_requested => tracing::info!(signal, "stopping: workers finish what they are on"),
         result = &mut running => tracing::error!(?result, "the workers stopped by themselves"),
     }
+    exit_on_second_signal()?;
     let _ = stop.send(true);
     let _ = running.await;
     if let Some(embedded) = embedded {

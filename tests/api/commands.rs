@@ -61,3 +61,13 @@ async fn a_worker_stops_cleanly_on_sigterm() {
 
     assert!(worker.exited().await.success());
 }
+
+#[tokio::test]
+async fn a_worker_on_a_shared_database_needs_the_gateway_the_servers_use() {
+    let app = TestApp::spawn().await;
+
+    let worker = payments(&["worker"], &[("DATABASE_URL", app.database.url.as_str())]).await;
+
+    assert!(!worker.status.success());
+    assert!(String::from_utf8_lossy(&worker.stderr).contains("GATEWAY_URL is required with DATABASE_URL"));
+}
