@@ -39,8 +39,8 @@ pub fn exit_on_second_signal() -> std::io::Result<()> {
     Ok(())
 }
 
-/// All outbox workers share one outbox: one without a webhook consumes events by logging them,
-/// including events that a worker with a webhook was meant to deliver.
+/// All outbox workers on a shared database share one outbox: one without a webhook consumes events
+/// by logging them, including events that a worker with a webhook was meant to deliver.
 pub fn warn_if_events_are_only_logged(settings: &crate::config::WorkerSettings) {
     if settings.webhook_url.is_none() {
         tracing::warn!(

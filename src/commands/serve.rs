@@ -63,7 +63,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         true => None,
         false => Some(tokio::spawn(Workers::new(state, &args.workers.settings())?.run(workers_stop))),
     };
-    if workers.is_some() {
+    if workers.is_some() && embedded.is_none() {
         warn_if_events_are_only_logged(&args.workers.settings());
     }
 

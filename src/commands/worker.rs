@@ -33,7 +33,9 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
              the gateway the serve processes use; set it to that gateway's base URL"
         ),
     };
-    warn_if_events_are_only_logged(&args.workers.settings());
+    if embedded.is_none() {
+        warn_if_events_are_only_logged(&args.workers.settings());
+    }
     let state = Arc::new(AppState {
         db: db::pool(&database_url, POOL_SIZE),
         gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,

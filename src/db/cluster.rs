@@ -84,6 +84,7 @@ impl Cluster {
             );
         }
         let user = ServerUser::for_this_process()?;
+        user.make_reachable(&root)?;
         for dir in [&data, &run] {
             fs::create_dir_all(dir)?;
             fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
@@ -218,6 +219,24 @@ impl ServerUser {
              create one (e.g. `useradd --system postgres`) or run as another user",
         )?;
         Ok(ServerUser(Some(user)))
+    }
+
+    /// The server user must pass through every directory above `root` to reach its data, and a
+    /// checkout in a private directory (`mktemp -d` makes them `0700`) would stop it. Open the
+    /// way: passage only (`o+x`; nobody may list them), and say so.
+    fn make_reachable(&self, root: &Path) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let Some(user) = &self.0 else { return Ok(()) };
+        for dir in root.ancestors() {
+            let metadata = fs::metadata(dir)?;
+            let mode = metadata.permissions().mode();
+            if metadata.uid() != user.uid.as_raw() && mode & 0o001 == 0 {
+                fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o001))
+                    .with_context(|| format!("cannot let the postgres user pass through {}", dir.display()))?;
+                tracing::warn!(dir = %dir.display(), "let the postgres user pass through (o+x) to reach the embedded cluster");
+            }
+        }
+        Ok(())
     }
 
     fn take_ownership(&self, path: &Path) -> anyhow::Result<()> {

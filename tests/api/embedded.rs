@@ -8,7 +8,12 @@ use crate::helpers::{Process, new_key, payment_body};
 
 #[tokio::test]
 async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
-    let data_dir = std::env::temp_dir().join(format!("payments-embedded-{}", uuid::Uuid::new_v4().simple()));
+    // A checkout in a private directory, as `mktemp -d` makes them (0700): the server, which runs
+    // as another user when the tests run as root, must still reach its data.
+    let private = std::env::temp_dir().join(format!("payments-embedded-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let data_dir = private.join(".payments");
     let data = data_dir.to_str().unwrap();
     let env = [("PAYMENTS_DATA_DIR", data), ("PAYMENTS_BIND", "127.0.0.1:0")];
 
@@ -76,5 +81,5 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
     serve.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(serve.exited().await.success());
-    std::fs::remove_dir_all(&data_dir).unwrap();
+    std::fs::remove_dir_all(&private).unwrap();
 }
