@@ -94,13 +94,6 @@ pub enum GatewayError {
     Timeout,
 }
 
-impl GatewayError {
-    /// Whether the outcome is known (no charge was made), as opposed to indeterminate.
-    pub fn is_definitive(&self) -> bool {
-        matches!(self, GatewayError::Declined { .. } | GatewayError::Rejected { .. })
-    }
-}
-
 /// The gateway's error body: `{"error": {"type", "code", "message"}}`.
 #[derive(Debug, Default, Deserialize)]
 struct ErrorBody {

@@ -10,9 +10,7 @@ use actix_web::http::Method;
 use actix_web::{HttpResponse, Route, web};
 
 pub use error::ApiError;
-pub use extract::MAX_BODY_BYTES;
 pub use health::OPENAPI_YAML;
-pub use payments::REPLAYED_HEADER;
 
 /// One endpoint: every route of the app is registered from [`ENDPOINTS`], which is also what the
 /// test comparing the app with `openapi.yaml` reads.

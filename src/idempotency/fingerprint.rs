@@ -24,7 +24,7 @@ impl Fingerprint {
 
 /// The canonical serialisation: serde_json's map is a `BTreeMap` (the `preserve_order` feature is
 /// off), so keys come out sorted, and the compact writer adds no white space.
-pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
+fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
     serde_json::to_vec(value).expect("a JSON value always serialises")
 }
 

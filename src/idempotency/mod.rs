@@ -29,8 +29,8 @@ mod store;
 pub use abandoned::{
     Abandoned, NeedsAttention, claim_abandoned, mark_needs_attention, needing_attention, retry_needing_attention,
 };
-pub use fingerprint::{Fingerprint, canonical_json};
-pub use key::{IdempotencyKey, KeyError, MAX_KEY_LENGTH};
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyKey, KeyError};
 pub use phase::{PhaseError, atomic_phase};
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;

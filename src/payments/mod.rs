@@ -6,6 +6,6 @@ mod request;
 mod view;
 
 pub use create::{CreateError, Created, complete_abandoned, create_payment};
-pub use model::{ChargeOutcome, GATEWAY_REJECTED, Insertion, Payment, PaymentStatus};
-pub use request::{CreatePaymentBody, PaymentRequest, ValidationError};
+pub use model::{ChargeOutcome, Payment, PaymentStatus};
+pub use request::{CreatePaymentBody, ValidationError};
 pub use view::{PaymentList, PaymentView};
