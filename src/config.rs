@@ -5,6 +5,7 @@
 //! | `DATABASE_URL` | unset: embedded mode | PostgreSQL to use; unset starts a private cluster |
 //! | `PAYMENTS_DATA_DIR` | `./.payments` | where embedded mode keeps its cluster |
 //! | `GATEWAY_URL` | unset: in-process mock | base URL of the payment gateway |
+//! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081` | where `serve`'s in-process mock gateway listens |
 //! | `PAYMENTS_BIND` | `127.0.0.1:8080` | listen address of `serve` |
 //! | `PAYMENTS_LOCK_TIMEOUT_MS` | `90000` | age after which a key's lock is stale and may be taken over |
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
@@ -27,6 +28,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::db;
+use crate::idempotency::{LEASE_MARGIN, MAX_PHASE_ATTEMPTS};
 use reqwest::Url;
 
 pub const DEFAULT_DATA_DIR: &str = "./.payments";
@@ -50,9 +52,6 @@ pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_WEBHOOK_BACKOFF_MS: u64 = 1_000;
 /// Ten attempts with a doubling backoff span about seventeen minutes.
 pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
-/// A resumed request may call the gateway twice between two phase commits (the look-up, then
-/// the charge), so its lock must outlive both calls with a third to spare...
-const MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS: u32 = 3;
 
 /// Where the database is. Not `Debug`: the URL may hold a password.
 #[derive(Clone, Args)]
@@ -120,6 +119,15 @@ pub struct ServeArgs {
     /// Base URL of the payment gateway. Unset: an in-process mock gateway.
     #[arg(long, env = "GATEWAY_URL")]
     pub gateway_url: Option<Url>,
+    /// Where the in-process mock gateway listens (without GATEWAY_URL). If it is taken, `serve`
+    /// refuses to start rather than quietly charge elsewhere.
+    #[arg(long, env = "PAYMENTS_MOCK_GATEWAY_BIND", default_value = DEFAULT_GATEWAY_BIND)]
+    pub mock_gateway_bind: String,
+    /// With DATABASE_URL and no GATEWAY_URL: charge through an in-process mock gateway that no
+    /// other process on the database can reach, knowingly. Its unfinished payments can then be
+    /// finished only by this process while it lives; every other process refuses to touch them.
+    #[arg(long)]
+    pub private_mock_gateway: bool,
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, env = "PAYMENTS_BIND", default_value = DEFAULT_BIND)]
     pub bind: String,
@@ -138,7 +146,7 @@ pub struct WorkerCommandArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
     /// Base URL of the payment gateway (the completer reconciles and charges through it).
-    /// Unset: `http://127.0.0.1:8081`, where `serve` puts its in-process mock.
+    /// Unset, in embedded mode: the in-process mock of the `serve` that runs the cluster.
     #[arg(long, env = "GATEWAY_URL")]
     pub gateway_url: Option<Url>,
     #[command(flatten)]
@@ -156,6 +164,10 @@ pub struct GatewayArgs {
     /// Start in `random` fault mode: each charge request fails with this probability (0 to 1).
     #[arg(long, value_parser = parse_rate)]
     pub fault_rate: Option<f64>,
+    /// Serve the `/_control/*` endpoints (inject faults, forget keys, stats). Off by default:
+    /// whoever reaches them can make the gateway misbehave.
+    #[arg(long)]
+    pub control: bool,
 }
 
 /// `payments migrate`.
@@ -210,23 +222,32 @@ impl ProtocolArgs {
 }
 
 impl Settings {
+    /// The longest a live request can go between two renewals of its lease, at the worst:
+    /// the rest of the `started` transaction, both gateway calls of a resumed request (the look-up
+    /// and the charge), a wait for a connection, and the `charge_created` phase run up to its
+    /// attempts, each bounded by the database operation timeout; plus the margin a driver keeps
+    /// before a gateway call. A lease shorter than this could end under a live request.
+    pub fn min_lock_timeout(&self) -> Duration {
+        db::OPERATION_TIMEOUT * MAX_PHASE_ATTEMPTS + db::CHECKOUT_TIMEOUT + self.gateway_timeout * 2 + LEASE_MARGIN
+    }
+
     /// Refuses settings under which a live request could be taken for dead (and its key driven by
     /// two requests at once), or a key reaped while its request may still be running.
     pub fn check(&self) -> anyhow::Result<()> {
-        // ...plus the database work around them: the phase before, a checkout, and the phase
-        // after, each at its worst.
-        let database_work = db::OPERATION_TIMEOUT * 2 + db::CHECKOUT_TIMEOUT;
-        let min_lock_timeout = self.gateway_timeout * MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS + database_work;
+        let min_lock_timeout = self.min_lock_timeout();
         if self.lock_timeout < min_lock_timeout {
             anyhow::bail!(
-                "PAYMENTS_LOCK_TIMEOUT_MS ({} ms) must be at least {MIN_LOCK_TIMEOUT_IN_GATEWAY_TIMEOUTS} times \
-                 PAYMENTS_GATEWAY_TIMEOUT_MS ({} ms) plus {} ms of database work: a resumed request may wait on \
-                 the gateway twice between two commits, and its lock must not go stale meanwhile. Raise the lock \
-                 timeout to at least {} ms, or lower the gateway timeout.",
+                "PAYMENTS_LOCK_TIMEOUT_MS ({} ms) must be at least {} ms with PAYMENTS_GATEWAY_TIMEOUT_MS at {} ms: \
+                 between two renewals of its lease a request may make two gateway calls ({} ms), wait {} ms for a \
+                 connection and run a phase {MAX_PHASE_ATTEMPTS} times ({} ms each at most), with {} ms to spare, \
+                 and its lease must not end meanwhile. Raise the lock timeout, or lower the gateway timeout.",
                 self.lock_timeout.as_millis(),
+                min_lock_timeout.as_millis(),
                 self.gateway_timeout.as_millis(),
-                database_work.as_millis(),
-                min_lock_timeout.as_millis()
+                (self.gateway_timeout * 2).as_millis(),
+                db::CHECKOUT_TIMEOUT.as_millis(),
+                db::OPERATION_TIMEOUT.as_millis(),
+                LEASE_MARGIN.as_millis(),
             );
         }
         if self.key_retention < self.lock_timeout {
@@ -299,11 +320,15 @@ mod tests {
     }
 
     #[test]
-    fn a_lock_timeout_too_close_to_the_gateway_timeout_is_refused() {
-        let settings = Settings { lock_timeout: Duration::from_secs(35), ..Settings::default() };
+    fn a_lock_timeout_shorter_than_the_worst_gap_between_renewals_is_refused() {
+        // Two 10 s gateway calls, a 1 s checkout, three 2.5 s phase attempts and 1 s to spare.
+        let settings = Settings { lock_timeout: Duration::from_millis(29_499), ..Settings::default() };
         let error = settings.check().unwrap_err().to_string();
-        assert!(error.contains("at least 36000 ms"), "{error}");
-        Settings { lock_timeout: Duration::from_secs(36), ..Settings::default() }.check().unwrap();
+        assert!(error.contains("at least 29500 ms"), "{error}");
+        Settings { lock_timeout: Duration::from_millis(29_500), ..Settings::default() }.check().unwrap();
+        // With a short gateway timeout, the database's share decides: 2 s + 1 s + 7.5 s + 1 s.
+        let fast_gateway = Settings { gateway_timeout: Duration::from_secs(1), ..Settings::default() };
+        assert_eq!(fast_gateway.min_lock_timeout(), Duration::from_millis(11_500));
     }
 
     #[test]

@@ -1,15 +1,17 @@
 //! Fault injection: `X-Fault-Inject: crash=<point>` makes the process abort at that point, with no
-//! clean-up, exactly like `kill -9`. Honoured only with `PAYMENTS_FAULT_INJECTION=1` (logged
-//! loudly at start). The header is never part of a request's fingerprint or stored params, so a
-//! retry, or a worker re-driving the request, does not crash again.
+//! clean-up, exactly like `kill -9`; `pause=<point>` makes it stop itself there (`SIGSTOP`, as a
+//! frozen VM or a stopped process would) until someone sends it `SIGCONT`. Honoured only with
+//! `PAYMENTS_FAULT_INJECTION=1` (logged loudly at start). The header is never part of a request's
+//! fingerprint or stored params, so a retry, or a worker re-driving the request, does not fault
+//! again.
 
 use std::fmt;
 use std::str::FromStr;
 
-/// The header that asks for a crash.
+/// The header that asks for a fault.
 pub const FAULT_HEADER: &str = "X-Fault-Inject";
 
-/// Where a request can be made to crash.
+/// Where a request can be made to fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CrashPoint {
     /// `started` committed, before the gateway call.
@@ -18,6 +20,22 @@ pub enum CrashPoint {
     AfterCharge,
     /// `charge_created` committed, before the `finished` transaction commits.
     AfterChargeCreated,
+}
+
+/// What happens to the process at the point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Abort, like `kill -9`.
+    Crash,
+    /// Stop, like `kill -STOP`, and carry on when continued.
+    Pause,
+}
+
+/// A fault a request asks for: an action at a point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub action: FaultAction,
+    pub point: CrashPoint,
 }
 
 impl CrashPoint {
@@ -35,23 +53,41 @@ impl fmt::Display for CrashPoint {
     }
 }
 
-/// Parses the header's value, `crash=<point>`.
-impl FromStr for CrashPoint {
+/// Parses the header's value, `crash=<point>` or `pause=<point>`.
+impl FromStr for Fault {
     type Err = String;
 
     fn from_str(value: &str) -> Result<Self, Self::Err> {
-        let point = value.trim().strip_prefix("crash=").unwrap_or_default();
-        Self::ALL.iter().find(|(_, name)| *name == point).map(|(point, _)| *point).ok_or_else(|| {
-            format!("{FAULT_HEADER} must be crash=after_started, crash=after_charge or crash=after_charge_created")
-        })
+        let (action, point) = value.trim().split_once('=').unwrap_or_default();
+        let action = match action {
+            "crash" => Some(FaultAction::Crash),
+            "pause" => Some(FaultAction::Pause),
+            _ => None,
+        };
+        let point = CrashPoint::ALL.iter().find(|(_, name)| *name == point).map(|(point, _)| *point);
+        match (action, point) {
+            (Some(action), Some(point)) => Ok(Fault { action, point }),
+            _ => Err(format!(
+                "{FAULT_HEADER} must be crash=<point> or pause=<point>, where <point> is after_started, after_charge \
+                 or after_charge_created"
+            )),
+        }
     }
 }
 
-/// Aborts the process if the request asked to crash `here`.
-pub fn crash_at(armed: Option<CrashPoint>, here: CrashPoint) {
-    if armed == Some(here) {
-        tracing::error!(crash_point = %here, "fault injection: aborting the process");
-        std::process::abort();
+/// Carries out the request's fault if it is armed for `here`.
+pub fn fault_at(armed: Option<Fault>, here: CrashPoint) {
+    let Some(fault) = armed.filter(|fault| fault.point == here) else { return };
+    match fault.action {
+        FaultAction::Crash => {
+            tracing::error!(crash_point = %here, "fault injection: aborting the process");
+            std::process::abort();
+        }
+        FaultAction::Pause => {
+            tracing::warn!(pause_point = %here, "fault injection: stopping the process until it gets SIGCONT");
+            // The whole process stops here, every thread with it, as a frozen machine would.
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+        }
     }
 }
 
@@ -60,12 +96,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_header_names_a_point() {
-        assert_eq!("crash=after_started".parse(), Ok(CrashPoint::AfterStarted));
-        assert_eq!("crash=after_charge".parse(), Ok(CrashPoint::AfterCharge));
-        assert_eq!(" crash=after_charge_created".parse(), Ok(CrashPoint::AfterChargeCreated));
-        assert!("crash=nowhere".parse::<CrashPoint>().is_err());
-        assert!("after_started".parse::<CrashPoint>().is_err());
+    fn the_header_names_an_action_and_a_point() {
+        let crash = |point| Ok(Fault { action: FaultAction::Crash, point });
+        assert_eq!("crash=after_started".parse(), crash(CrashPoint::AfterStarted));
+        assert_eq!("crash=after_charge".parse(), crash(CrashPoint::AfterCharge));
+        assert_eq!(" crash=after_charge_created".parse(), crash(CrashPoint::AfterChargeCreated));
+        assert_eq!(
+            "pause=after_started".parse(),
+            Ok(Fault { action: FaultAction::Pause, point: CrashPoint::AfterStarted })
+        );
+        assert!("crash=nowhere".parse::<Fault>().is_err());
+        assert!("after_started".parse::<Fault>().is_err());
+        assert!("sleep=after_started".parse::<Fault>().is_err());
         assert_eq!(CrashPoint::AfterCharge.to_string(), "after_charge");
     }
 }

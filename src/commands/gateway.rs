@@ -7,13 +7,14 @@ use anyhow::Context;
 
 use super::shutdown_signal;
 use crate::config::GatewayArgs;
-use crate::gateway::mock::{FaultPlan, MockGateway};
+use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
     let faults = args.fault_rate.map(FaultPlan::random).unwrap_or_else(FaultPlan::none);
     let stop_requested = shutdown_signal()?;
-    let gateway = MockGateway::start(listener, faults)?;
+    let controls = if args.control { Controls::Served } else { Controls::Hidden };
+    let gateway = MockGateway::start(listener, faults, controls)?;
     println!("payments gateway listening on {}", gateway.url());
     let signal = stop_requested.await;
     tracing::info!(signal, "stopping the gateway");

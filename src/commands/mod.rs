@@ -8,6 +8,9 @@ pub mod serve;
 pub mod worker;
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
 
 use crate::config::DatabaseArgs;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
@@ -48,6 +51,30 @@ pub fn warn_if_events_are_only_logged(settings: &crate::config::WorkerSettings) 
              every process that runs workers on this database the same PAYMENTS_WEBHOOK_URL"
         );
     }
+}
+
+/// Where an embedded `serve` tells workers beside it the address of its in-process mock gateway.
+fn mock_gateway_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("mock-gateway-url")
+}
+
+/// Tells the processes that join this embedded cluster where its in-process mock gateway is.
+pub fn advertise_mock_gateway(data_dir: &Path, url: &str) -> anyhow::Result<()> {
+    let file = mock_gateway_file(data_dir);
+    std::fs::write(&file, url).with_context(|| format!("cannot write {}", file.display()))
+}
+
+/// The in-process mock gateway of the `serve` that runs this embedded cluster.
+pub fn advertised_mock_gateway(data_dir: &Path) -> anyhow::Result<String> {
+    let file = mock_gateway_file(data_dir);
+    std::fs::read_to_string(&file).with_context(|| {
+        format!(
+            "no embedded `payments serve` with an in-process mock gateway has run under {} ({} is missing): start \
+             one, or set GATEWAY_URL",
+            data_dir.display(),
+            file.display()
+        )
+    })
 }
 
 /// The database to use: `DATABASE_URL`, or the embedded cluster (started if need be).

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use super::{exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged};
+use super::{
+    advertise_mock_gateway, exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged,
+};
 use crate::accounts::DEMO_API_KEY;
-use crate::config::{DEFAULT_GATEWAY_BIND, ServeArgs};
+use crate::config::ServeArgs;
 use crate::db;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
-use crate::gateway::mock::{FaultPlan, MockGateway};
+use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
 use crate::startup::{AppState, Application};
 use crate::workers::Workers;
 
@@ -31,17 +33,40 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if settings.fault_injection {
         tracing::warn!("FAULT INJECTION IS ON: X-Fault-Inject can crash this process. Never use this in production.");
     }
-    let (database_url, embedded) = open_database(&args.database, Sharing::Own).await?;
+    let shared_database = args.database.database_url.is_some();
+    if shared_database && args.gateway_url.is_none() && !args.private_mock_gateway {
+        anyhow::bail!(
+            "DATABASE_URL is set but GATEWAY_URL is not: every process on a database must charge through the same \
+             gateway, or one would find nothing of another's charges and charge again. Set GATEWAY_URL to that \
+             gateway (`payments gateway --bind ...`, say), or pass --private-mock-gateway to charge through a mock \
+             of this process's own, which only this process can then finish payments at"
+        );
+    }
+    let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
+    if !shared_database && !listener.local_addr()?.ip().is_loopback() {
+        anyhow::bail!(
+            "embedded mode seeds the public demo API key {DEMO_API_KEY}, so it serves only on a loopback address, \
+             not on {}: anyone who reached it could pay with that key. Bind to 127.0.0.1 (PAYMENTS_BIND), or run \
+             with DATABASE_URL and accounts of your own (`payments accounts create NAME`)",
+            args.bind
+        );
+    }
     let mock = match &args.gateway_url {
         Some(_) => None,
-        None => Some(MockGateway::start(mock_listener()?, FaultPlan::none())?),
+        None => {
+            let bind = &args.mock_gateway_bind;
+            let listener = TcpListener::bind(bind).with_context(|| {
+                format!(
+                    "cannot start the in-process mock gateway on {bind} (a `payments gateway` there?): set GATEWAY_URL \
+                     to charge through the gateway at that address, or PAYMENTS_MOCK_GATEWAY_BIND to another address"
+                )
+            })?;
+            Some(MockGateway::start(listener, FaultPlan::none(), Controls::Served)?)
+        }
     };
-    if mock.is_some() && args.database.database_url.is_some() {
-        tracing::warn!(
-            "GATEWAY_URL is unset: this process charges through a mock gateway of its own, which other \
-             processes on this database cannot see (their reconciliation would find nothing). Set GATEWAY_URL \
-             when more than one process uses the database."
-        );
+    let (database_url, embedded) = open_database(&args.database, Sharing::Own).await?;
+    if let (Some(mock), Some(_)) = (&mock, &embedded) {
+        advertise_mock_gateway(&args.database.data_dir, &mock.url())?;
     }
     let gateway_url = match (&args.gateway_url, &mock) {
         (Some(url), _) => url.clone(),
@@ -53,7 +78,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     });
-    let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let app = Application::build(state.clone(), listener, threads)?;
     let (addr, handle) = (app.addr(), app.handle());
@@ -116,10 +140,4 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
-}
-
-/// The in-process mock takes the standalone gateway's usual address when it is free, so that the
-/// README's fault-control commands work as printed; otherwise any free port (printed at start).
-fn mock_listener() -> std::io::Result<TcpListener> {
-    TcpListener::bind(DEFAULT_GATEWAY_BIND).or_else(|_| TcpListener::bind("127.0.0.1:0"))
 }

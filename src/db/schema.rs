@@ -32,7 +32,7 @@ diesel::table! {
         request_fingerprint -> Bytea,
         request_params -> Jsonb,
         recovery_point -> Text,
-        locked_at -> Nullable<Timestamptz>,
+        locked_until -> Nullable<Timestamptz>,
         lock_token -> Nullable<Uuid>,
         last_run_at -> Timestamptz,
         created_at -> Timestamptz,
@@ -61,6 +61,8 @@ diesel::table! {
         failure_message -> Nullable<Text>,
         created_at -> Timestamptz,
         updated_at -> Timestamptz,
+        gateway -> Nullable<Text>,
+        created_seq -> Int8,
     }
 }
 

@@ -1,6 +1,7 @@
 //! Our client for a Stripe-like payment gateway.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use reqwest::Url;
@@ -35,6 +36,10 @@ pub struct Charge {
 #[derive(Debug, Deserialize)]
 struct ChargeObject {
     id: String,
+    /// What the charge was made with: a look-up's charge is ours only if all three are.
+    idempotency_key: Option<String>,
+    amount: Option<i64>,
+    currency: Option<String>,
     /// `succeeded`, `failed` (declined) or `pending`. Absent in the shortest answers, where the
     /// 200 itself says it succeeded.
     status: Option<String>,
@@ -81,6 +86,10 @@ pub enum GatewayError {
     /// The card was declined: definitive, nothing was charged.
     #[error("card declined ({code}): {message}")]
     Declined { code: String, message: String },
+    /// The gateway knows no payment method by this `source`: definitive, nothing was charged, and
+    /// the client's to fix.
+    #[error("unknown source: {message}")]
+    UnknownSource { message: String },
     /// The gateway refused the request for another reason (a 4xx): definitive, nothing charged.
     #[error("charge rejected with {status}: {message}")]
     Rejected { status: u16, message: String },
@@ -136,7 +145,17 @@ fn clean(text: Option<&str>, max_chars: usize) -> Option<String> {
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
+    base_url: Url,
+    account_url: Url,
     charges_url: Url,
+    /// The gateway's identity, once asked (see [`GatewayClient::id`]).
+    id: Arc<Mutex<Option<Arc<str>>>>,
+}
+
+/// The answer to `GET /v1/account`.
+#[derive(Debug, Deserialize)]
+struct AccountObject {
+    id: String,
 }
 
 impl GatewayClient {
@@ -149,15 +168,68 @@ impl GatewayClient {
             .connect_timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
-        Ok(GatewayClient { http, charges_url: base_url.join("v1/charges")? })
+        Ok(GatewayClient {
+            http,
+            base_url: base_url.clone(),
+            account_url: base_url.join("v1/account")?,
+            charges_url: base_url.join("v1/charges")?,
+            id: Arc::default(),
+        })
     }
 
-    /// The charge made under `idempotency_key`, if any, classified like a charge's own answer (a
-    /// failed charge is a decline). Charges keep the key they were made with, so this finds one
-    /// even after the gateway has forgotten the key itself (and would charge again if asked to).
-    /// Any answer but a list is indeterminate.
+    /// Which gateway this is, as the gateway itself says (`GET /v1/account`: the account our
+    /// credentials are of, or for the mock, the instance, new each time it starts); for a gateway
+    /// that has no such endpoint (404), its base URL in canonical form. A payment records it when
+    /// it starts, and only a client of the same gateway may look its charge up or charge it:
+    /// another gateway would find nothing and charge a second time. Asked once, then remembered;
+    /// see [`GatewayClient::fresh_id`].
+    pub async fn id(&self) -> Result<Arc<str>, GatewayError> {
+        let known = self.id.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        match known {
+            Some(id) => Ok(id),
+            None => self.fresh_id().await,
+        }
+    }
+
+    /// The gateway's identity, asked now: before a resumed payment's look-up, so that a gateway
+    /// replaced at the same address since (a mock restarted with an empty memory) is not asked
+    /// about a charge it never saw.
+    #[tracing::instrument(name = "gateway.account", skip_all)]
+    pub async fn fresh_id(&self) -> Result<Arc<str>, GatewayError> {
+        let response = self.http.get(self.account_url.clone()).send().await.map_err(from_transport)?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(from_transport)?;
+        let id: Arc<str> = match status.as_u16() {
+            200 => {
+                let account: AccountObject = serde_json::from_slice(&body)
+                    .map_err(|e| GatewayError::Unavailable(format!("unreadable account: {e}")))?;
+                let length = account.id.chars().count();
+                if !(1..=MAX_CHARGE_ID_CHARS).contains(&length) || account.id.chars().any(char::is_control) {
+                    return Err(GatewayError::Unavailable(format!("an account id we cannot record ({length} chars)")));
+                }
+                account.id.into()
+            }
+            404 => self.base_url.as_str().into(),
+            _ => return Err(GatewayError::Unavailable(format!("the account look-up answered {status}"))),
+        };
+        *self.id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id.clone());
+        Ok(id)
+    }
+
+    /// The charge made under `idempotency_key` for `expected`, if any, classified like a charge's
+    /// own answer (a failed charge is a decline). Charges keep the key they were made with, so
+    /// this finds one even after the gateway has forgotten the key itself (and would charge again
+    /// if asked to).
+    ///
+    /// Only a charge that carries our key, amount and currency is ours; a success among them wins
+    /// over a failure. An answer that is not a list, or a list with charges but none of them ours,
+    /// is indeterminate: never adopted, and never taken for "nothing was charged".
     #[tracing::instrument(name = "gateway.find_charge", skip_all)]
-    pub async fn find_charge(&self, idempotency_key: &str) -> Result<Option<Charge>, GatewayError> {
+    pub async fn find_charge(
+        &self,
+        idempotency_key: &str,
+        expected: &ChargeRequest<'_>,
+    ) -> Result<Option<Charge>, GatewayError> {
         let mut url = self.charges_url.clone();
         url.query_pairs_mut().append_pair("idempotency_key", idempotency_key);
         let response = self.http.get(url).send().await.map_err(from_transport)?;
@@ -168,13 +240,32 @@ impl GatewayClient {
         }
         let list: ChargeList = serde_json::from_slice(&body)
             .map_err(|e| GatewayError::Unavailable(format!("unreadable charge look-up: {e}")))?;
-        if list.data.len() > 1 {
-            tracing::error!(
-                charges = list.data.len(),
-                "the gateway holds several charges for one key; adopting the first"
-            );
+        if list.data.is_empty() {
+            return Ok(None);
         }
-        list.data.into_iter().next().map(ChargeObject::outcome).transpose()
+        let found = list.data.len();
+        let ours = |charge: &ChargeObject| {
+            charge.idempotency_key.as_deref() == Some(idempotency_key)
+                && charge.amount == Some(expected.amount)
+                && charge.currency.as_deref().is_some_and(|c| c.eq_ignore_ascii_case(expected.currency))
+        };
+        let outcomes: Vec<_> = list.data.into_iter().filter(ours).map(ChargeObject::outcome).collect();
+        if outcomes.len() != found {
+            tracing::error!(found, ours = outcomes.len(), "the look-up by key found charges that are not ours");
+        }
+        // A success wins; then anything not known yet (a pending charge may still succeed); a
+        // decline only when every charge of ours failed.
+        let rank = |outcome: &Result<Charge, GatewayError>| match outcome {
+            Ok(_) => 0,
+            Err(GatewayError::Declined { .. }) => 2,
+            Err(_) => 1,
+        };
+        match outcomes.into_iter().min_by_key(rank) {
+            Some(outcome) => outcome.map(Some),
+            None => Err(GatewayError::Unavailable(format!(
+                "the look-up by key found {found} charge(s), none with our key, amount and currency"
+            ))),
+        }
     }
 
     /// Asks the gateway to charge, under `idempotency_key` (see [`downstream_key`]).
@@ -206,12 +297,15 @@ impl GatewayClient {
             400..=499 => {
                 let error = error();
                 let message = error.message(|| format!("the gateway answered {status}"));
-                match error.kind.as_deref() {
+                match (error.kind.as_deref(), error.code.as_deref()) {
                     // The gateway holds another request under this key: an earlier attempt of ours
                     // may have charged. Never "nothing was charged".
-                    Some("idempotency_error") => Err(GatewayError::Unavailable(format!(
+                    (Some("idempotency_error"), _) => Err(GatewayError::Unavailable(format!(
                         "the gateway reports an idempotency conflict for this key: {message}"
                     ))),
+                    // The one resource a charge request names is its source (Stripe's answer to
+                    // an unknown token).
+                    (_, Some("resource_missing")) => Err(GatewayError::UnknownSource { message }),
                     _ => Err(GatewayError::Rejected { status, message }),
                 }
             }

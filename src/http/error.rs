@@ -52,19 +52,28 @@ pub enum ApiError {
     #[error("A request with this Idempotency-Key is still in progress. Retry with the same key shortly.")]
     InFlight,
     #[error(
-        "The payment gateway did not give a definitive answer. Retry with the same Idempotency-Key: \
-         the request resumes where it stopped, and the payment is charged at most once."
+        "The payment gateway did not give a definitive answer, so the payment's outcome is not known yet. The \
+         request may still complete (a background worker finishes it if you do not come back): retry with the \
+         same Idempotency-Key to learn its outcome; it resumes where it stopped and is charged at most once. Do \
+         not pay again with a new key."
     )]
     GatewayUnavailable,
-    #[error("The database is unreachable, so nothing was done. Retry later with the same Idempotency-Key.")]
+    #[error(
+        "The database is unreachable. The request may still complete if it got far enough before the outage: \
+         retry with the same Idempotency-Key to learn its outcome. Do not pay again with a new key."
+    )]
     DatabaseUnavailable,
     /// A phase kept colliding with concurrent transactions and was rolled back each time.
     #[error(
-        "The request kept colliding with concurrent work and was rolled back. Retry with the same Idempotency-Key."
+        "The request kept colliding with concurrent work. It may still complete: retry with the same \
+         Idempotency-Key to learn its outcome. Do not pay again with a new key."
     )]
     TransactionConflict,
     /// The cause is logged, never sent.
-    #[error("Something went wrong on our side. Retry later with the same Idempotency-Key.")]
+    #[error(
+        "Something went wrong on our side. The request may still complete: retry with the same Idempotency-Key \
+         to learn its outcome. Do not pay again with a new key."
+    )]
     Internal(String),
 }
 
@@ -130,8 +139,13 @@ impl From<CreateError> for ApiError {
             CreateError::KeyReused => ApiError::KeyReused,
             // Losing the lock means another request is driving the key now: for this client,
             // that is the same as finding it in flight.
-            CreateError::InFlight | CreateError::Phase(PhaseError::LockLost) => ApiError::InFlight,
-            CreateError::GatewayIndeterminate(_) => ApiError::GatewayUnavailable,
+            // So does a lease about to run out: another request may take the key over any moment.
+            CreateError::InFlight | CreateError::Phase(PhaseError::LockLost) | CreateError::LeaseRunningOut => {
+                ApiError::InFlight
+            }
+            // The payment waits for a process with its gateway: not known yet, as for a gateway
+            // that did not answer.
+            CreateError::GatewayIndeterminate(_) | CreateError::WrongGateway { .. } => ApiError::GatewayUnavailable,
             CreateError::Phase(PhaseError::Store(error)) => error.into(),
             CreateError::Phase(error @ PhaseError::Inconsistent(_)) => ApiError::Internal(error.to_string()),
         }

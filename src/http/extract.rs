@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use crate::accounts;
 use crate::db;
-use crate::faults::{CrashPoint, FAULT_HEADER};
+use crate::faults::{FAULT_HEADER, Fault};
 use crate::idempotency::{IdempotencyKey, KeyError};
 use crate::startup::AppState;
 
@@ -63,11 +63,11 @@ impl FromRequest for IdempotencyKeyHeader {
     }
 }
 
-/// The crash point a request asks for with `X-Fault-Inject`: always none unless fault injection
-/// is enabled, in which case a malformed header is a 400.
-pub struct CrashRequest(pub Option<CrashPoint>);
+/// The fault a request asks for with `X-Fault-Inject`: always none unless fault injection is
+/// enabled, in which case a malformed header is a 400.
+pub struct FaultRequest(pub Option<Fault>);
 
-impl FromRequest for CrashRequest {
+impl FromRequest for FaultRequest {
     type Error = ApiError;
     type Future = Ready<Result<Self, ApiError>>;
 
@@ -75,12 +75,12 @@ impl FromRequest for CrashRequest {
         let enabled = req.app_data::<web::Data<AppState>>().is_some_and(|state| state.settings.fault_injection);
         let header = req.headers().get(FAULT_HEADER).filter(|_| enabled);
         ready(match header {
-            None => Ok(CrashRequest(None)),
+            None => Ok(FaultRequest(None)),
             Some(value) => value
                 .to_str()
                 .map_err(|e| e.to_string())
                 .and_then(str::parse)
-                .map(|point| CrashRequest(Some(point)))
+                .map(|fault| FaultRequest(Some(fault)))
                 .map_err(ApiError::InvalidRequest),
         })
     }

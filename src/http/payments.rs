@@ -6,7 +6,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{AuthenticatedAccount, CrashRequest, IdempotencyKeyHeader};
+use super::extract::{AuthenticatedAccount, FaultRequest, IdempotencyKeyHeader};
 use super::problem::PROBLEM_JSON;
 use crate::db;
 use crate::idempotency::StoredResponse;
@@ -25,7 +25,7 @@ pub async fn create_payment(
     state: web::Data<AppState>,
     account: AuthenticatedAccount,
     key: IdempotencyKeyHeader,
-    crash: CrashRequest,
+    fault: FaultRequest,
     body: web::Json<CreatePaymentBody>,
 ) -> Result<HttpResponse, ApiError> {
     let request = body.into_inner().validate()?;
@@ -34,7 +34,7 @@ pub async fn create_payment(
     // not take a half-done request down with it (its key would stay locked until the lock went
     // stale). The task finishes the request either way, and a retry gets the stored answer.
     let created =
-        tokio::spawn(async move { payments::create_payment(&state, account.id, key.0, request, crash.0).await })
+        tokio::spawn(async move { payments::create_payment(&state, account.id, key.0, request, fault.0).await })
             .await??;
     Ok(stored_response(created.response, created.replayed))
 }
@@ -70,7 +70,14 @@ pub async fn list_payments(
         return Err(ApiError::InvalidRequest(format!("limit must be from 1 to {MAX_PAGE}.")));
     }
     let mut conn = db::connect(&state.db).await?;
-    let mut page = db::query(Payment::list(&mut conn, account.id, query.starting_after, limit)).await?;
+    let before = match query.starting_after {
+        None => None,
+        Some(cursor) => match db::query(Payment::position(&mut conn, account.id, cursor)).await? {
+            Some(position) => Some(position),
+            None => return Err(ApiError::InvalidRequest(format!("starting_after: there is no payment {cursor}."))),
+        },
+    };
+    let mut page = db::query(Payment::list(&mut conn, account.id, before, limit)).await?;
     let has_more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     Ok(HttpResponse::Ok().json(PaymentList::new(&page, has_more)))

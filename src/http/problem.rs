@@ -26,6 +26,7 @@ pub enum ProblemType {
     IdempotencyKeyExpired,
     RequestInFlight,
     CardDeclined,
+    UnknownSource,
     GatewayRejected,
     GatewayUnavailable,
     DatabaseUnavailable,
@@ -35,7 +36,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 19] = [
+    pub const ALL: [ProblemType; 20] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -50,6 +51,7 @@ impl ProblemType {
         ProblemType::IdempotencyKeyExpired,
         ProblemType::RequestInFlight,
         ProblemType::CardDeclined,
+        ProblemType::UnknownSource,
         ProblemType::GatewayRejected,
         ProblemType::GatewayUnavailable,
         ProblemType::DatabaseUnavailable,
@@ -81,6 +83,7 @@ impl ProblemType {
             ),
             RequestInFlight => ("request-in-flight", "A request with this Idempotency-Key is in progress", 409),
             CardDeclined => ("card-declined", "The card was declined", 402),
+            UnknownSource => ("unknown-source", "The payment gateway knows no payment method by this source", 402),
             GatewayRejected => ("gateway-rejected", "The payment gateway rejected the charge", 502),
             GatewayUnavailable => ("gateway-unavailable", "The payment's outcome is not known yet", 503),
             DatabaseUnavailable => ("database-unavailable", "The service is temporarily unavailable", 503),

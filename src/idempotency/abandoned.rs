@@ -1,7 +1,7 @@
 //! Keys whose requests nobody is driving any more: how a worker takes one over, and how it gives
 //! up on one and hands it to an operator.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
@@ -9,6 +9,7 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
+use super::store::Lease;
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
 use crate::db::{self, StoreError};
 
@@ -44,24 +45,26 @@ struct AbandonedRow {
     completer_attempts: i32,
 }
 
-/// Takes over the unfinished key that has waited longest, if one is due: unlocked or its lock
-/// stale, not given up on, and untouched for its backoff (`backoff` doubled per earlier attempt,
-/// counted from the end of the last run, at most an hour).
+/// Takes over the unfinished key that has waited longest, if one is due: unlocked or its lease
+/// over (by its owner's own lock timeout, which it wrote on the row), not given up on, and
+/// untouched for its backoff (`backoff` doubled per earlier attempt, counted from the end of the
+/// last run, at most an hour). Our lease on it lasts `lease`.
 /// `FOR UPDATE SKIP LOCKED`: concurrent workers take different keys, and none takes a key while a
 /// request is committing a phase on it. The claim and its audit record are one statement.
 pub async fn claim_abandoned(
     conn: &mut AsyncPgConnection,
-    lock_timeout: Duration,
+    lease: Duration,
     backoff: Duration,
 ) -> Result<Option<Abandoned>, StoreError> {
     let claim = diesel::sql_query(
         "WITH claimed AS (
              UPDATE idempotency_keys k
-             SET locked_at = now(), lock_token = gen_random_uuid(), last_run_at = now(),
+             SET locked_until = now() + $1 * interval '1 millisecond', lock_token = gen_random_uuid(),
+                 last_run_at = now(),
                  completer_attempts = k.completer_attempts + 1
              FROM (SELECT account_id, id FROM idempotency_keys
                    WHERE recovery_point <> 'finished' AND needs_attention_at IS NULL
-                     AND (locked_at IS NULL OR locked_at < now() - $1 * interval '1 millisecond')
+                     AND (locked_until IS NULL OR locked_until < now())
                      AND last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
                    ORDER BY last_run_at
                    LIMIT 1
@@ -77,12 +80,19 @@ pub async fn claim_abandoned(
          )
          SELECT * FROM claimed",
     )
-    .bind::<BigInt, _>(millis(lock_timeout))
+    .bind::<BigInt, _>(millis(lease))
     .bind::<BigInt, _>(millis(backoff))
     .bind::<BigInt, _>(millis(MAX_BACKOFF));
+    let sent = Instant::now();
     let row: Option<AbandonedRow> = db::query(async { claim.get_result(conn).await.optional() }).await?;
     Ok(row.map(|row| Abandoned {
-        lock: KeyLock::new(row.account_id, row.id, row.lock_token, row.recovery_point, true),
+        lock: KeyLock::new(
+            row.account_id,
+            row.id,
+            row.recovery_point,
+            true,
+            Lease { token: row.lock_token, length: lease, sent },
+        ),
         key: IdempotencyKey::from_stored(row.idempotency_key),
         params: row.request_params,
         attempts: row.completer_attempts.unsigned_abs(),
@@ -99,7 +109,7 @@ pub async fn mark_needs_attention(
     let mark = diesel::sql_query(
         "WITH marked AS (
              UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3
-             WHERE account_id = $1 AND id = $2 AND recovery_point <> 'finished' AND locked_at IS NULL
+             WHERE account_id = $1 AND id = $2 AND recovery_point <> 'finished' AND locked_until IS NULL
                AND needs_attention_at IS NULL
              RETURNING account_id, id, completer_attempts
          )

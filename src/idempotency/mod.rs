@@ -31,7 +31,7 @@ pub use abandoned::{
 };
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
-pub use phase::{PhaseError, atomic_phase};
+pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, atomic_phase};
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
-pub use store::{Claim, KeyLock, NewKey, StoredResponse, Transition, claim};
+pub use store::{Claim, KeyLock, LEASE_MARGIN, NewKey, StoredResponse, Transition, claim};

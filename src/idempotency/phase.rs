@@ -1,6 +1,7 @@
 //! `atomic_phase`: the one way a request changes its key row.
 
 use std::future::Future;
+use std::time::Instant;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 
@@ -10,7 +11,7 @@ use crate::db::{self, StoreError};
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
 /// conflicts are rare (phases lock the key row first-come-first-served) and the transaction
 /// rolled back, so running it again is always safe.
-const MAX_ATTEMPTS: u32 = 3;
+pub const MAX_ATTEMPTS: u32 = 3;
 
 /// Why a phase did not commit.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +66,8 @@ where
     loop {
         let body = body.clone();
         let held: &KeyLock = lock;
+        // Before BEGIN: the lease this transaction renews counts from the server's `now()`, later.
+        let sent = Instant::now();
         let result = db::bounded(conn.transaction(async |conn| {
             let (transition, value) = body(conn).await?;
             if !held.apply(conn, &transition).await? {
@@ -75,7 +78,7 @@ where
         .await;
         match result {
             Ok((transition, value)) => {
-                lock.advance_to(&transition);
+                lock.advance_to(&transition, sent);
                 return Ok(value);
             }
             Err(PhaseError::Store(StoreError::Conflict(error))) if attempt < MAX_ATTEMPTS => {

@@ -1,6 +1,6 @@
 //! The key row's life: claimed, moved from phase to phase under a fenced lock, finished, released.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -13,6 +13,10 @@ use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
 use crate::db::{self, Prepare, StoreError};
+
+/// What a driver keeps in hand when it checks that its lease covers something it is about to do:
+/// the database's clock, which decides when the lease is over, may run a little ahead of ours.
+pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
 /// A request about to claim its key.
 pub struct NewKey<'a> {
@@ -34,8 +38,11 @@ pub enum Claim {
     Replay(StoredResponse),
     /// Another request holds the key and its lock is not stale (409).
     InFlight,
-    /// We hold the key: a new one, an unlocked one, or one whose lock was stale.
+    /// We hold the key: a new one, an unlocked one, or one whose lease ran out.
     Acquired(KeyLock),
+    /// The key's record was reaped after its retention, but the payment it made remains: whatever
+    /// the body, the request is a late retry and must not charge again.
+    Expired { payment_id: Uuid },
 }
 
 /// A final response, stored with its key and replayed byte for byte.
@@ -46,6 +53,12 @@ pub struct StoredResponse {
 }
 
 /// Proof that this request holds a key, and the token that fences every write it makes.
+///
+/// The lock is a lease: each statement that takes or renews it sets the row's `locked_until` to
+/// the database's `now()` plus the holder's lock timeout, and another driver may take the key over
+/// once that has passed. The holder keeps its own estimate of the end ([`KeyLock::time_left`]) on
+/// this process's monotonic clock, counted from *before* the statement was sent: the server's
+/// `now()` is later than that, so the estimate ends early, never late, and costs no round trip.
 #[derive(Debug, Clone)]
 pub struct KeyLock {
     pub account_id: Uuid,
@@ -53,6 +66,9 @@ pub struct KeyLock {
     token: Uuid,
     recovery_point: RecoveryPoint,
     resumed: bool,
+    lease: Duration,
+    /// When the lease ends at the earliest.
+    expires: Instant,
 }
 
 /// How a phase leaves the key row, applied in the phase's own transaction.
@@ -68,28 +84,31 @@ pub enum Transition {
 
 /// Claims `new.key` in one statement, which is race-free without any check-then-insert:
 /// - `existing` reads the key's row, if any (one unique-index probe);
-/// - `inserted` creates the row, locked by us, when there was none. If a concurrent request
+/// - `expired` looks, only when there is no row, for a payment the key made under a row since
+///   reaped (one more probe, of the payments' unique key);
+/// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
 ///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
 ///   statement again, which then sees that request's row;
 /// - `taken` locks an existing row for us if it is the same request, unfinished, and unlocked or
-///   stale. Its conditions are re-checked on the row's latest version under the row lock, so of
-///   two requests racing for a stale lock exactly one takes it;
+///   its lease over. Its conditions are re-checked on the row's latest version under the row
+///   lock, so of two requests racing for an expired lease exactly one takes it;
 /// - a replay never writes: a finished key skips `taken` altogether.
-pub async fn claim(
-    conn: &mut AsyncPgConnection,
-    new: &NewKey<'_>,
-    lock_timeout: Duration,
-) -> Result<Claim, StoreError> {
+///
+/// `lease` is how long our lock lasts unless renewed: this process's lock timeout.
+pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Duration) -> Result<Claim, StoreError> {
     let token = Uuid::new_v4();
-    let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lock_timeout_ms: millis(lock_timeout) };
+    let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease) };
     // One retry covers the one race (both inserting a new key); two more are a safety margin.
     for _ in 0..3 {
+        let sent = Instant::now();
         let Some(row) = db::query(async { query.get_result::<ClaimRow>(conn).await.optional() }).await? else {
             continue;
         };
         return Ok(match row {
+            ClaimRow { expired_payment_id: Some(payment_id), .. } => Claim::Expired { payment_id },
             ClaimRow { claimed: true, id, recovery_point, fresh, .. } => {
-                Claim::Acquired(KeyLock::new(new.account_id, id, token, recovery_point, !fresh))
+                let lease = Lease { token, length: lease, sent };
+                Claim::Acquired(KeyLock::new(new.account_id, id, recovery_point, !fresh, lease))
             }
             ClaimRow { same_request: false, .. } => Claim::Mismatch,
             ClaimRow { response_status: Some(status), response_body: Some(body), .. } => {
@@ -101,15 +120,31 @@ pub async fn claim(
     Err(StoreError::Unavailable("the key claim kept racing with concurrent inserts".into()))
 }
 
+/// A lease as its taker knows it: its token, its length, and when the statement that took it was
+/// sent.
+pub(super) struct Lease {
+    pub token: Uuid,
+    pub length: Duration,
+    pub sent: Instant,
+}
+
 impl KeyLock {
     pub(super) fn new(
         account_id: Uuid,
         key_id: Uuid,
-        token: Uuid,
         recovery_point: RecoveryPoint,
         resumed: bool,
+        lease: Lease,
     ) -> Self {
-        KeyLock { account_id, key_id, token, recovery_point, resumed }
+        let Lease { token, length, sent } = lease;
+        KeyLock { account_id, key_id, token, recovery_point, resumed, lease: length, expires: sent + length }
+    }
+
+    /// How long the lease surely lasts still. A driver about to do what it cannot take back (a
+    /// gateway call) checks that this covers it: past the lease, another driver may be doing the
+    /// same.
+    pub fn time_left(&self) -> Duration {
+        self.expires.saturating_duration_since(Instant::now())
     }
 
     /// Whether an earlier run drove this key before (a retry, or a worker taking it over), so
@@ -136,20 +171,21 @@ impl KeyLock {
             .filter(k::account_id.eq(self.account_id))
             .filter(k::id.eq(self.key_id))
             .filter(k::lock_token.eq(self.token));
-        let now = diesel::dsl::now.into_sql::<diesel::sql_types::Timestamptz>().nullable();
+        let now = diesel::dsl::now.into_sql::<diesel::sql_types::Timestamptz>();
+        let renewed = (now + self.lease_interval()).nullable();
         let updated = match transition {
-            Transition::Stay => diesel::update(ours).set(k::locked_at.eq(now)).prepared().execute(conn).await?,
+            Transition::Stay => diesel::update(ours).set(k::locked_until.eq(renewed)).prepared().execute(conn).await?,
             Transition::Advance(point) => {
-                let changes = (k::recovery_point.eq(point), k::locked_at.eq(now));
+                let changes = (k::recovery_point.eq(point), k::locked_until.eq(renewed));
                 diesel::update(ours).set(changes).prepared().execute(conn).await?
             }
             Transition::Finish(response) => {
                 let changes = (
                     k::recovery_point.eq(RecoveryPoint::Finished),
-                    k::finished_at.eq(now),
+                    k::finished_at.eq(now.nullable()),
                     k::response_status.eq(response.status as i16),
                     k::response_body.eq(&response.body),
-                    k::locked_at.eq(None::<chrono::DateTime<chrono::Utc>>),
+                    k::locked_until.eq(None::<chrono::DateTime<chrono::Utc>>),
                     k::lock_token.eq(None::<Uuid>),
                     // A key a worker gave up on may still be finished by its client's retry.
                     k::needs_attention_at.eq(None::<chrono::DateTime<chrono::Utc>>),
@@ -161,12 +197,20 @@ impl KeyLock {
         Ok(updated == 1)
     }
 
-    pub(super) fn advance_to(&mut self, transition: &Transition) {
+    /// Records a committed transition, whose transaction was begun at `sent`: it renewed the
+    /// lease from then on.
+    pub(super) fn advance_to(&mut self, transition: &Transition, sent: Instant) {
+        self.expires = sent + self.lease;
         match transition {
             Transition::Stay => {}
             Transition::Advance(point) => self.recovery_point = *point,
             Transition::Finish(_) => self.recovery_point = RecoveryPoint::Finished,
         }
+    }
+
+    /// The lease's length as an SQL interval, for `now() + lease`.
+    fn lease_interval(&self) -> diesel::data_types::PgInterval {
+        diesel::data_types::PgInterval::from_microseconds(i64::try_from(self.lease.as_micros()).unwrap_or(i64::MAX))
     }
 
     /// Unlocks the key at its current recovery point, so that a retry can resume at once, and
@@ -176,7 +220,7 @@ impl KeyLock {
     pub async fn release(&self, conn: &mut AsyncPgConnection, actor: Actor, reason: &str) -> Result<(), StoreError> {
         let release = diesel::sql_query(
             "WITH released AS (
-                 UPDATE idempotency_keys SET locked_at = NULL, lock_token = NULL, last_run_at = now()
+                 UPDATE idempotency_keys SET locked_until = NULL, lock_token = NULL, last_run_at = now()
                  WHERE account_id = $1 AND id = $2 AND lock_token = $3
                  RETURNING account_id, id, recovery_point
              )
@@ -217,6 +261,9 @@ struct ClaimRow {
     response_status: Option<i16>,
     #[diesel(sql_type = Nullable<Bytea>)]
     response_body: Option<Vec<u8>>,
+    /// Set when the key's row is gone but its payment remains.
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    expired_payment_id: Option<Uuid>,
 }
 
 /// The claim statement. A type of its own (rather than `sql_query`) so that diesel prepares it
@@ -226,7 +273,7 @@ struct ClaimQuery<'a> {
     new: &'a NewKey<'a>,
     key_id: Uuid,
     token: Uuid,
-    lock_timeout_ms: i64,
+    lease_ms: i64,
 }
 
 /// Everything after the parameters, which are bound once, by name, in the `input` row.
@@ -234,45 +281,53 @@ const CLAIM_SQL: &str = "
 ), existing AS (
     SELECT k.* FROM idempotency_keys k, input i
     WHERE k.account_id = i.account_id AND k.idempotency_key = i.idempotency_key
+), expired AS (
+    SELECT p.id FROM payments p, input i
+    WHERE NOT EXISTS (SELECT FROM existing)
+      AND p.account_id = i.account_id AND p.idempotency_key = i.idempotency_key
 ), inserted AS (
     INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
-                                  request_fingerprint, request_params, locked_at, lock_token)
+                                  request_fingerprint, request_params, locked_until, lock_token)
     SELECT i.key_id, i.account_id, i.idempotency_key, i.method, i.path,
-           i.fingerprint, i.params, now(), i.token
+           i.fingerprint, i.params, now() + i.lease_ms * interval '1 millisecond', i.token
     FROM input i
-    WHERE NOT EXISTS (SELECT FROM existing)
+    WHERE NOT EXISTS (SELECT FROM existing) AND NOT EXISTS (SELECT FROM expired)
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
     RETURNING *
 ), taken AS (
     UPDATE idempotency_keys k
-    SET locked_at = now(), lock_token = i.token, last_run_at = now()
+    SET locked_until = now() + i.lease_ms * interval '1 millisecond', lock_token = i.token, last_run_at = now()
     FROM input i
     WHERE EXISTS (SELECT FROM existing WHERE recovery_point <> 'finished')
       AND k.account_id = i.account_id AND k.idempotency_key = i.idempotency_key
       AND k.request_fingerprint = i.fingerprint
       AND k.request_method = i.method AND k.request_path = i.path
       AND k.recovery_point <> 'finished'
-      AND (k.locked_at IS NULL OR k.locked_at < now() - i.lock_timeout_ms * interval '1 millisecond')
+      AND (k.locked_until IS NULL OR k.locked_until < now())
     RETURNING k.*
 )
-SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body
+SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body,
+       NULL::uuid AS expired_payment_id
 FROM inserted
 UNION ALL
-SELECT true, false, id, true, recovery_point, response_status, response_body
+SELECT true, false, id, true, recovery_point, response_status, response_body, NULL
 FROM taken
 UNION ALL
 SELECT false, false, e.id,
        e.request_fingerprint = i.fingerprint AND e.request_method = i.method AND e.request_path = i.path,
-       e.recovery_point, e.response_status, e.response_body
+       e.recovery_point, e.response_status, e.response_body, NULL
 FROM existing e, input i
-WHERE NOT EXISTS (SELECT FROM taken)";
+WHERE NOT EXISTS (SELECT FROM taken)
+UNION ALL
+SELECT false, false, x.id, false, 'finished', NULL, NULL, x.id
+FROM expired x";
 
 impl QueryFragment<Pg> for ClaimQuery<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let new = self.new;
         out.push_sql(
             "WITH input (account_id, idempotency_key, key_id, method, path, fingerprint, params, \
-             token, lock_timeout_ms) AS (VALUES (",
+             token, lease_ms) AS (VALUES (",
         );
         out.push_bind_param::<SqlUuid, _>(&new.account_id)?;
         out.push_sql(", ");
@@ -290,7 +345,7 @@ impl QueryFragment<Pg> for ClaimQuery<'_> {
         out.push_sql(", ");
         out.push_bind_param::<SqlUuid, _>(&self.token)?;
         out.push_sql(", ");
-        out.push_bind_param::<BigInt, _>(&self.lock_timeout_ms)?;
+        out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
         out.push_sql(")");
         out.push_sql(CLAIM_SQL);
         Ok(())

@@ -17,7 +17,9 @@
 //!   timeout or a 5xx returns the first charge instead of making another. A resumed key first looks
 //!   its charge up by that key and adopts it if one exists, which holds even after the gateway has
 //!   forgotten the key. That is what makes `started` safe to resume from when nobody knows what
-//!   the gateway did.
+//!   the gateway did. Two more guards keep every call about one payment at one gateway and with one
+//!   driver: `started` records the gateway, and no driver calls any other; and no driver makes a
+//!   call that could outlast its lease on the key, after which another driver may be calling.
 //! - `charge_created` records the gateway's definitive answer: once it commits, the gateway is
 //!   never asked again.
 //! - `finished` stores the response, stages the outbox event and unlocks, all at once: a request
@@ -36,11 +38,11 @@ use super::request::PaymentRequest;
 use super::view::{PaymentView, expired_key_response, final_response};
 use crate::audit::{Actor, AuditRecord};
 use crate::db::{self, PooledConnection, StoreError};
-use crate::faults::{CrashPoint, crash_at};
+use crate::faults::{CrashPoint, Fault, fault_at};
 use crate::gateway::{self, ChargeRequest, GatewayError};
 use crate::idempotency::{
-    Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, PhaseError, RecoveryPoint, StoredResponse,
-    Transition, atomic_phase, claim,
+    Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, RecoveryPoint,
+    StoredResponse, Transition, atomic_phase, claim,
 };
 use crate::outbox::StagedEvent;
 use crate::startup::AppState;
@@ -66,6 +68,17 @@ pub enum CreateError {
     InFlight,
     #[error("the gateway's answer is unknown: {0}")]
     GatewayIndeterminate(GatewayError),
+    /// The payment started at another gateway than this process's: only that gateway can say
+    /// whether it was charged, and any other would charge it again.
+    #[error(
+        "the payment is charged through the gateway at {recorded}, and this process uses {ours}: only a process \
+         with that gateway may look its charge up or charge it"
+    )]
+    WrongGateway { recorded: String, ours: String },
+    /// The lease on the key could run out before a gateway call ends (the process was paused or
+    /// starved): another driver may take the key over meanwhile, so no call is made.
+    #[error("the lease on the key could run out before a gateway call ends; no call was made")]
+    LeaseRunningOut,
     #[error(transparent)]
     Phase(#[from] PhaseError),
 }
@@ -83,7 +96,7 @@ pub async fn create_payment(
     account_id: Uuid,
     key: IdempotencyKey,
     request: PaymentRequest,
-    crash: Option<CrashPoint>,
+    fault: Option<Fault>,
 ) -> Result<Created, CreateError> {
     let params = request.to_params();
     let new_key = NewKey {
@@ -99,11 +112,16 @@ pub async fn create_payment(
         Claim::Mismatch => return Err(CreateError::KeyReused),
         Claim::Replay(response) => return Ok(Created { response, replayed: true }),
         Claim::InFlight => return Err(CreateError::InFlight),
+        Claim::Expired { payment_id } => {
+            let payment = db::query(Payment::find(&mut conn, account_id, payment_id)).await?;
+            let payment = payment.ok_or_else(|| PhaseError::Inconsistent(format!("payment {payment_id} vanished")))?;
+            return Ok(Created { response: expired_key_response(&payment), replayed: false });
+        }
         Claim::Acquired(lock) => lock,
     };
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
     let driver = Driver::new(state, lock, key, request, Actor::Api);
-    let driver = Driver { conn: Some(conn), crash, ..driver };
+    let driver = Driver { conn: Some(conn), fault, ..driver };
     let response = driver.run().await?;
     Ok(Created { response, replayed: false })
 }
@@ -133,7 +151,7 @@ struct Driver<'a> {
     actor: Actor,
     /// Held across consecutive database phases, returned to the pool before the gateway call.
     conn: Option<PooledConnection>,
-    crash: Option<CrashPoint>,
+    fault: Option<Fault>,
     /// The payment as the last phase left it, which saves the next phase reading it again.
     payment: Option<Payment>,
     response: Option<StoredResponse>,
@@ -141,7 +159,7 @@ struct Driver<'a> {
 
 impl<'a> Driver<'a> {
     fn new(state: &'a AppState, lock: KeyLock, key: IdempotencyKey, request: PaymentRequest, actor: Actor) -> Self {
-        Driver { state, lock, key, request, actor, conn: None, crash: None, payment: None, response: None }
+        Driver { state, lock, key, request, actor, conn: None, fault: None, payment: None, response: None }
     }
 
     /// Runs the protocol. If it stops short of `finished`, the key is unlocked where it stands, so
@@ -161,15 +179,14 @@ impl<'a> Driver<'a> {
         loop {
             match self.lock.recovery_point() {
                 RecoveryPoint::Started => {
-                    // A late retry of a reaped key is answered by this phase, with no charge.
-                    let Some(payment_id) = self.start().await? else { continue };
-                    crash_at(self.crash, CrashPoint::AfterStarted);
-                    let outcome = self.charge().await?;
-                    crash_at(self.crash, CrashPoint::AfterCharge);
-                    self.record_charge(payment_id, outcome).await?;
+                    let payment = self.start().await?;
+                    fault_at(self.fault, CrashPoint::AfterStarted);
+                    let outcome = self.charge(&payment).await?;
+                    fault_at(self.fault, CrashPoint::AfterCharge);
+                    self.record_charge(payment.id, outcome).await?;
                 }
                 RecoveryPoint::ChargeCreated => {
-                    crash_at(self.crash, CrashPoint::AfterChargeCreated);
+                    fault_at(self.fault, CrashPoint::AfterChargeCreated);
                     self.finish().await?;
                 }
                 RecoveryPoint::Finished => {
@@ -182,11 +199,10 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// `started`: the pending payment and its audit record. On resumption it finds the payment
-    /// it made before instead of making another. If the client's key made a payment under an
-    /// earlier key row, since reaped, the phase finishes the key with a 410 naming that payment
-    /// (and returns no payment to charge for).
-    async fn start(&mut self) -> Result<Option<Uuid>, CreateError> {
+    /// `started`: the pending payment, with the gateway it is charged through, and its audit
+    /// record. On resumption it finds the payment it made before instead of making another.
+    async fn start(&mut self) -> Result<Payment, CreateError> {
+        let gateway = self.state.gateway.id().await.map_err(indeterminate)?;
         let new = NewPayment {
             id: Uuid::now_v7(),
             account_id: self.lock.account_id,
@@ -196,40 +212,39 @@ impl<'a> Driver<'a> {
             currency: &self.request.currency,
             description: self.request.description.as_deref(),
             metadata: json!(self.request.metadata),
+            gateway: &gateway,
         };
         let actor = self.actor;
         let conn = connection(&mut self.conn, self.state).await?;
-        let started = atomic_phase(conn, &mut self.lock, async |conn| match new.insert(conn).await? {
+        let payment = atomic_phase(conn, &mut self.lock, async |conn| match new.insert(conn).await? {
             Insertion::New(payment) => {
-                let data = json!({ "amount": payment.amount, "currency": payment.currency });
+                let data = json!({ "amount": payment.amount, "currency": payment.currency, "gateway": new.gateway });
                 audit(&payment, actor, "payment.created", data).insert(conn).await?;
-                Ok((Transition::Stay, Ok(payment.id)))
+                Ok((Transition::Stay, payment))
             }
-            Insertion::Existing(payment) => Ok((Transition::Stay, Ok(payment.id))),
-            Insertion::UnderReapedKey(payment) => {
-                let response = expired_key_response(&payment);
-                let data = json!({ "idempotency_key_id": new.idempotency_key_id });
-                audit(&payment, actor, "payment.retried_after_key_expired", data).insert(conn).await?;
-                Ok((Transition::Finish(response.clone()), Err(response)))
-            }
+            Insertion::Existing(payment) => Ok((Transition::Stay, payment)),
         })
         .await?;
-        match started {
-            Ok(payment_id) => {
-                tracing::Span::current().record("payment.id", payment_id.to_string());
-                Ok(Some(payment_id))
-            }
-            Err(response) => {
-                self.response = Some(response);
-                Ok(None)
-            }
-        }
+        tracing::Span::current().record("payment.id", payment.id.to_string());
+        Ok(payment)
     }
 
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled
-    /// connection is held while the gateway takes its time.
-    async fn charge(&mut self) -> Result<ChargeOutcome, CreateError> {
+    /// connection is held while the gateway takes its time. Only at the payment's own gateway, and
+    /// only while the lease surely outlasts the call.
+    async fn charge(&mut self, payment: &Payment) -> Result<ChargeOutcome, CreateError> {
         self.conn = None;
+        let gateway = &self.state.gateway;
+        // A resumed payment is asked about only at the gateway it started at, as it is now.
+        let ours = match self.lock.resumed() {
+            true => gateway.fresh_id().await,
+            false => gateway.id().await,
+        };
+        let ours = ours.map_err(indeterminate)?;
+        if payment.gateway.as_deref() != Some(&*ours) {
+            let recorded = payment.gateway.clone().unwrap_or_else(|| "(none recorded)".into());
+            return Err(CreateError::WrongGateway { recorded, ours: ours.to_string() });
+        }
         let key = gateway::downstream_key(self.lock.account_id, self.lock.key_id);
         let request = ChargeRequest {
             amount: self.request.amount,
@@ -242,7 +257,10 @@ impl<'a> Driver<'a> {
         // did (a success or a decline). The look-up finds it even where the gateway has forgotten
         // the key (and would charge again if asked).
         let found = match self.lock.resumed() {
-            true => self.state.gateway.find_charge(&key).await,
+            true => {
+                self.check_lease_outlasts_a_call()?;
+                gateway.find_charge(&key, &request).await
+            }
             false => Ok(None),
         };
         let answer = match found {
@@ -250,18 +268,33 @@ impl<'a> Driver<'a> {
                 tracing::info!(gateway.charge_id = %charge.id, "adopting the charge an earlier run made");
                 Ok(charge)
             }
-            Ok(None) => self.state.gateway.charge(&key, &request).await,
+            Ok(None) => {
+                self.check_lease_outlasts_a_call()?;
+                gateway.charge(&key, &request).await
+            }
             Err(error) => Err(error),
         };
         match answer {
             Ok(charge) => Ok(ChargeOutcome::Succeeded { charge_id: charge.id }),
             Err(GatewayError::Declined { code, message }) => Ok(ChargeOutcome::Declined { code, message }),
+            Err(GatewayError::UnknownSource { message }) => Ok(ChargeOutcome::UnknownSource { message }),
             Err(GatewayError::Rejected { status, message }) => {
                 tracing::error!(gateway.status = status, %message, "the gateway rejected a charge request");
                 Ok(ChargeOutcome::Rejected { message })
             }
             Err(error) => Err(indeterminate(error)),
         }
+    }
+
+    /// Refuses to start a gateway call that could still be running when the lease on the key ends
+    /// (the call is bounded by the gateway timeout): past the lease, another driver may take the
+    /// key over and call too. The margin covers the database's clock running ahead of ours.
+    fn check_lease_outlasts_a_call(&self) -> Result<(), CreateError> {
+        if self.lock.time_left() < self.state.settings.gateway_timeout + LEASE_MARGIN {
+            tracing::warn!(lease_left = ?self.lock.time_left(), "the lease could run out during a gateway call; not calling");
+            return Err(CreateError::LeaseRunningOut);
+        }
+        Ok(())
     }
 
     /// `charge_created`: the gateway's definitive answer, recorded on the payment.

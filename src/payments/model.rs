@@ -18,8 +18,11 @@ text_enum! {
 }
 
 /// The failure code of a payment that the gateway rejected for a reason other than the card
-/// (answered 502); any other failure code is the gateway's decline code (answered 402).
+/// (answered 502).
 pub const GATEWAY_REJECTED: &str = "gateway_rejected";
+/// The failure code of a payment whose `source` the gateway does not know (answered 402, like a
+/// decline: the client's to fix). Any other failure code is the gateway's decline code.
+pub const UNKNOWN_SOURCE: &str = "unknown_source";
 
 /// A payment as stored.
 #[derive(Debug, Clone, Queryable, Selectable)]
@@ -39,6 +42,9 @@ pub struct Payment {
     pub failure_message: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// The gateway it is charged through ([`crate::gateway::GatewayClient::id`]). None only for
+    /// payments made before gateways were recorded, which no driver touches.
+    pub gateway: Option<String>,
 }
 
 /// A new, pending payment, linked to the key row that creates it.
@@ -53,6 +59,7 @@ pub struct NewPayment<'a> {
     pub currency: &'a str,
     pub description: Option<&'a str>,
     pub metadata: serde_json::Value,
+    pub gateway: &'a str,
 }
 
 /// The gateway's definitive answer to a charge, as recorded on the payment.
@@ -60,6 +67,7 @@ pub struct NewPayment<'a> {
 pub enum ChargeOutcome {
     Succeeded { charge_id: String },
     Declined { code: String, message: String },
+    UnknownSource { message: String },
     Rejected { message: String },
 }
 
@@ -79,14 +87,13 @@ pub enum Insertion {
     New(Payment),
     /// This key row made it before (the phase is running again after a crash or a retry).
     Existing(Payment),
-    /// The client's key already made this payment, under an earlier key row that has since been
-    /// reaped: the request is a late retry and must not charge again.
-    UnderReapedKey(Payment),
 }
 
 impl NewPayment<'_> {
-    /// Inserts the payment unless one exists for its key row, or for its client key. Never a
-    /// unique violation: either conflict is an answer, which is what makes `started` re-runnable.
+    /// Inserts the payment unless its key row made one already, which it then returns: never a
+    /// unique violation, which is what makes `started` re-runnable. (A payment of the same client
+    /// key under another key row cannot exist: while a key's row lives, no other row for the key
+    /// can be made, and once it is reaped the claim answers for the payment instead.)
     pub async fn insert(&self, conn: &mut AsyncPgConnection) -> QueryResult<Insertion> {
         let inserted = diesel::insert_into(payments::table)
             .values(self)
@@ -99,17 +106,7 @@ impl NewPayment<'_> {
         if let Some(payment) = inserted {
             return Ok(Insertion::New(payment));
         }
-        if let Some(payment) = Payment::find_by_key(conn, self.account_id, self.idempotency_key_id).await.optional()? {
-            return Ok(Insertion::Existing(payment));
-        }
-        // The id is new and the key row has no payment: the conflict was on the client's key.
-        let earlier = payments::table
-            .filter(payments::account_id.eq(self.account_id))
-            .filter(payments::idempotency_key.eq(self.idempotency_key))
-            .select(Payment::as_select())
-            .get_result(conn)
-            .await?;
-        Ok(Insertion::UnderReapedKey(earlier))
+        Ok(Insertion::Existing(Payment::find_by_key(conn, self.account_id, self.idempotency_key_id).await?))
     }
 }
 
@@ -135,18 +132,33 @@ impl Payment {
             .await
     }
 
-    /// The account's payments, newest first (ids are UUIDv7, so id order is creation order),
-    /// starting after the cursor. Fetches one more than `limit` to tell whether there are more.
+    /// Where the account's payment `id` stands in creation order, for paging past it; none if the
+    /// account has no such payment.
+    pub async fn position(conn: &mut AsyncPgConnection, account_id: Uuid, id: Uuid) -> QueryResult<Option<i64>> {
+        payments::table
+            .filter(payments::account_id.eq(account_id))
+            .filter(payments::id.eq(id))
+            .select(payments::created_seq)
+            .get_result(conn)
+            .await
+            .optional()
+    }
+
+    /// The account's payments, newest first, created before the one at `before` (a
+    /// [`Payment::position`]). Creation order is the database's own (a sequence), never the ids,
+    /// which each process makes with its own clock: with two processes' clocks apart, id order
+    /// would put a payment made later behind one made earlier, and a client paging for new
+    /// payments would miss it. Fetches one more than `limit` to tell whether there are more.
     pub async fn list(
         conn: &mut AsyncPgConnection,
         account_id: Uuid,
-        starting_after: Option<Uuid>,
+        before: Option<i64>,
         limit: i64,
     ) -> QueryResult<Vec<Payment>> {
         payments::table
             .filter(payments::account_id.eq(account_id))
-            .filter(payments::id.lt(starting_after.unwrap_or(Uuid::max())))
-            .order(payments::id.desc())
+            .filter(payments::created_seq.lt(before.unwrap_or(i64::MAX)))
+            .order(payments::created_seq.desc())
             .limit(limit + 1)
             .select(Payment::as_select())
             .load(conn)
@@ -171,6 +183,12 @@ impl Payment {
                 status: PaymentStatus::Failed,
                 gateway_charge_id: None,
                 failure_code: Some(code),
+                failure_message: Some(message),
+            },
+            ChargeOutcome::UnknownSource { message } => OutcomeChanges {
+                status: PaymentStatus::Failed,
+                gateway_charge_id: None,
+                failure_code: Some(UNKNOWN_SOURCE),
                 failure_message: Some(message),
             },
             ChargeOutcome::Rejected { message } => OutcomeChanges {

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::model::{GATEWAY_REJECTED, Payment, PaymentStatus};
+use super::model::{GATEWAY_REJECTED, Payment, PaymentStatus, UNKNOWN_SOURCE};
 use crate::http::problem::{Problem, ProblemType};
 use crate::idempotency::{PhaseError, StoredResponse};
 
@@ -62,8 +62,9 @@ struct PaymentMember<'a> {
     payment: PaymentView<'a>,
 }
 
-/// The answer to a late retry whose key was reaped: 410, never a second charge. It names the
-/// payment the key made (its current state), so the client can fetch it.
+/// The answer to a late retry whose key was reaped, whatever its body: 410, never a second charge.
+/// It names the payment the key made (its current state), so the client can fetch it. Made anew
+/// for each such retry, never stored: there is no key row left to store it on.
 pub fn expired_key_response(payment: &Payment) -> StoredResponse {
     let detail = format!(
         "This Idempotency-Key made payment {} on {}, and its stored response has expired. Nothing was charged \
@@ -78,7 +79,8 @@ pub fn expired_key_response(payment: &Payment) -> StoredResponse {
 }
 
 /// The definitive answer to the request that created `payment`: 201 with the payment; 402 for a
-/// decline and 502 for any other rejection, each a problem that embeds the failed payment.
+/// decline or a source the gateway does not know, and 502 for any other rejection, each a problem
+/// that embeds the failed payment.
 pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
     let view = PaymentView::from(payment);
     let problem = match payment.status {
@@ -92,6 +94,11 @@ pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
         PaymentStatus::Failed if payment.failure_code.as_deref() == Some(GATEWAY_REJECTED) => Problem::new(
             ProblemType::GatewayRejected,
             "The payment gateway refused the charge for a reason other than the card; nothing was charged.",
+        ),
+        PaymentStatus::Failed if payment.failure_code.as_deref() == Some(UNKNOWN_SOURCE) => Problem::new(
+            ProblemType::UnknownSource,
+            "The payment gateway knows no payment method by this source; nothing was charged. Check the `source` \
+             and pay with a new Idempotency-Key.",
         ),
         PaymentStatus::Failed => Problem::new(
             ProblemType::CardDeclined,

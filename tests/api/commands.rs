@@ -17,7 +17,7 @@ async fn serve_and_worker_refuse_unsafe_settings_and_say_how_to_fix_them() {
         let short_lock = payments(&[command, "--lock-timeout-ms", "20000"], &[]).await;
         assert!(!short_lock.status.success());
         let error = String::from_utf8_lossy(&short_lock.stderr);
-        assert!(error.contains("PAYMENTS_LOCK_TIMEOUT_MS") && error.contains("at least 36000 ms"), "{error}");
+        assert!(error.contains("PAYMENTS_LOCK_TIMEOUT_MS") && error.contains("at least 29500 ms"), "{error}");
 
         let short_retention = payments(&[command], &[("PAYMENTS_KEY_RETENTION_SECS", "60")]).await;
         assert!(!short_retention.status.success());
@@ -70,4 +70,52 @@ async fn a_worker_on_a_shared_database_needs_the_gateway_the_servers_use() {
 
     assert!(!worker.status.success());
     assert!(String::from_utf8_lossy(&worker.stderr).contains("GATEWAY_URL is required with DATABASE_URL"));
+}
+
+/// A fresh directory for an embedded cluster that a test expects never to start.
+fn unused_data_dir() -> String {
+    std::env::temp_dir().join(format!("payments-unused-{}", uuid::Uuid::new_v4().simple())).display().to_string()
+}
+
+#[tokio::test]
+async fn serve_refuses_to_put_its_mock_gateway_anywhere_but_where_it_was_told() {
+    // A `payments gateway` (or anything) holds the address the in-process mock would take.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let data_dir = unused_data_dir();
+    let env = [("PAYMENTS_DATA_DIR", data_dir.as_str()), ("PAYMENTS_BIND", "127.0.0.1:0")];
+
+    let serve = payments(&["serve", "--mock-gateway-bind", &taken], &env).await;
+
+    assert!(!serve.status.success(), "no quiet move to another port");
+    let error = String::from_utf8_lossy(&serve.stderr);
+    assert!(error.contains(&taken) && error.contains("GATEWAY_URL"), "{error}");
+}
+
+#[tokio::test]
+async fn serve_on_a_shared_database_needs_its_gateway_or_an_explicit_private_mock() {
+    let app = TestApp::spawn().await;
+    let env = [("DATABASE_URL", app.database.url.as_str()), ("PAYMENTS_BIND", "127.0.0.1:0")];
+
+    let refused = payments(&["serve"], &env).await;
+
+    assert!(!refused.status.success());
+    let error = String::from_utf8_lossy(&refused.stderr);
+    assert!(error.contains("GATEWAY_URL") && error.contains("--private-mock-gateway"), "{error}");
+    let env = [("DATABASE_URL", app.database.url.as_str()), ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0")];
+    let chosen = crate::helpers::Process::serve_with(&["serve", "--private-mock-gateway"], &env).await;
+    assert!(chosen.url.starts_with("http://127.0.0.1:"), "it serves once the choice is explicit");
+}
+
+#[tokio::test]
+async fn embedded_mode_never_serves_the_demo_key_beyond_loopback() {
+    let data_dir = unused_data_dir();
+    let env = [("PAYMENTS_DATA_DIR", data_dir.as_str()), ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0")];
+
+    let serve = payments(&["serve", "--bind", "0.0.0.0:0"], &env).await;
+
+    assert!(!serve.status.success());
+    let error = String::from_utf8_lossy(&serve.stderr);
+    assert!(error.contains("sk_test_demo") && error.contains("127.0.0.1") && error.contains("DATABASE_URL"), "{error}");
+    assert!(!std::path::Path::new(&data_dir).exists(), "refused before any cluster was made");
 }

@@ -10,7 +10,10 @@ use serde_json::json;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{ChargePerKey, Lock, TestApp, mount_no_charges_found, new_key, payment_body, wait_until};
+use crate::helpers::{
+    ChargePerKey, Lock, TestApp, charge_requests, listed_charge, mount_no_charges_found, new_key, payment_body,
+    wait_until,
+};
 
 /// An app whose completer needs no backoff before its first attempt.
 async fn app_with_gateway(gateway: &str) -> TestApp {
@@ -58,7 +61,8 @@ async fn the_completer_looks_the_charge_up_before_charging() {
     let key = new_key();
     let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
     app.seed_payment(key_id, &key, "pending", None).await;
-    let found = json!({ "object": "list", "data": [{ "id": "ch_found" }] });
+    let found =
+        json!({ "object": "list", "data": [listed_charge(&app.downstream_key(key_id), json!({ "id": "ch_found" }))] });
     Mock::given(method("GET"))
         .and(path("/v1/charges"))
         .and(wiremock::matchers::query_param("idempotency_key", app.downstream_key(key_id).as_str()))
@@ -84,7 +88,7 @@ async fn the_completer_looks_the_charge_up_before_charging() {
 #[tokio::test]
 async fn the_completer_leaves_live_and_finished_keys_alone() {
     let app = TestApp::builder().workers(|w| w.completer_backoff = Duration::ZERO).spawn().await;
-    app.seed_key(&new_key(), &payment_body(), "started", Lock::HeldFor(1)).await;
+    app.seed_key(&new_key(), &payment_body(), "started", Lock::Live).await;
     assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
 
     assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Idle);
@@ -125,7 +129,7 @@ async fn attempts_back_off_and_a_hopeless_key_ends_as_needing_attention_without_
     }
 
     let row = app.key_row(&key).await.unwrap();
-    assert_eq!((row.recovery_point.as_str(), row.locked_at), ("started", None), "unfinished, and unlocked");
+    assert_eq!((row.recovery_point.as_str(), row.locked_until), ("started", None), "unfinished, and unlocked");
     let list = needing_attention(&mut app.db().await).await.unwrap();
     assert_eq!(list.len(), 1);
     assert_eq!((list[0].id, list[0].completer_attempts), (row.id, 3));
@@ -133,7 +137,7 @@ async fn attempts_back_off_and_a_hopeless_key_ends_as_needing_attention_without_
     // Given up on: no worker drives it again, however long it waits.
     ran_ago(3600).await;
     assert_eq!(completer.run_once().await.unwrap(), Outcome::Idle);
-    let charges = gateway.received_requests().await.unwrap().iter().filter(|r| r.method.as_str() == "POST").count();
+    let charges = charge_requests(&gateway).await.iter().filter(|r| r.method.as_str() == "POST").count();
     assert_eq!(charges, 4, "the client's attempt and three of the completer's, all under one key");
 
     // The operator fixes the cause and hands the key back.
@@ -169,7 +173,7 @@ async fn two_completers_never_drive_one_key_at_once() {
     // The first completer takes the key and waits on the slow gateway...
     let driving = tokio::spawn(async move { first.run_once().await.unwrap() });
     wait_until(Duration::from_secs(10), "the first completer is charging", || async {
-        gateway.received_requests().await.unwrap().iter().any(|r| r.method.as_str() == "POST")
+        charge_requests(&gateway).await.iter().any(|r| r.method.as_str() == "POST")
     })
     .await;
     // ...and the second, as in another worker process, finds nothing it may take.
@@ -178,7 +182,7 @@ async fn two_completers_never_drive_one_key_at_once() {
 
     assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "finished");
     let downstream = app.downstream_key(key_id);
-    let requests = gateway.received_requests().await.unwrap();
+    let requests = charge_requests(&gateway).await;
     let charges =
         requests.iter().filter(|r| r.method.as_str() == "POST" && r.headers["idempotency-key"] == downstream.as_str());
     assert_eq!(charges.count(), 1, "one driver, one charge request");

@@ -17,7 +17,7 @@ use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_bod
 
 /// Short enough that a crashed request's lock goes stale quickly: the shortest the service accepts
 /// for this gateway timeout (three of them, plus 6 s of database work).
-const LOCK_TIMEOUT_MS: &str = "7500";
+const LOCK_TIMEOUT_MS: &str = "10500";
 const GATEWAY_TIMEOUT_MS: &str = "500";
 
 /// A request that crashed the process at `point`, and what is left of it.

@@ -27,7 +27,7 @@ async fn a_new_payment_is_charged_once_answered_201_and_stored() {
 
     let row = app.key_row(&key).await.unwrap();
     assert_eq!(row.recovery_point, "finished");
-    assert!(row.locked_at.is_none() && row.lock_token.is_none());
+    assert!(row.locked_until.is_none() && row.lock_token.is_none());
     assert_eq!(row.response_status, Some(201));
     assert_eq!(app.gateway.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1 });
     // One key, one payment, an audit record per phase, one staged event.
@@ -64,7 +64,7 @@ async fn a_declined_card_is_answered_402_with_the_failed_payment_and_stored() {
 }
 
 #[tokio::test]
-async fn a_charge_the_gateway_rejects_is_answered_502_and_stored() {
+async fn a_source_the_gateway_does_not_know_is_the_clients_402_stored() {
     let app = TestApp::spawn().await;
     let key = new_key();
     // Passes our validation, but the gateway knows no such token: a definitive 400 from it.
@@ -72,13 +72,57 @@ async fn a_charge_the_gateway_rejects_is_answered_502_and_stored() {
 
     let response = app.post_payment(&key, &body).await;
 
-    assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
+    assert_eq!(response.status(), StatusCode::PAYMENT_REQUIRED);
     let problem: Value = response.json().await.unwrap();
-    assert_eq!(problem["type"], "https://payments.example/problems/gateway-rejected");
+    assert_eq!(problem["type"], "https://payments.example/problems/unknown-source");
     assert_eq!(problem["payment"]["status"], "failed");
-    assert_eq!(problem["payment"]["failure_code"], "gateway_rejected");
-    assert_eq!(app.key_row(&key).await.unwrap().response_status, Some(502));
+    assert_eq!(problem["payment"]["failure_code"], "unknown_source");
+    assert_eq!(app.key_row(&key).await.unwrap().response_status, Some(402));
+    let retry = app.post_payment(&key, &body).await;
+    assert_eq!(
+        (retry.status(), &retry.headers()["Idempotent-Replayed"]),
+        (StatusCode::PAYMENT_REQUIRED, &"true".parse().unwrap())
+    );
     assert_eq!(app.gateway.stats().await.charges, 0);
+}
+
+#[tokio::test]
+async fn payments_are_listed_in_the_order_the_database_made_them_whatever_the_servers_clocks() {
+    let app = TestApp::spawn().await;
+    let earlier: Value = app.post_payment(&new_key(), &payment_body()).await.json().await.unwrap();
+    // A payment made later by a server whose clock is a minute behind: its id sorts before.
+    let behind = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    let behind = behind.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let later =
+        uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, behind.as_secs(), behind.subsec_nanos()));
+    app.run_sql(&format!(
+        "INSERT INTO payments (id, account_id, idempotency_key, amount, currency, status, gateway_charge_id)
+         VALUES ('{later}', '{}', 'made-later', 700, 'usd', 'succeeded', 'ch_later')",
+        app.account_id
+    ))
+    .await;
+
+    let newest: Value = app.get("/v1/payments?limit=1").await.json().await.unwrap();
+    assert_eq!(newest["data"][0]["id"], later.to_string(), "a client polling for new payments sees it");
+    let next: Value = app.get(&format!("/v1/payments?limit=1&starting_after={later}")).await.json().await.unwrap();
+    assert_eq!(next["data"][0]["id"], earlier["id"]);
+    assert_eq!(next["has_more"], false);
+}
+
+#[tokio::test]
+async fn a_cursor_that_names_no_payment_of_yours_is_a_400() {
+    let app = TestApp::spawn().await;
+    let other = app.create_account("other").await;
+    let headers = [("Idempotency-Key", "theirs"), ("Content-Type", "application/json")];
+    let theirs = app.post_payment_raw(Some(&other), &headers, payment_body().to_string()).await;
+    let theirs: Value = theirs.json().await.unwrap();
+
+    for cursor in [uuid::Uuid::now_v7().to_string(), theirs["id"].as_str().unwrap().to_owned()] {
+        let response = app.get(&format!("/v1/payments?starting_after={cursor}")).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{cursor}");
+        let problem: Value = response.json().await.unwrap();
+        assert!(problem["detail"].as_str().unwrap().contains("starting_after"), "{problem}");
+    }
 }
 
 #[tokio::test]

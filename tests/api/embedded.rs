@@ -15,7 +15,8 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let data_dir = private.join(".payments");
     let data = data_dir.to_str().unwrap();
-    let env = [("PAYMENTS_DATA_DIR", data), ("PAYMENTS_BIND", "127.0.0.1:0")];
+    let env =
+        [("PAYMENTS_DATA_DIR", data), ("PAYMENTS_BIND", "127.0.0.1:0"), ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0")];
 
     let mut serve = Process::start(&["serve"], &env, payments::commands::serve::LISTENING).await;
     let printed = |text: &'static str| {
@@ -41,7 +42,7 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
 
     // A second `serve` on the same directory refuses to share the first one's cluster.
     let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
-        .args(["serve", "--bind", "127.0.0.1:0"])
+        .args(["serve", "--bind", "127.0.0.1:0", "--mock-gateway-bind", "127.0.0.1:0"])
         .env("PAYMENTS_DATA_DIR", data)
         .env_remove("DATABASE_URL")
         .output()
@@ -63,6 +64,17 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     assert!(api_key.starts_with("sk_") && api_key.len() > 20, "{api_key}");
     let listed = http.get(format!("{}/v1/payments", serve.url)).bearer_auth(&api_key).send().await.unwrap();
     assert_eq!(listed.status(), StatusCode::OK, "the new key works at once");
+
+    // A worker beside it charges through the same in-process mock, wherever that listens.
+    let mock = serve
+        .stdout
+        .borrow()
+        .iter()
+        .find_map(|line| line.strip_prefix("gateway: in-process mock at ").map(str::to_owned));
+    let mock = mock.expect("serve names its mock gateway");
+    let worker = Process::start(&["worker"], &env, payments::commands::worker::RUNNING).await;
+    assert!(worker.url.contains(&format!("gateway {mock}/")), "{} should name {mock}", worker.url);
+    drop(worker);
 
     serve.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(serve.exited().await.success());

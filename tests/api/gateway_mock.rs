@@ -4,7 +4,7 @@
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use payments::gateway::mock::{FaultPlan, MockGateway};
+use payments::gateway::mock::{Controls, FaultPlan, MockGateway};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 
@@ -25,7 +25,7 @@ async fn start() -> Gw {
 
 async fn start_with(faults: FaultPlan) -> Gw {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    let gateway = MockGateway::start(listener, faults).expect("gateway starts");
+    let gateway = MockGateway::start(listener, faults, Controls::Served).expect("gateway starts");
     let url = gateway.url();
     assert_eq!(url, format!("http://{}", gateway.addr()));
     Gw { gateway, url, client: Client::new() }

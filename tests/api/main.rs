@@ -10,6 +10,7 @@ mod database_outage;
 mod embedded;
 mod fencing;
 mod gateway_faults;
+mod gateway_identity;
 mod gateway_mock;
 mod helpers;
 mod many_instances;

@@ -13,7 +13,7 @@ use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_bod
 /// The shortest lock timeout the service accepts for this gateway timeout (three of them plus 6 s
 /// of database work), short enough for a test to wait out.
 const ENV: [(&str, &str); 4] = [
-    ("PAYMENTS_LOCK_TIMEOUT_MS", "9600"),
+    ("PAYMENTS_LOCK_TIMEOUT_MS", "11900"),
     ("PAYMENTS_GATEWAY_TIMEOUT_MS", "1200"),
     ("PAYMENTS_WORKER_INTERVAL_MS", "100"),
     ("PAYMENTS_COMPLETER_BACKOFF_MS", "0"),

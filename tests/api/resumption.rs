@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{Lock, TestApp, mount_no_charges_found, new_key, payment_body};
+use crate::helpers::{Lock, TestApp, listed_charge, mount_no_charges_found, new_key, payment_body};
 
 /// An app whose gateway is a wiremock server mounted later (it needs the seeded key's id). Its
 /// look-up by key finds no charge.
@@ -22,7 +22,7 @@ async fn assert_finished(app: &TestApp, key: &str, response: reqwest::Response, 
     let payment: Value = response.json().await.unwrap();
     assert_eq!(payment["gateway_charge_id"], charge_id);
     let row = app.key_row(key).await.unwrap();
-    assert_eq!((row.recovery_point.as_str(), row.locked_at), ("finished", None));
+    assert_eq!((row.recovery_point.as_str(), row.locked_until), ("finished", None));
     let (keys, payments, _, jobs) = app.row_counts().await;
     assert_eq!((keys, payments, jobs), (1, 1, 1), "one key, one payment, one event");
 }
@@ -94,7 +94,7 @@ async fn a_stale_lock_is_taken_over_and_the_request_finishes() {
     mount_no_charges_found(&gateway).await;
     let app = TestApp::builder().gateway_url(gateway.uri()).lock_timeout(Duration::from_secs(60)).spawn().await;
     let key = new_key();
-    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::HeldFor(61)).await;
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Expired).await;
     app.seed_payment(key_id, &key, "pending", None).await;
     let _charge = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 1).await;
 
@@ -108,7 +108,7 @@ async fn a_live_lock_is_409_with_retry_after_and_touches_nothing() {
     let gateway = MockServer::start().await;
     let app = TestApp::builder().gateway_url(gateway.uri()).lock_timeout(Duration::from_secs(60)).spawn().await;
     let key = new_key();
-    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::HeldFor(1)).await;
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Live).await;
     let before = app.key_row(&key).await.unwrap();
     let _never = gateway_expecting_on(&gateway, &app.downstream_key(key_id), 0).await;
 
@@ -119,7 +119,7 @@ async fn a_live_lock_is_409_with_retry_after_and_touches_nothing() {
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], "https://payments.example/problems/request-in-flight");
     let after = app.key_row(&key).await.unwrap();
-    assert_eq!((after.locked_at, after.lock_token), (before.locked_at, before.lock_token));
+    assert_eq!((after.locked_until, after.lock_token), (before.locked_until, before.lock_token));
 }
 
 /// Expects exactly `times` charge requests under `downstream_key` (checked when the guard drops).
@@ -145,9 +145,9 @@ async fn a_resumed_key_adopts_the_charge_the_gateway_already_made() {
     Mock::given(method("GET"))
         .and(path("/v1/charges"))
         .and(wiremock::matchers::query_param("idempotency_key", downstream.as_str()))
-        .respond_with(
-            ResponseTemplate::new(200).set_body_json(json!({ "object": "list", "data": [{ "id": "ch_lost_answer" }] })),
-        )
+        .respond_with(ResponseTemplate::new(200).set_body_json(
+            json!({ "object": "list", "data": [listed_charge(&downstream, json!({ "id": "ch_lost_answer" }))] }),
+        ))
         .expect(1)
         .mount(&gateway)
         .await;
@@ -171,7 +171,7 @@ async fn a_look_up_that_fails_is_indeterminate_and_charges_nothing() {
 
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let row = app.key_row(&key).await.unwrap();
-    assert_eq!((row.recovery_point.as_str(), row.locked_at), ("started", None));
+    assert_eq!((row.recovery_point.as_str(), row.locked_until), ("started", None));
 }
 
 #[tokio::test]
@@ -181,8 +181,12 @@ async fn a_resumed_key_whose_charge_failed_records_the_decline_instead_of_chargi
     let key = new_key();
     let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
     // The earlier run was declined, and crashed before recording it.
-    let failed = json!({ "object": "list", "data": [{ "id": "ch_declined", "status": "failed",
-        "failure_code": "expired_card", "failure_message": "The card has expired." }] });
+    let failed = listed_charge(
+        &app.downstream_key(key_id),
+        json!({ "id": "ch_declined", "status": "failed",
+        "failure_code": "expired_card", "failure_message": "The card has expired." }),
+    );
+    let failed = json!({ "object": "list", "data": [failed] });
     Mock::given(method("GET"))
         .and(path("/v1/charges"))
         .respond_with(ResponseTemplate::new(200).set_body_json(failed))
@@ -204,7 +208,8 @@ async fn a_resumed_key_whose_charge_is_pending_waits() {
     let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
     let key = new_key();
     let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
-    let pending = json!({ "object": "list", "data": [{ "id": "ch_pending", "status": "pending" }] });
+    let pending = listed_charge(&app.downstream_key(key_id), json!({ "id": "ch_pending", "status": "pending" }));
+    let pending = json!({ "object": "list", "data": [pending] });
     Mock::given(method("GET"))
         .and(path("/v1/charges"))
         .respond_with(ResponseTemplate::new(200).set_body_json(pending))
@@ -216,4 +221,53 @@ async fn a_resumed_key_whose_charge_is_pending_waits() {
 
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "started");
+}
+
+/// A wiremock gateway whose look-up by key answers with these charges, and which must not be
+/// asked to charge.
+async fn look_up_finds(gateway: &MockServer, charges: Vec<Value>) {
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({ "object": "list", "data": charges })))
+        .mount(gateway)
+        .await;
+}
+
+#[tokio::test]
+async fn a_looked_up_charge_that_is_not_ours_is_never_adopted_nor_charged_over() {
+    let gateway = MockServer::start().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let downstream = app.downstream_key(key_id);
+    let mut other_amount = listed_charge(&downstream, json!({ "id": "ch_other_amount", "status": "succeeded" }));
+    other_amount["amount"] = json!(999);
+    let other_key = listed_charge("payments:someone:else", json!({ "id": "ch_other_key", "status": "succeeded" }));
+    let mut other_currency = listed_charge(&downstream, json!({ "id": "ch_other_currency" }));
+    other_currency["currency"] = json!("eur");
+    look_up_finds(&gateway, vec![other_amount, other_key, other_currency]).await;
+    let _no_charge = gateway_expecting_on(&gateway, &downstream, 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "an unknown outcome");
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!((row.recovery_point.as_str(), row.response_status), ("started", None));
+}
+
+#[tokio::test]
+async fn a_succeeded_charge_of_ours_wins_over_a_failed_one() {
+    let gateway = MockServer::start().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let downstream = app.downstream_key(key_id);
+    let failed = listed_charge(&downstream, json!({ "id": "ch_failed", "status": "failed" }));
+    let succeeded = listed_charge(&downstream, json!({ "id": "ch_succeeded", "status": "succeeded" }));
+    look_up_finds(&gateway, vec![failed, succeeded]).await;
+    let _no_charge = gateway_expecting_on(&gateway, &downstream, 0).await;
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_finished(&app, &key, response, "ch_succeeded").await;
 }

@@ -16,9 +16,11 @@
 //!   by id and by key. Charges keep their key for good, so a client can find
 //!   out whether an earlier attempt charged even after the gateway has
 //!   forgotten the key.
-//! - `/_control/…`: `faults` (`POST` a plan, `GET` it, `DELETE` it),
-//!   `DELETE idempotency-keys` (forget every answered key, keep the charges),
-//!   and `GET stats`.
+//! - `GET /v1/account`: the gateway's identity, `acct_…`, new each time it
+//!   starts (its memory is new too).
+//! - `/_control/…`, only when started with [`Controls::Served`]: `faults`
+//!   (`POST` a plan, `GET` it, `DELETE` it), `DELETE idempotency-keys` (forget
+//!   every answered key, keep the charges), and `GET stats`.
 //!
 //! # Fault model
 //!
@@ -53,6 +55,7 @@ use actix_web::{App, HttpServer, web};
 use tokio::task::JoinHandle;
 
 pub use self::faults::FaultPlan;
+pub use self::routes::Controls;
 
 /// A running mock gateway. Stop it with [`MockGateway::stop`]; dropping it
 /// leaves the server running until its tokio runtime shuts down.
@@ -65,14 +68,16 @@ pub struct MockGateway {
 impl MockGateway {
     /// Serves on an already-bound listener (port 0 is fine: see
     /// [`MockGateway::addr`]) with one worker and no signal handling, starting
-    /// with the given fault plan, e.g. [`FaultPlan::none`].
+    /// with the given fault plan, e.g. [`FaultPlan::none`], and serving its
+    /// control endpoints or not.
     ///
     /// Must be called from within a tokio runtime, onto which the server is
     /// spawned.
-    pub fn start(listener: TcpListener, faults: FaultPlan) -> io::Result<MockGateway> {
+    pub fn start(listener: TcpListener, faults: FaultPlan, controls: Controls) -> io::Result<MockGateway> {
         let addr = listener.local_addr()?;
         let state = web::Data::new(routes::AppState::new(faults));
-        let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes::configure))
+        let configure = move |cfg: &mut web::ServiceConfig| routes::configure(cfg, controls);
+        let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(configure))
             .listen(listener)?
             .workers(1)
             .disable_signals()

@@ -7,6 +7,8 @@ use std::time::Duration;
 use actix_web::http::StatusCode;
 use actix_web::http::header::ContentType;
 use actix_web::{HttpRequest, HttpResponse, Resource, ResponseError, web};
+use rand::Rng;
+use rand::distr::Alphanumeric;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, MAX_KEY_LEN};
@@ -15,13 +17,18 @@ use super::state::{Charge, ChargeRequest, Claim, Ledger, Outcome, StoredResponse
 
 /// What the handlers share.
 pub(super) struct AppState {
+    /// Who this gateway is: made anew each time it starts, because its memory (charges, keys)
+    /// starts anew too. A client records it with each payment and never asks another gateway
+    /// about that payment.
+    account_id: String,
     ledger: Mutex<Ledger>,
     faults: Mutex<FaultPlan>,
 }
 
 impl AppState {
     pub(super) fn new(faults: FaultPlan) -> Self {
-        AppState { ledger: Mutex::default(), faults: Mutex::new(faults) }
+        let suffix: String = rand::rng().sample_iter(Alphanumeric).take(16).map(char::from).collect();
+        AppState { account_id: format!("acct_{suffix}"), ledger: Mutex::default(), faults: Mutex::new(faults) }
     }
 
     /// Counts an incoming charge request and draws its fault.
@@ -37,16 +44,32 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// Whether the gateway serves its `/_control/*` endpoints, which let whoever reaches them inject
+/// faults and make it forget keys: only for demos and tests, never by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controls {
+    Served,
+    Hidden,
+}
+
 /// Registers every route, and makes every failure, even actix's own, JSON.
-pub(super) fn configure(cfg: &mut web::ServiceConfig) {
+pub(super) fn configure(cfg: &mut web::ServiceConfig, controls: Controls) {
     cfg.app_data(web::JsonConfig::default().error_handler(|err, _| payload_error(err)))
         .app_data(web::QueryConfig::default().error_handler(|err, _| payload_error(err)))
+        .service(resource("/v1/account").get(account))
         .service(resource("/v1/charges").post(create_charge).get(list_charges))
-        .service(resource("/v1/charges/{id}").get(get_charge))
-        .service(resource("/_control/faults").get(show_faults).post(set_faults).delete(clear_faults))
-        .service(resource("/_control/idempotency-keys").delete(forget_keys))
-        .service(resource("/_control/stats").get(stats))
-        .default_service(web::to(unknown_route));
+        .service(resource("/v1/charges/{id}").get(get_charge));
+    if controls == Controls::Served {
+        cfg.service(resource("/_control/faults").get(show_faults).post(set_faults).delete(clear_faults))
+            .service(resource("/_control/idempotency-keys").delete(forget_keys))
+            .service(resource("/_control/stats").get(stats));
+    }
+    cfg.default_service(web::to(unknown_route));
+}
+
+/// `GET /v1/account`: who this gateway is, as Stripe answers for the account an API key is of.
+async fn account(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({ "id": state.account_id, "object": "account" }))
 }
 
 /// A resource that answers methods it has no route for with a JSON 405.

@@ -75,3 +75,17 @@ impl GatewayControl {
         list["data"].as_array().cloned().unwrap_or_default()
     }
 }
+
+/// A charge as a gateway's look-up lists it: made under `downstream_key` for the usual payment
+/// body (1000 usd), with `fields` (`id`, `status`, ...) on top.
+pub fn listed_charge(downstream_key: &str, fields: Value) -> Value {
+    let mut charge = json!({ "idempotency_key": downstream_key, "amount": 1000, "currency": "usd" });
+    charge.as_object_mut().unwrap().extend(fields.as_object().cloned().unwrap_or_default());
+    charge
+}
+
+/// The charge requests and look-ups a wiremock gateway received (not its identity look-ups).
+pub async fn charge_requests(gateway: &MockServer) -> Vec<Request> {
+    let requests = gateway.received_requests().await.unwrap_or_default();
+    requests.into_iter().filter(|request| request.url.path().starts_with("/v1/charges")).collect()
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
-pub use gateway::{ChargePerKey, GatewayControl, GatewayStats, mount_no_charges_found};
+pub use gateway::{ChargePerKey, GatewayControl, GatewayStats, charge_requests, listed_charge, mount_no_charges_found};
 pub use process::Process;
 pub use seed::{Lock, an_audit_record};
 pub use statements::{record_statements, statements};

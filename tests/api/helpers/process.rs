@@ -65,6 +65,13 @@ impl Process {
         Process::start(&args, &all, payments::commands::serve::LISTENING).await
     }
 
+    /// `payments <args>` (a `serve` of some kind) with exactly these variables, once it listens.
+    pub async fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Process {
+        let mut all = vec![("PAYMENTS_BIND", "127.0.0.1:0")];
+        all.extend_from_slice(env);
+        Process::start(args, &all, payments::commands::serve::LISTENING).await
+    }
+
     /// `payments worker` against `database_url`, with these extra variables.
     pub async fn worker(database_url: &str, gateway_url: &str, env: &[(&str, &str)]) -> Process {
         let mut all = vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url)];
@@ -74,7 +81,7 @@ impl Process {
 
     /// `payments gateway` on a free port.
     pub async fn gateway() -> Process {
-        Process::start(&["gateway", "--bind", "127.0.0.1:0"], &[], "payments gateway listening on").await
+        Process::start(&["gateway", "--bind", "127.0.0.1:0", "--control"], &[], "payments gateway listening on").await
     }
 
     /// Waits for the process to exit by itself.
@@ -83,6 +90,14 @@ impl Process {
             .await
             .expect("the process did not exit")
             .unwrap()
+    }
+
+    /// Whether the process is stopped (by SIGSTOP, say), as `/proc` tells.
+    pub fn is_stopped(&self) -> bool {
+        let pid = self.child.id().expect("still running");
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the command name, which is in parentheses.
+        stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
     }
 
     /// Sends a signal (SIGTERM for a clean stop).

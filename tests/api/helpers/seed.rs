@@ -28,8 +28,12 @@ pub fn an_audit_record(account_id: Uuid) -> payments::audit::AuditRecord<'static
 #[derive(Debug, Clone, Copy)]
 pub enum Lock {
     Free,
-    /// Locked this many seconds ago.
-    HeldFor(i64),
+    /// Held, with a minute of its lease left.
+    Live,
+    /// Held, its lease over a second ago.
+    Expired,
+    /// Held by an owner whose lease ends in this many seconds.
+    EndsIn(i64),
 }
 
 /// A new key and the payment request it is used with, for tests that drive the key store
@@ -74,9 +78,11 @@ impl TestApp {
         let request = serde_json::from_value::<CreatePaymentBody>(body.clone()).unwrap().validate().unwrap();
         let params = request.to_params();
         let id = Uuid::now_v7();
-        let locked_at = match lock {
+        let locked_until = match lock {
             Lock::Free => None,
-            Lock::HeldFor(seconds) => Some(chrono::Utc::now() - chrono::Duration::seconds(seconds)),
+            Lock::Live => Some(chrono::Utc::now() + chrono::Duration::seconds(60)),
+            Lock::Expired => Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+            Lock::EndsIn(seconds) => Some(chrono::Utc::now() + chrono::Duration::seconds(seconds)),
         };
         diesel::insert_into(idempotency_keys::table)
             .values((
@@ -88,8 +94,8 @@ impl TestApp {
                 idempotency_keys::request_fingerprint.eq(Fingerprint::of(&params).as_bytes().to_vec()),
                 idempotency_keys::request_params.eq(&params),
                 idempotency_keys::recovery_point.eq(recovery_point),
-                idempotency_keys::locked_at.eq(locked_at),
-                idempotency_keys::lock_token.eq(locked_at.map(|_| Uuid::new_v4())),
+                idempotency_keys::locked_until.eq(locked_until),
+                idempotency_keys::lock_token.eq(locked_until.map(|_| Uuid::new_v4())),
             ))
             .execute(&mut self.db().await)
             .await
@@ -97,8 +103,9 @@ impl TestApp {
         id
     }
 
-    /// Inserts the payment a key row made, in `status`, and returns its id.
+    /// Inserts the payment a key row made, in `status`, at this app's gateway, and returns its id.
     pub async fn seed_payment(&self, key_id: Uuid, key: &str, status: &str, charge_id: Option<&str>) -> Uuid {
+        let gateway = self.gateway_id().await;
         let id = Uuid::now_v7();
         let failure = (status == "failed").then_some("card_declined");
         diesel::insert_into(payments_table::table)
@@ -114,6 +121,7 @@ impl TestApp {
                 payments_table::gateway_charge_id.eq(charge_id),
                 payments_table::failure_code.eq(failure),
                 payments_table::failure_message.eq(failure.map(|_| "Your card was declined.")),
+                payments_table::gateway.eq(&*gateway),
             ))
             .execute(&mut self.db().await)
             .await

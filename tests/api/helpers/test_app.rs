@@ -11,7 +11,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments::config::{Settings, WorkerSettings};
 use payments::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
 use payments::gateway::GatewayClient;
-use payments::gateway::mock::{FaultPlan, MockGateway};
+use payments::gateway::mock::{Controls, FaultPlan, MockGateway};
 use payments::startup::{AppState, Application};
 use payments::workers::Workers;
 use reqwest::Response;
@@ -82,7 +82,10 @@ impl TestAppBuilder {
         let (account, api_key) = payments::accounts::create(&mut conn, "test").await.expect("creating an account");
         let mock = match &self.gateway_url {
             Some(_) => None,
-            None => Some(MockGateway::start(TcpListener::bind("127.0.0.1:0").unwrap(), FaultPlan::none()).unwrap()),
+            None => Some(
+                MockGateway::start(TcpListener::bind("127.0.0.1:0").unwrap(), FaultPlan::none(), Controls::Served)
+                    .unwrap(),
+            ),
         };
         let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
         let state = Arc::new(AppState {
@@ -185,6 +188,21 @@ impl TestApp {
         &self.gateway_url
     }
 
+    /// The identity the app records for its gateway with each payment.
+    pub async fn gateway_id(&self) -> std::sync::Arc<str> {
+        self.state.gateway.id().await.expect("the gateway's identity")
+    }
+
+    /// The workers, on this app's database and settings but charging through another gateway.
+    pub fn workers_at_gateway(&self, gateway_url: &str) -> Workers {
+        let state = Arc::new(AppState {
+            db: payments::db::pool(&self.database.url, 4),
+            gateway: GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
+            settings: self.state.settings.clone(),
+        });
+        Workers::new(state, &self.worker_settings).unwrap()
+    }
+
     /// The workers, on this app's state (database, gateway, settings): tests drain them with
     /// `run_once` instead of waiting for their loops.
     pub fn workers(&self) -> Workers {
@@ -248,7 +266,7 @@ impl Drop for TestApp {
 pub struct KeyRow {
     pub id: Uuid,
     pub recovery_point: String,
-    pub locked_at: Option<chrono::DateTime<chrono::Utc>>,
+    pub locked_until: Option<chrono::DateTime<chrono::Utc>>,
     pub lock_token: Option<Uuid>,
     pub response_status: Option<i16>,
     pub response_body: Option<Vec<u8>>,
