@@ -89,7 +89,9 @@ async fn a_source_the_gateway_does_not_know_is_the_clients_402_stored() {
 #[tokio::test]
 async fn payments_are_listed_in_the_order_the_database_made_them_whatever_the_servers_clocks() {
     let app = TestApp::spawn().await;
-    let earlier: Value = app.post_payment(&new_key(), &payment_body()).await.json().await.unwrap();
+    let earlier = app.post_payment(&new_key(), &payment_body()).await;
+    assert_eq!(earlier.status(), StatusCode::CREATED);
+    let earlier: Value = earlier.json().await.unwrap();
     // A payment made later by a server whose clock is a minute behind: its id sorts before.
     let behind = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
     let behind = behind.duration_since(std::time::UNIX_EPOCH).unwrap();

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use payments::workers::Worker;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
@@ -126,4 +127,43 @@ async fn waiting_on_a_lock(app: &TestApp, database: &str) -> Vec<i32> {
     let sql = format!("SELECT pid FROM pg_stat_activity WHERE datname = '{database}' AND wait_event_type = 'Lock'");
     let backends: Vec<Backend> = diesel::sql_query(sql).load(&mut app.db().await).await.unwrap();
     backends.into_iter().map(|b| b.pid).collect()
+}
+
+#[tokio::test]
+async fn a_503_after_the_claim_says_the_request_may_still_complete_and_it_does() {
+    let app = TestApp::builder().workers(|w| w.completer_backoff = Duration::ZERO).spawn().await;
+    let key = new_key();
+    // The claim commits; the `started` phase then waits on the payments table...
+    let mut holder = app.db().await;
+    holder.batch_execute("BEGIN; LOCK TABLE payments IN EXCLUSIVE MODE").await.unwrap();
+    let database = app.database.name.clone();
+    let terminate_the_waiter = async {
+        wait_until(Duration::from_secs(10), "the phase waits on the lock", || async {
+            !waiting_on_a_lock(&app, &database).await.is_empty()
+        })
+        .await;
+        // ...and its backend ends, as in a failover.
+        for pid in waiting_on_a_lock(&app, &database).await {
+            app.run_sql(&format!("SELECT pg_terminate_backend({pid})")).await;
+        }
+    };
+
+    let body = payment_body();
+    let (response, ()) = tokio::join!(app.post_payment(&key, &body), terminate_the_waiter);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let problem: Value = response.json().await.unwrap();
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(detail.contains("may still complete") && detail.contains("same Idempotency-Key"), "{detail}");
+    assert!(!detail.contains("nothing was done"), "{detail}");
+    // And it does complete, with no client: a client that paid again with a new key would pay twice.
+    assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "started");
+    let workers = app.workers();
+    wait_until(Duration::from_secs(10), "the completer finishes the request", || async {
+        let _ = workers.completer.run_once().await;
+        app.key_row(&key).await.unwrap().response_status == Some(201)
+    })
+    .await;
+    assert_eq!(app.gateway.stats().await.charges, 1);
 }

@@ -18,6 +18,7 @@ async fn assert_indeterminate(app: &TestApp, key: &str, response: reqwest::Respo
     assert_eq!(response.headers()["retry-after"], "2");
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], "https://payments.example/problems/gateway-unavailable");
+    assert!(problem["detail"].as_str().unwrap().contains("may still complete"), "{problem}");
     let row = app.key_row(key).await.unwrap();
     assert_eq!(row.recovery_point, "started");
     assert!(row.locked_until.is_none() && row.lock_token.is_none(), "unlocked, so the retry resumes at once");

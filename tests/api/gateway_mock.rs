@@ -440,3 +440,37 @@ async fn every_error_is_json() {
     assert_eq!(gw.stats().await.0, 0);
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn the_control_endpoints_are_served_only_when_asked_for() {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    let gateway = MockGateway::start(listener, FaultPlan::none(), Controls::Hidden).expect("gateway starts");
+    let (url, client) = (gateway.url(), Client::new());
+
+    let faults = client.post(format!("{url}/_control/faults")).json(&json!({ "mode": "error_after" })).send().await;
+    assert_eq!(faults.unwrap().status(), StatusCode::NOT_FOUND);
+    let forget = client.delete(format!("{url}/_control/idempotency-keys")).send().await.unwrap();
+    assert_eq!(forget.status(), StatusCode::NOT_FOUND);
+    let stats = client.get(format!("{url}/_control/stats")).send().await.unwrap();
+    assert_eq!(stats.status(), StatusCode::NOT_FOUND);
+    let charge = client
+        .post(format!("{url}/v1/charges"))
+        .header("Idempotency-Key", "k")
+        .json(&body(100, "tok_visa"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(charge.status(), StatusCode::OK, "charging works as ever");
+}
+
+#[tokio::test]
+async fn the_gateway_says_who_it_is_and_a_new_one_is_someone_else() {
+    let (first, second) = (start().await, start().await);
+
+    let (status, account) = first.get("/v1/account").await;
+
+    assert_eq!(status, StatusCode::OK);
+    assert!(account["id"].as_str().unwrap().starts_with("acct_"), "{account}");
+    assert_eq!(first.get("/v1/account").await.1, account, "the same for its lifetime");
+    assert_ne!(second.get("/v1/account").await.1["id"], account["id"]);
+}
