@@ -87,33 +87,42 @@ async fn a_statement_the_server_kills_mid_way_is_a_503_not_a_500() {
     let app = TestApp::spawn().await;
     let key = new_key();
     app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
-    // Hold the key's row, so the request's claim waits on it...
-    let mut holder = app.db().await;
-    holder.batch_execute("BEGIN; SELECT FROM idempotency_keys FOR UPDATE").await.unwrap();
-    let database = app.database.name.clone();
-    let terminate_the_waiter = async {
-        wait_until(Duration::from_secs(10), "the request waits on the row lock", || async {
-            !waiting_on_a_lock(&app, &database).await.is_empty()
-        })
-        .await;
-        // ...and end its backend, as a restart or a failover does.
-        for pid in waiting_on_a_lock(&app, &database).await {
-            app.run_sql(&format!("SELECT pg_terminate_backend({pid})")).await;
-        }
-    };
 
+    // The request's claim waits on the key's row, and its backend is ended.
     let body = payment_body();
-    let (response, ()) = tokio::join!(app.post_payment(&key, &body), terminate_the_waiter);
+    let response = cut_off_while_waiting_on(&app, "SELECT FROM idempotency_keys FOR UPDATE", async {
+        app.post_payment(&key, &body).await
+    })
+    .await;
 
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], "https://payments.example/problems/database-unavailable");
-    holder.batch_execute("ROLLBACK").await.unwrap();
     // A connection the server closed may fail one more request before the pool notices; a client
     // retrying after Retry-After, as this one does once the service is ready, does not see it.
     let ready = || async { app.http.get(format!("{}/readyz", app.address)).send().await.unwrap().status() };
     wait_until(Duration::from_secs(10), "the service is ready", || async { ready().await == StatusCode::OK }).await;
     assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+}
+
+/// Runs `request` while another transaction holds what `lock` takes, and once the request's
+/// backend waits on it, ends that backend, as a restart or a failover does.
+async fn cut_off_while_waiting_on<T>(app: &TestApp, lock: &str, request: impl Future<Output = T>) -> T {
+    let mut holder = app.db().await;
+    holder.batch_execute(&format!("BEGIN; {lock}")).await.unwrap();
+    let database = app.database.name.clone();
+    let terminate_the_waiter = async {
+        wait_until(Duration::from_secs(10), "the request waits on the lock", || async {
+            !waiting_on_a_lock(app, &database).await.is_empty()
+        })
+        .await;
+        for pid in waiting_on_a_lock(app, &database).await {
+            app.run_sql(&format!("SELECT pg_terminate_backend({pid})")).await;
+        }
+    };
+    let (answer, ()) = tokio::join!(request, terminate_the_waiter);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    answer
 }
 
 #[derive(diesel::QueryableByName)]
@@ -133,24 +142,13 @@ async fn waiting_on_a_lock(app: &TestApp, database: &str) -> Vec<i32> {
 async fn a_503_after_the_claim_says_the_request_may_still_complete_and_it_does() {
     let app = TestApp::builder().workers(|w| w.completer_backoff = Duration::ZERO).spawn().await;
     let key = new_key();
-    // The claim commits; the `started` phase then waits on the payments table...
-    let mut holder = app.db().await;
-    holder.batch_execute("BEGIN; LOCK TABLE payments IN EXCLUSIVE MODE").await.unwrap();
-    let database = app.database.name.clone();
-    let terminate_the_waiter = async {
-        wait_until(Duration::from_secs(10), "the phase waits on the lock", || async {
-            !waiting_on_a_lock(&app, &database).await.is_empty()
-        })
-        .await;
-        // ...and its backend ends, as in a failover.
-        for pid in waiting_on_a_lock(&app, &database).await {
-            app.run_sql(&format!("SELECT pg_terminate_backend({pid})")).await;
-        }
-    };
 
+    // The claim commits; the `started` phase then waits on the payments table, and is cut off.
     let body = payment_body();
-    let (response, ()) = tokio::join!(app.post_payment(&key, &body), terminate_the_waiter);
-    holder.batch_execute("ROLLBACK").await.unwrap();
+    let response = cut_off_while_waiting_on(&app, "LOCK TABLE payments IN EXCLUSIVE MODE", async {
+        app.post_payment(&key, &body).await
+    })
+    .await;
 
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let problem: Value = response.json().await.unwrap();
