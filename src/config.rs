@@ -5,7 +5,7 @@
 //! | `DATABASE_URL` | unset: embedded mode | PostgreSQL to use; unset starts a private cluster |
 //! | `PAYMENTS_DATA_DIR` | `./.payments` | where embedded mode keeps its cluster |
 //! | `GATEWAY_URL` | unset: in-process mock | base URL of the payment gateway |
-//! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081` | where `serve`'s in-process mock gateway listens |
+//! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081`, else a free port | where `serve`'s in-process mock gateway listens |
 //! | `PAYMENTS_BIND` | `127.0.0.1:8080` | listen address of `serve` |
 //! | `PAYMENTS_LOCK_TIMEOUT_MS` | `90000` | age after which a key's lock is stale and may be taken over |
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
@@ -52,6 +52,9 @@ pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_WEBHOOK_BACKOFF_MS: u64 = 1_000;
 /// Ten attempts with a doubling backoff span about seventeen minutes.
 pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
+/// A resumed request may ask the gateway who it is, look its charge up, and charge, between two
+/// renewals of its lease.
+const GATEWAY_CALLS_BETWEEN_RENEWALS: u32 = 3;
 
 /// Where the database is. Not `Debug`: the URL may hold a password.
 #[derive(Clone, Args)]
@@ -119,10 +122,10 @@ pub struct ServeArgs {
     /// Base URL of the payment gateway. Unset: an in-process mock gateway.
     #[arg(long, env = "GATEWAY_URL")]
     pub gateway_url: Option<Url>,
-    /// Where the in-process mock gateway listens (without GATEWAY_URL). If it is taken, `serve`
-    /// refuses to start rather than quietly charge elsewhere.
-    #[arg(long, env = "PAYMENTS_MOCK_GATEWAY_BIND", default_value = DEFAULT_GATEWAY_BIND)]
-    pub mock_gateway_bind: String,
+    /// Where the in-process mock gateway listens (without GATEWAY_URL); if it is taken, `serve`
+    /// refuses to start. Unset: 127.0.0.1:8081, or a free port, announced, if that is taken.
+    #[arg(long, env = "PAYMENTS_MOCK_GATEWAY_BIND")]
+    pub mock_gateway_bind: Option<String>,
     /// With DATABASE_URL and no GATEWAY_URL: charge through an in-process mock gateway that no
     /// other process on the database can reach, knowingly. Its unfinished payments can then be
     /// finished only by this process while it lives; every other process refuses to touch them.
@@ -222,13 +225,18 @@ impl ProtocolArgs {
 }
 
 impl Settings {
-    /// The longest a live request can go between two renewals of its lease, at the worst:
-    /// the rest of the `started` transaction, both gateway calls of a resumed request (the look-up
-    /// and the charge), a wait for a connection, and the `charge_created` phase run up to its
-    /// attempts, each bounded by the database operation timeout; plus the margin a driver keeps
-    /// before a gateway call. A lease shorter than this could end under a live request.
+    /// The longest a live request can go between two renewals of its lease, at the worst: the
+    /// rest of the `started` transaction, the gateway calls of a resumed request (asking the
+    /// gateway who it is, when that is in doubt; the look-up; the charge), a wait for a
+    /// connection, and the `charge_created` phase run up to its attempts, each bounded by the
+    /// database operation timeout; plus the margin a driver keeps before a gateway call. With a
+    /// shorter lease, a live request would be refused its gateway calls (it never makes one its
+    /// lease might not outlast) and another driver could take it over mid-way.
     pub fn min_lock_timeout(&self) -> Duration {
-        db::OPERATION_TIMEOUT * MAX_PHASE_ATTEMPTS + db::CHECKOUT_TIMEOUT + self.gateway_timeout * 2 + LEASE_MARGIN
+        db::OPERATION_TIMEOUT * MAX_PHASE_ATTEMPTS
+            + db::CHECKOUT_TIMEOUT
+            + self.gateway_timeout * GATEWAY_CALLS_BETWEEN_RENEWALS
+            + LEASE_MARGIN
     }
 
     /// Refuses settings under which a live request could be taken for dead (and its key driven by
@@ -238,13 +246,14 @@ impl Settings {
         if self.lock_timeout < min_lock_timeout {
             anyhow::bail!(
                 "PAYMENTS_LOCK_TIMEOUT_MS ({} ms) must be at least {} ms with PAYMENTS_GATEWAY_TIMEOUT_MS at {} ms: \
-                 between two renewals of its lease a request may make two gateway calls ({} ms), wait {} ms for a \
-                 connection and run a phase {MAX_PHASE_ATTEMPTS} times ({} ms each at most), with {} ms to spare, \
-                 and its lease must not end meanwhile. Raise the lock timeout, or lower the gateway timeout.",
+                 between two renewals of its lease a request may make {GATEWAY_CALLS_BETWEEN_RENEWALS} gateway calls \
+                 ({} ms), wait {} ms for a connection and run a phase {MAX_PHASE_ATTEMPTS} times ({} ms each at most), \
+                 with {} ms to spare, and its lease must not end meanwhile. Raise the lock timeout, or lower the \
+                 gateway timeout.",
                 self.lock_timeout.as_millis(),
                 min_lock_timeout.as_millis(),
                 self.gateway_timeout.as_millis(),
-                (self.gateway_timeout * 2).as_millis(),
+                (self.gateway_timeout * GATEWAY_CALLS_BETWEEN_RENEWALS).as_millis(),
                 db::CHECKOUT_TIMEOUT.as_millis(),
                 db::OPERATION_TIMEOUT.as_millis(),
                 LEASE_MARGIN.as_millis(),
@@ -321,14 +330,14 @@ mod tests {
 
     #[test]
     fn a_lock_timeout_shorter_than_the_worst_gap_between_renewals_is_refused() {
-        // Two 10 s gateway calls, a 1 s checkout, three 2.5 s phase attempts and 1 s to spare.
-        let settings = Settings { lock_timeout: Duration::from_millis(29_499), ..Settings::default() };
+        // Three 10 s gateway calls, a 1 s checkout, three 2.5 s phase attempts and 1 s to spare.
+        let settings = Settings { lock_timeout: Duration::from_millis(39_499), ..Settings::default() };
         let error = settings.check().unwrap_err().to_string();
-        assert!(error.contains("at least 29500 ms"), "{error}");
-        Settings { lock_timeout: Duration::from_millis(29_500), ..Settings::default() }.check().unwrap();
-        // With a short gateway timeout, the database's share decides: 2 s + 1 s + 7.5 s + 1 s.
+        assert!(error.contains("at least 39500 ms"), "{error}");
+        Settings { lock_timeout: Duration::from_millis(39_500), ..Settings::default() }.check().unwrap();
+        // With a short gateway timeout, the database's share decides: 3 s + 1 s + 7.5 s + 1 s.
         let fast_gateway = Settings { gateway_timeout: Duration::from_secs(1), ..Settings::default() };
-        assert_eq!(fast_gateway.min_lock_timeout(), Duration::from_millis(11_500));
+        assert_eq!(fast_gateway.min_lock_timeout(), Duration::from_millis(12_500));
     }
 
     #[test]

@@ -13,7 +13,7 @@ pub const FAULT_HEADER: &str = "X-Fault-Inject";
 
 /// Where a request can be made to fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CrashPoint {
+pub enum FaultPoint {
     /// `started` committed, before the gateway call.
     AfterStarted,
     /// The gateway answered, before the `charge_created` transaction commits.
@@ -35,18 +35,18 @@ pub enum FaultAction {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fault {
     pub action: FaultAction,
-    pub point: CrashPoint,
+    pub point: FaultPoint,
 }
 
-impl CrashPoint {
-    const ALL: [(CrashPoint, &'static str); 3] = [
-        (CrashPoint::AfterStarted, "after_started"),
-        (CrashPoint::AfterCharge, "after_charge"),
-        (CrashPoint::AfterChargeCreated, "after_charge_created"),
+impl FaultPoint {
+    const ALL: [(FaultPoint, &'static str); 3] = [
+        (FaultPoint::AfterStarted, "after_started"),
+        (FaultPoint::AfterCharge, "after_charge"),
+        (FaultPoint::AfterChargeCreated, "after_charge_created"),
     ];
 }
 
-impl fmt::Display for CrashPoint {
+impl fmt::Display for FaultPoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = Self::ALL.iter().find(|(point, _)| point == self).map(|(_, name)| *name);
         f.write_str(name.unwrap_or_default())
@@ -64,7 +64,7 @@ impl FromStr for Fault {
             "pause" => Some(FaultAction::Pause),
             _ => None,
         };
-        let point = CrashPoint::ALL.iter().find(|(_, name)| *name == point).map(|(point, _)| *point);
+        let point = FaultPoint::ALL.iter().find(|(_, name)| *name == point).map(|(point, _)| *point);
         match (action, point) {
             (Some(action), Some(point)) => Ok(Fault { action, point }),
             _ => Err(format!(
@@ -76,7 +76,7 @@ impl FromStr for Fault {
 }
 
 /// Carries out the request's fault if it is armed for `here`.
-pub fn fault_at(armed: Option<Fault>, here: CrashPoint) {
+pub fn fault_at(armed: Option<Fault>, here: FaultPoint) {
     let Some(fault) = armed.filter(|fault| fault.point == here) else { return };
     match fault.action {
         FaultAction::Crash => {
@@ -98,16 +98,16 @@ mod tests {
     #[test]
     fn the_header_names_an_action_and_a_point() {
         let crash = |point| Ok(Fault { action: FaultAction::Crash, point });
-        assert_eq!("crash=after_started".parse(), crash(CrashPoint::AfterStarted));
-        assert_eq!("crash=after_charge".parse(), crash(CrashPoint::AfterCharge));
-        assert_eq!(" crash=after_charge_created".parse(), crash(CrashPoint::AfterChargeCreated));
+        assert_eq!("crash=after_started".parse(), crash(FaultPoint::AfterStarted));
+        assert_eq!("crash=after_charge".parse(), crash(FaultPoint::AfterCharge));
+        assert_eq!(" crash=after_charge_created".parse(), crash(FaultPoint::AfterChargeCreated));
         assert_eq!(
             "pause=after_started".parse(),
-            Ok(Fault { action: FaultAction::Pause, point: CrashPoint::AfterStarted })
+            Ok(Fault { action: FaultAction::Pause, point: FaultPoint::AfterStarted })
         );
         assert!("crash=nowhere".parse::<Fault>().is_err());
         assert!("after_started".parse::<Fault>().is_err());
         assert!("sleep=after_started".parse::<Fault>().is_err());
-        assert_eq!(CrashPoint::AfterCharge.to_string(), "after_charge");
+        assert_eq!(FaultPoint::AfterCharge.to_string(), "after_charge");
     }
 }

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use reqwest::Url;
 
 use crate::config::DatabaseArgs;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
@@ -53,28 +54,35 @@ pub fn warn_if_events_are_only_logged(settings: &crate::config::WorkerSettings) 
     }
 }
 
-/// Where an embedded `serve` tells workers beside it the address of its in-process mock gateway.
-fn mock_gateway_file(data_dir: &Path) -> PathBuf {
-    data_dir.join("mock-gateway-url")
+/// Where an embedded `serve` tells the workers that join its cluster which gateway it charges
+/// through.
+fn gateway_file(data_dir: &Path) -> PathBuf {
+    data_dir.join("gateway-url")
 }
 
-/// Tells the processes that join this embedded cluster where its in-process mock gateway is.
-pub fn advertise_mock_gateway(data_dir: &Path, url: &str) -> anyhow::Result<()> {
-    let file = mock_gateway_file(data_dir);
-    std::fs::write(&file, url).with_context(|| format!("cannot write {}", file.display()))
+/// Tells the processes that join this embedded cluster which gateway it charges through.
+pub fn advertise_gateway(data_dir: &Path, url: &Url) -> anyhow::Result<()> {
+    let file = gateway_file(data_dir);
+    std::fs::write(&file, url.as_str()).with_context(|| format!("cannot write {}", file.display()))
 }
 
-/// The in-process mock gateway of the `serve` that runs this embedded cluster.
-pub fn advertised_mock_gateway(data_dir: &Path) -> anyhow::Result<String> {
-    let file = mock_gateway_file(data_dir);
-    std::fs::read_to_string(&file).with_context(|| {
+/// Withdraws the notice when `serve` stops (a crashed `serve` leaves it: a worker that reads it
+/// then finds no gateway there, or one with another identity, which it never charges through).
+pub fn withdraw_gateway(data_dir: &Path) {
+    let _ = std::fs::remove_file(gateway_file(data_dir));
+}
+
+/// The gateway of the `serve` that runs this embedded cluster.
+pub fn advertised_gateway(data_dir: &Path) -> anyhow::Result<Url> {
+    let file = gateway_file(data_dir);
+    let url = std::fs::read_to_string(&file).with_context(|| {
         format!(
-            "no embedded `payments serve` with an in-process mock gateway has run under {} ({} is missing): start \
-             one, or set GATEWAY_URL",
+            "no embedded `payments serve` runs under {} ({} is missing): start one, or set GATEWAY_URL",
             data_dir.display(),
             file.display()
         )
-    })
+    })?;
+    Ok(url.trim().parse()?)
 }
 
 /// The database to use: `DATABASE_URL`, or the embedded cluster (started if need be).

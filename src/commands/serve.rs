@@ -9,10 +9,11 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use super::{
-    advertise_mock_gateway, exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged,
+    advertise_gateway, exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged,
+    withdraw_gateway,
 };
 use crate::accounts::DEMO_API_KEY;
-use crate::config::ServeArgs;
+use crate::config::{DEFAULT_GATEWAY_BIND, ServeArgs};
 use crate::db;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
@@ -51,28 +52,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.bind
         );
     }
-    let mock = match &args.gateway_url {
-        Some(_) => None,
+    let (gateway_url, mock) = match &args.gateway_url {
+        Some(url) => (url.clone(), None),
         None => {
-            let bind = &args.mock_gateway_bind;
-            let listener = TcpListener::bind(bind).with_context(|| {
-                format!(
-                    "cannot start the in-process mock gateway on {bind} (a `payments gateway` there?): set GATEWAY_URL \
-                     to charge through the gateway at that address, or PAYMENTS_MOCK_GATEWAY_BIND to another address"
-                )
-            })?;
-            Some(MockGateway::start(listener, FaultPlan::none(), Controls::Served)?)
+            let mock = start_mock_gateway(args.mock_gateway_bind.as_deref())?;
+            (mock.url().parse()?, Some(mock))
         }
     };
     let (database_url, embedded) = open_database(&args.database, Sharing::Own).await?;
-    if let (Some(mock), Some(_)) = (&mock, &embedded) {
-        advertise_mock_gateway(&args.database.data_dir, &mock.url())?;
+    if embedded.is_some() {
+        advertise_gateway(&args.database.data_dir, &gateway_url)?;
     }
-    let gateway_url = match (&args.gateway_url, &mock) {
-        (Some(url), _) => url.clone(),
-        (None, Some(mock)) => mock.url().parse()?,
-        (None, None) => unreachable!("a mock is started when no gateway URL is given"),
-    };
     let state = Arc::new(AppState {
         db: db::pool(&database_url, POOL_SIZE),
         gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
@@ -93,6 +83,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     println!("{LISTENING} http://{addr}");
     match &mock {
+        Some(mock) if args.mock_gateway_bind.is_none() && mock.addr().to_string() != DEFAULT_GATEWAY_BIND => {
+            println!("gateway: in-process mock at {} ({DEFAULT_GATEWAY_BIND} is taken)", mock.url())
+        }
         Some(mock) => println!("gateway: in-process mock at {}", mock.url()),
         None => println!("gateway: {gateway_url}"),
     }
@@ -136,8 +129,36 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         mock.stop().await;
     }
     if let Some(embedded) = embedded {
+        withdraw_gateway(&args.database.data_dir);
         embedded.stop().await?;
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts the in-process mock gateway at `bind`, or, when none is given, at the standalone
+/// gateway's usual address so that the README's fault-control commands work as printed. If that
+/// is taken it takes a free port, and says so loudly: it never charges anywhere unannounced, and
+/// every payment records the gateway it started at, so no other gateway is ever asked about it.
+/// Its fault controls are served only on a loopback address.
+fn start_mock_gateway(bind: Option<&str>) -> anyhow::Result<MockGateway> {
+    let listener = match bind {
+        Some(bind) => TcpListener::bind(bind).with_context(|| {
+            format!(
+                "cannot start the in-process mock gateway on {bind} (PAYMENTS_MOCK_GATEWAY_BIND): free it, choose \
+                 another address, or set GATEWAY_URL to charge through the gateway there"
+            )
+        })?,
+        None => TcpListener::bind(DEFAULT_GATEWAY_BIND).or_else(|_| {
+            let listener = TcpListener::bind("127.0.0.1:0")?;
+            let addr = listener.local_addr()?;
+            tracing::warn!(taken = DEFAULT_GATEWAY_BIND, %addr, "the mock gateway's usual address is taken");
+            Ok::<_, std::io::Error>(listener)
+        })?,
+    };
+    let controls = match listener.local_addr()?.ip().is_loopback() {
+        true => Controls::Served,
+        false => Controls::Hidden,
+    };
+    Ok(MockGateway::start(listener, FaultPlan::none(), controls)?)
 }

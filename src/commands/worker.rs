@@ -3,11 +3,10 @@
 
 use std::sync::Arc;
 
-use reqwest::Url;
 use tokio::sync::watch;
 
 use super::{
-    advertised_mock_gateway, exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged,
+    advertised_gateway, exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged,
 };
 use crate::config::WorkerCommandArgs;
 use crate::db;
@@ -28,8 +27,8 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let (database_url, embedded) = open_database(&args.database, Sharing::JoinRunning).await?;
     let gateway_url = match (args.gateway_url, &embedded) {
         (Some(url), _) => url,
-        // Beside an embedded `serve`, the gateway is the mock it runs, wherever it listens.
-        (None, Some(_)) => Url::parse(&advertised_mock_gateway(&args.database.data_dir)?)?,
+        // Beside an embedded `serve`, the gateway is the one it charges through.
+        (None, Some(_)) => advertised_gateway(&args.database.data_dir)?,
         (None, None) => anyhow::bail!(
             "GATEWAY_URL is required with DATABASE_URL: the completer must reconcile with, and charge through, \
              the gateway the serve processes use; set it to that gateway's base URL"

@@ -52,15 +52,15 @@ pub enum ApiError {
     #[error("A request with this Idempotency-Key is still in progress. Retry with the same key shortly.")]
     InFlight,
     #[error(
-        "The payment gateway did not give a definitive answer, so the payment's outcome is not known yet. The \
-         request may still complete (a background worker finishes it if you do not come back): retry with the \
-         same Idempotency-Key to learn its outcome; it resumes where it stopped and is charged at most once. Do \
-         not pay again with a new key."
+        "The payment's outcome is not known yet: the payment gateway gave no definitive answer, or could not be \
+         asked in time. The request may still complete (a background worker finishes it if you do not come \
+         back): retry with the same Idempotency-Key to learn its outcome; it resumes where it stopped and is \
+         charged at most once. Do not pay again with a new key."
     )]
     GatewayUnavailable,
     #[error(
-        "The database is unreachable. The request may still complete if it got far enough before the outage: \
-         retry with the same Idempotency-Key to learn its outcome. Do not pay again with a new key."
+        "The database is unreachable. A payment request may still complete if it got far enough before the \
+         outage: retry it with the same Idempotency-Key to learn its outcome, and do not pay again with a new key."
     )]
     DatabaseUnavailable,
     /// A phase kept colliding with concurrent transactions and was rolled back each time.
@@ -71,8 +71,8 @@ pub enum ApiError {
     TransactionConflict,
     /// The cause is logged, never sent.
     #[error(
-        "Something went wrong on our side. The request may still complete: retry with the same Idempotency-Key \
-         to learn its outcome. Do not pay again with a new key."
+        "Something went wrong on our side. A payment request may still complete: retry it with the same \
+         Idempotency-Key to learn its outcome, and do not pay again with a new key."
     )]
     Internal(String),
 }
@@ -139,13 +139,12 @@ impl From<CreateError> for ApiError {
             CreateError::KeyReused => ApiError::KeyReused,
             // Losing the lock means another request is driving the key now: for this client,
             // that is the same as finding it in flight.
-            // So does a lease about to run out: another request may take the key over any moment.
-            CreateError::InFlight | CreateError::Phase(PhaseError::LockLost) | CreateError::LeaseRunningOut => {
-                ApiError::InFlight
+            CreateError::InFlight | CreateError::Phase(PhaseError::LockLost) => ApiError::InFlight,
+            // The gateway was not asked, or gave no definitive answer, or the payment waits for a
+            // process with its gateway: either way its outcome is not known yet.
+            CreateError::GatewayIndeterminate(_) | CreateError::WrongGateway { .. } | CreateError::LeaseRunningOut => {
+                ApiError::GatewayUnavailable
             }
-            // The payment waits for a process with its gateway: not known yet, as for a gateway
-            // that did not answer.
-            CreateError::GatewayIndeterminate(_) | CreateError::WrongGateway { .. } => ApiError::GatewayUnavailable,
             CreateError::Phase(PhaseError::Store(error)) => error.into(),
             CreateError::Phase(error @ PhaseError::Inconsistent(_)) => ApiError::Internal(error.to_string()),
         }

@@ -1,7 +1,7 @@
 //! Keys whose requests nobody is driving any more: how a worker takes one over, and how it gives
 //! up on one and hands it to an operator.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
@@ -9,7 +9,7 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::store::Lease;
+use super::store::{Lease, since_boot};
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
 use crate::db::{self, StoreError};
 
@@ -83,7 +83,7 @@ pub async fn claim_abandoned(
     .bind::<BigInt, _>(millis(lease))
     .bind::<BigInt, _>(millis(backoff))
     .bind::<BigInt, _>(millis(MAX_BACKOFF));
-    let sent = Instant::now();
+    let sent = since_boot();
     let row: Option<AbandonedRow> = db::query(async { claim.get_result(conn).await.optional() }).await?;
     Ok(row.map(|row| Abandoned {
         lock: KeyLock::new(

@@ -1,11 +1,10 @@
 //! `atomic_phase`: the one way a request changes its key row.
 
 use std::future::Future;
-use std::time::Instant;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 
-use super::store::{KeyLock, Transition};
+use super::store::{KeyLock, Transition, since_boot};
 use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
@@ -67,7 +66,7 @@ where
         let body = body.clone();
         let held: &KeyLock = lock;
         // Before BEGIN: the lease this transaction renews counts from the server's `now()`, later.
-        let sent = Instant::now();
+        let sent = since_boot();
         let result = db::bounded(conn.transaction(async |conn| {
             let (transition, value) = body(conn).await?;
             if !held.apply(conn, &transition).await? {

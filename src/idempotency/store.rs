@@ -1,6 +1,6 @@
 //! The key row's life: claimed, moved from phase to phase under a fenced lock, finished, released.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -56,9 +56,10 @@ pub struct StoredResponse {
 ///
 /// The lock is a lease: each statement that takes or renews it sets the row's `locked_until` to
 /// the database's `now()` plus the holder's lock timeout, and another driver may take the key over
-/// once that has passed. The holder keeps its own estimate of the end ([`KeyLock::time_left`]) on
-/// this process's monotonic clock, counted from *before* the statement was sent: the server's
-/// `now()` is later than that, so the estimate ends early, never late, and costs no round trip.
+/// once that has passed. The holder keeps its own estimate of the end ([`KeyLock::time_left`]),
+/// counted from *before* the statement was sent: the server's `now()` is later than that, so the
+/// estimate ends early, never late, and costs no round trip. It is kept on [`since_boot`], a clock
+/// that goes on counting while the process is stopped or the machine suspended.
 #[derive(Debug, Clone)]
 pub struct KeyLock {
     pub account_id: Uuid,
@@ -67,8 +68,16 @@ pub struct KeyLock {
     recovery_point: RecoveryPoint,
     resumed: bool,
     lease: Duration,
-    /// When the lease ends at the earliest.
-    expires: Instant,
+    /// When the lease ends at the earliest, on [`since_boot`].
+    expires: Duration,
+}
+
+/// Time since the machine booted, suspensions included (`CLOCK_BOOTTIME`). `Instant` would not
+/// do: on Linux it stops while the machine sleeps, and a lease judged by it would seem to last
+/// longer than it did.
+pub(super) fn since_boot() -> Duration {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).expect("Linux has CLOCK_BOOTTIME");
+    Duration::from(now)
 }
 
 /// How a phase leaves the key row, applied in the phase's own transaction.
@@ -100,7 +109,7 @@ pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Durati
     let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease) };
     // One retry covers the one race (both inserting a new key); two more are a safety margin.
     for _ in 0..3 {
-        let sent = Instant::now();
+        let sent = since_boot();
         let Some(row) = db::query(async { query.get_result::<ClaimRow>(conn).await.optional() }).await? else {
             continue;
         };
@@ -125,7 +134,8 @@ pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Durati
 pub(super) struct Lease {
     pub token: Uuid,
     pub length: Duration,
-    pub sent: Instant,
+    /// On [`since_boot`].
+    pub sent: Duration,
 }
 
 impl KeyLock {
@@ -144,7 +154,7 @@ impl KeyLock {
     /// gateway call) checks that this covers it: past the lease, another driver may be doing the
     /// same.
     pub fn time_left(&self) -> Duration {
-        self.expires.saturating_duration_since(Instant::now())
+        self.expires.saturating_sub(since_boot())
     }
 
     /// Whether an earlier run drove this key before (a retry, or a worker taking it over), so
@@ -199,7 +209,7 @@ impl KeyLock {
 
     /// Records a committed transition, whose transaction was begun at `sent`: it renewed the
     /// lease from then on.
-    pub(super) fn advance_to(&mut self, transition: &Transition, sent: Instant) {
+    pub(super) fn advance_to(&mut self, transition: &Transition, sent: Duration) {
         self.expires = sent + self.lease;
         match transition {
             Transition::Stay => {}

@@ -30,6 +30,8 @@
 //! `started` and the client is told 503, retry with the same key. The same driver
 //! serves a client's request and a worker finishing an abandoned one ([`complete_abandoned`]).
 
+use std::sync::Arc;
+
 use serde_json::json;
 use uuid::Uuid;
 
@@ -38,7 +40,7 @@ use super::request::PaymentRequest;
 use super::view::{PaymentView, expired_key_response, final_response};
 use crate::audit::{Actor, AuditRecord};
 use crate::db::{self, PooledConnection, StoreError};
-use crate::faults::{CrashPoint, Fault, fault_at};
+use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, ChargeRequest, GatewayError};
 use crate::idempotency::{
     Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, RecoveryPoint,
@@ -180,13 +182,13 @@ impl<'a> Driver<'a> {
             match self.lock.recovery_point() {
                 RecoveryPoint::Started => {
                     let payment = self.start().await?;
-                    fault_at(self.fault, CrashPoint::AfterStarted);
+                    fault_at(self.fault, FaultPoint::AfterStarted);
                     let outcome = self.charge(&payment).await?;
-                    fault_at(self.fault, CrashPoint::AfterCharge);
+                    fault_at(self.fault, FaultPoint::AfterCharge);
                     self.record_charge(payment.id, outcome).await?;
                 }
                 RecoveryPoint::ChargeCreated => {
-                    fault_at(self.fault, CrashPoint::AfterChargeCreated);
+                    fault_at(self.fault, FaultPoint::AfterChargeCreated);
                     self.finish().await?;
                 }
                 RecoveryPoint::Finished => {
@@ -235,16 +237,7 @@ impl<'a> Driver<'a> {
     async fn charge(&mut self, payment: &Payment) -> Result<ChargeOutcome, CreateError> {
         self.conn = None;
         let gateway = &self.state.gateway;
-        // A resumed payment is asked about only at the gateway it started at, as it is now.
-        let ours = match self.lock.resumed() {
-            true => gateway.fresh_id().await,
-            false => gateway.id().await,
-        };
-        let ours = ours.map_err(indeterminate)?;
-        if payment.gateway.as_deref() != Some(&*ours) {
-            let recorded = payment.gateway.clone().unwrap_or_else(|| "(none recorded)".into());
-            return Err(CreateError::WrongGateway { recorded, ours: ours.to_string() });
-        }
+        let at = self.payments_gateway(payment).await?;
         let key = gateway::downstream_key(self.lock.account_id, self.lock.key_id);
         let request = ChargeRequest {
             amount: self.request.amount,
@@ -259,7 +252,7 @@ impl<'a> Driver<'a> {
         let found = match self.lock.resumed() {
             true => {
                 self.check_lease_outlasts_a_call()?;
-                gateway.find_charge(&key, &request).await
+                gateway.find_charge(&at, &key, &request).await
             }
             false => Ok(None),
         };
@@ -270,7 +263,11 @@ impl<'a> Driver<'a> {
             }
             Ok(None) => {
                 self.check_lease_outlasts_a_call()?;
-                gateway.charge(&key, &request).await
+                let answer = gateway.charge(&at, &key, &request).await;
+                if let Err(GatewayError::OtherGateway { answered }) = &answer {
+                    self.follow_charge_to(payment, answered).await?;
+                }
+                answer
             }
             Err(error) => Err(error),
         };
@@ -284,6 +281,45 @@ impl<'a> Driver<'a> {
             }
             Err(error) => Err(indeterminate(error)),
         }
+    }
+
+    /// The gateway the payment is charged through, if it is this process's: only there may it be
+    /// looked up or charged. A resumed payment may have been charged already, so the gateway is
+    /// asked who it is now (this process's idea of it may be out of date): a gateway that replaced
+    /// the payment's at its address would find nothing, and must not even be asked.
+    async fn payments_gateway(&self, payment: &Payment) -> Result<Arc<str>, CreateError> {
+        let gateway = &self.state.gateway;
+        let recorded = payment.gateway.as_deref();
+        let ours = match self.lock.resumed() {
+            true => gateway.fresh_id().await,
+            false => gateway.id().await,
+        };
+        let ours = ours.map_err(indeterminate)?;
+        match recorded {
+            Some(recorded) if recorded == &*ours => Ok(ours),
+            _ => {
+                let recorded = recorded.unwrap_or("(none recorded)").to_owned();
+                Err(CreateError::WrongGateway { recorded, ours: ours.to_string() })
+            }
+        }
+    }
+
+    /// Another gateway than the payment's answered its charge request (this process's idea of
+    /// the gateway was out of date: it was replaced at its address). That gateway is where a
+    /// charge may now exist, and the payment's own was never asked to charge (a fresh key's
+    /// gateway is asked nothing else; a resumed key's just found no charge there): record it as
+    /// the payment's gateway, so that the retry reconciles there.
+    async fn follow_charge_to(&mut self, payment: &Payment, answered: &str) -> Result<(), CreateError> {
+        let actor = self.actor;
+        let conn = connection(&mut self.conn, self.state).await?;
+        atomic_phase(conn, &mut self.lock, async |conn| {
+            let moved = Payment::record_gateway(conn, payment.account_id, payment.id, answered).await?;
+            let data = json!({ "from": payment.gateway, "to": answered });
+            audit(&moved, actor, "payment.gateway_changed", data).insert(conn).await?;
+            Ok((Transition::Stay, ()))
+        })
+        .await?;
+        Ok(())
     }
 
     /// Refuses to start a gateway call that could still be running when the lease on the key ends

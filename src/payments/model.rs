@@ -165,6 +165,22 @@ impl Payment {
             .await
     }
 
+    /// Records the gateway a payment is charged through, when another answered its charge.
+    pub async fn record_gateway(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        id: Uuid,
+        gateway: &str,
+    ) -> QueryResult<Payment> {
+        diesel::update(payments::table)
+            .filter(payments::account_id.eq(account_id))
+            .filter(payments::id.eq(id))
+            .set((payments::gateway.eq(gateway), payments::updated_at.eq(diesel::dsl::now)))
+            .returning(Payment::as_returning())
+            .get_result(conn)
+            .await
+    }
+
     /// Records the gateway's definitive answer.
     pub async fn record_outcome(
         conn: &mut AsyncPgConnection,

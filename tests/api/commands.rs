@@ -17,7 +17,7 @@ async fn serve_and_worker_refuse_unsafe_settings_and_say_how_to_fix_them() {
         let short_lock = payments(&[command, "--lock-timeout-ms", "20000"], &[]).await;
         assert!(!short_lock.status.success());
         let error = String::from_utf8_lossy(&short_lock.stderr);
-        assert!(error.contains("PAYMENTS_LOCK_TIMEOUT_MS") && error.contains("at least 29500 ms"), "{error}");
+        assert!(error.contains("PAYMENTS_LOCK_TIMEOUT_MS") && error.contains("at least 39500 ms"), "{error}");
 
         let short_retention = payments(&[command], &[("PAYMENTS_KEY_RETENTION_SECS", "60")]).await;
         assert!(!short_retention.status.success());
@@ -118,4 +118,22 @@ async fn embedded_mode_never_serves_the_demo_key_beyond_loopback() {
     let error = String::from_utf8_lossy(&serve.stderr);
     assert!(error.contains("sk_test_demo") && error.contains("127.0.0.1") && error.contains("DATABASE_URL"), "{error}");
     assert!(!std::path::Path::new(&data_dir).exists(), "refused before any cluster was made");
+}
+
+#[tokio::test]
+async fn serve_moves_its_mock_off_a_taken_usual_address_and_says_so() {
+    // Hold the usual address, unless something else already does.
+    let _held = std::net::TcpListener::bind(payments::config::DEFAULT_GATEWAY_BIND);
+    let data_dir = unused_data_dir();
+
+    let serve = crate::helpers::Process::serve_with(&["serve"], &[("PAYMENTS_DATA_DIR", data_dir.as_str())]).await;
+
+    let mut stdout = serve.stdout.clone();
+    let printed =
+        stdout.wait_for(|lines| lines.iter().any(|line| line.starts_with("gateway: "))).await.unwrap().clone();
+    let gateway = printed.iter().find_map(|line| line.strip_prefix("gateway: in-process mock at ")).unwrap();
+    assert!(gateway.ends_with("(127.0.0.1:8081 is taken)"), "{gateway}");
+    assert!(!gateway.starts_with("http://127.0.0.1:8081 "), "{gateway}");
+    drop(serve);
+    let _ = std::fs::remove_dir_all(&data_dir);
 }

@@ -61,8 +61,7 @@ async fn the_completer_looks_the_charge_up_before_charging() {
     let key = new_key();
     let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
     app.seed_payment(key_id, &key, "pending", None).await;
-    let found =
-        json!({ "object": "list", "data": [listed_charge(&app.downstream_key(key_id), json!({ "id": "ch_found" }))] });
+    let found = json!({ "object": "list", "data": [listed_charge(&app.downstream_key(key_id), json!({ "id": "ch_found", "status": "succeeded" }))] });
     Mock::given(method("GET"))
         .and(path("/v1/charges"))
         .and(wiremock::matchers::query_param("idempotency_key", app.downstream_key(key_id).as_str()))

@@ -16,8 +16,8 @@ use uuid::Uuid;
 use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, wait_for};
 
 /// Short enough that a crashed request's lock goes stale quickly: the shortest the service accepts
-/// for this gateway timeout (three of them, plus 6 s of database work).
-const LOCK_TIMEOUT_MS: &str = "10500";
+/// for this gateway timeout (three calls, 7.5 s of phase attempts, a 1 s checkout, 1 s to spare).
+const LOCK_TIMEOUT_MS: &str = "11000";
 const GATEWAY_TIMEOUT_MS: &str = "500";
 
 /// A request that crashed the process at `point`, and what is left of it.

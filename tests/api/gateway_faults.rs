@@ -91,7 +91,31 @@ async fn an_unreadable_success_is_a_503_and_the_retry_finishes() {
 
 #[tokio::test]
 async fn a_dropped_connection_is_a_503() {
-    // A "gateway" that accepts connections and closes them without a word.
+    // A "gateway" that says it has no identity of its own, and closes every charge request's
+    // connection without a word.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut request = [0; 4096];
+            let read = tokio::io::AsyncReadExt::read(&mut socket, &mut request).await.unwrap_or(0);
+            if request[..read].starts_with(b"GET /v1/account") {
+                let not_found = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut socket, not_found).await;
+            }
+        }
+    });
+    let app = TestApp::builder().gateway_url(url).spawn().await;
+    let key = new_key();
+
+    let response = app.post_payment(&key, &payment_body()).await;
+
+    assert_indeterminate(&app, &key, response).await;
+}
+
+#[tokio::test]
+async fn a_gateway_that_cannot_say_who_it_is_gets_no_payment_started() {
+    // Every connection closes without a word, the identity look-up's too.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
@@ -104,12 +128,11 @@ async fn a_dropped_connection_is_a_503() {
 
     let response = app.post_payment(&key, &payment_body()).await;
 
-    // Not even its identity could be learnt, so no payment was started at it.
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     let row = app.key_row(&key).await.unwrap();
     assert_eq!((row.recovery_point.as_str(), row.locked_until), ("started", None));
     let (keys, payments, _, jobs) = app.row_counts().await;
-    assert_eq!((keys, payments, jobs), (1, 0, 0));
+    assert_eq!((keys, payments, jobs), (1, 0, 0), "no payment, so nothing to charge");
 }
 
 #[tokio::test]

@@ -32,7 +32,8 @@ async fn a_worker_at_another_gateway_never_charges_a_payment_started_elsewhere()
         assert_eq!(elsewhere.completer.run_once().await.unwrap(), Outcome::Worked);
     }
 
-    assert_eq!(at_second.stats().await.requests, 0, "never charged at a gateway that knows nothing of it");
+    let asked = at_second.stats().await;
+    assert_eq!((asked.requests, asked.look_ups), (0, 0), "never asked a gateway that knows nothing of it");
     let attention = needing_attention(&mut app.db().await).await.unwrap();
     assert_eq!(attention.len(), 1);
     assert!(attention[0].attention_reason.contains(&*app.gateway_id().await), "{}", attention[0].attention_reason);
@@ -59,5 +60,34 @@ async fn a_gateway_restarted_with_an_empty_memory_is_another_gateway() {
 
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::SERVICE_UNAVAILABLE, "it waits for the gateway it started at");
-    assert_eq!(GatewayControl::new(&restarted.url).stats().await.requests, 0, "and never charges again");
+    let asked = GatewayControl::new(&restarted.url).stats().await;
+    assert_eq!((asked.requests, asked.look_ups), (0, 0), "and never asks the new one about it");
+}
+
+#[tokio::test]
+async fn a_payment_charged_at_a_gateway_replaced_since_this_process_last_asked_follows_it_there() {
+    let mut gateway = Process::gateway().await;
+    let app = TestApp::builder().gateway_url(&gateway.url).spawn().await;
+    // The app has learnt who its gateway is...
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
+    // ...which is then replaced at the same address, unbeknown to it.
+    let address = gateway.url.trim_start_matches("http://").to_owned();
+    gateway.signal(nix::sys::signal::Signal::SIGKILL);
+    gateway.exited().await;
+    let replaced =
+        Process::start(&["gateway", "--bind", &address, "--control"], &[], "payments gateway listening on").await;
+    let at_replaced = GatewayControl::new(&replaced.url);
+    at_replaced.fault("error_after", 1).await;
+    let key = new_key();
+
+    // The new gateway charges, and the answer is lost; the payment follows the charge there...
+    let first = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // ...so the retry reconciles there, and adopts the one charge.
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    assert_eq!(at_replaced.stats().await.charges, 1);
+    let trail = app.audit_trail().await;
+    assert!(trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
 }

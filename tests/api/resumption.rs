@@ -146,7 +146,7 @@ async fn a_resumed_key_adopts_the_charge_the_gateway_already_made() {
         .and(path("/v1/charges"))
         .and(wiremock::matchers::query_param("idempotency_key", downstream.as_str()))
         .respond_with(ResponseTemplate::new(200).set_body_json(
-            json!({ "object": "list", "data": [listed_charge(&downstream, json!({ "id": "ch_lost_answer" }))] }),
+            json!({ "object": "list", "data": [listed_charge(&downstream, json!({ "id": "ch_lost_answer", "status": "succeeded" }))] }),
         ))
         .expect(1)
         .mount(&gateway)

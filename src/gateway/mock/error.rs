@@ -56,6 +56,9 @@ struct ErrorDetail<'a> {
     r#type: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     code: Option<&'a str>,
+    /// The request parameter the error is about, as Stripe names it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    param: Option<&'a str>,
     message: String,
 }
 
@@ -79,8 +82,12 @@ impl ApiError {
 
     fn body(&self) -> Vec<u8> {
         let (r#type, code) = self.kind();
+        let param = match self {
+            Self::InvalidCharge(InvalidCharge::NoSuchToken(_)) => Some("source"),
+            _ => None,
+        };
         let message = self.to_string();
-        let body = ErrorBody { error: ErrorDetail { r#type, code, message } };
+        let body = ErrorBody { error: ErrorDetail { r#type, code, param, message } };
         serde_json::to_vec(&body).expect("an error body always serializes")
     }
 

@@ -17,7 +17,8 @@
 //!   out whether an earlier attempt charged even after the gateway has
 //!   forgotten the key.
 //! - `GET /v1/account`: the gateway's identity, `acct_…`, new each time it
-//!   starts (its memory is new too).
+//!   starts (its memory is new too). Every answer also names it, in the
+//!   `Gateway-Account` header.
 //! - `/_control/…`, only when started with [`Controls::Served`]: `faults`
 //!   (`POST` a plan, `GET` it, `DELETE` it), `DELETE idempotency-keys` (forget
 //!   every answered key, keep the charges), and `GET stats`.
@@ -51,6 +52,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 
 use actix_web::dev::ServerHandle;
+use actix_web::middleware::DefaultHeaders;
 use actix_web::{App, HttpServer, web};
 use tokio::task::JoinHandle;
 
@@ -77,16 +79,22 @@ impl MockGateway {
         let addr = listener.local_addr()?;
         let state = web::Data::new(routes::AppState::new(faults));
         let configure = move |cfg: &mut web::ServiceConfig| routes::configure(cfg, controls);
-        let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(configure))
-            .listen(listener)?
-            .workers(1)
-            .disable_signals()
-            // Drop a request as soon as its client hangs up; otherwise a
-            // `timeout_after` request would wait for an answer forever.
-            .h1_allow_half_closed(false)
-            // A mock has nothing worth waiting long for when stopping.
-            .shutdown_timeout(1)
-            .run();
+        // Every answer says which gateway gave it, so that a client never takes one gateway's
+        // answer for another's.
+        let identity = (crate::gateway::IDENTITY_HEADER, state.account_id().to_owned());
+        let server = HttpServer::new(move || {
+            let identify = DefaultHeaders::new().add(identity.clone());
+            App::new().wrap(identify).app_data(state.clone()).configure(configure)
+        })
+        .listen(listener)?
+        .workers(1)
+        .disable_signals()
+        // Drop a request as soon as its client hangs up; otherwise a
+        // `timeout_after` request would wait for an answer forever.
+        .h1_allow_half_closed(false)
+        // A mock has nothing worth waiting long for when stopping.
+        .shutdown_timeout(1)
+        .run();
         let handle = server.handle();
         let task = tokio::spawn(server);
         Ok(MockGateway { addr, handle, task })

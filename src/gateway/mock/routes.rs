@@ -31,6 +31,11 @@ impl AppState {
         AppState { account_id: format!("acct_{suffix}"), ledger: Mutex::default(), faults: Mutex::new(faults) }
     }
 
+    /// Who this gateway is.
+    pub(super) fn account_id(&self) -> &str {
+        &self.account_id
+    }
+
     /// Counts an incoming charge request and draws its fault.
     fn arrive(&self) -> Fault {
         lock(&self.ledger).count_request();
@@ -184,7 +189,9 @@ struct ChargeList {
 /// `GET /v1/charges?idempotency_key=K`, answered from the charges themselves
 /// so that it works after the idempotency cache has been forgotten.
 async fn list_charges(state: web::Data<AppState>, query: web::Query<ListQuery>) -> HttpResponse {
-    let data = lock(&state.ledger).charges_with_key(&query.idempotency_key);
+    let mut ledger = lock(&state.ledger);
+    ledger.count_look_up();
+    let data = ledger.charges_with_key(&query.idempotency_key);
     HttpResponse::Ok().json(ChargeList { object: "list", data })
 }
 

@@ -115,6 +115,8 @@ pub(super) struct Stats {
     declined: u64,
     /// Every `POST /v1/charges` received, replays and faulted ones included.
     requests: u64,
+    /// Every look-up by key (`GET /v1/charges?idempotency_key=`) received.
+    look_ups: u64,
 }
 
 #[derive(Debug)]
@@ -138,6 +140,11 @@ impl Ledger {
     /// Counts one `POST /v1/charges`, whatever becomes of it.
     pub(super) fn count_request(&mut self) {
         self.stats.requests += 1;
+    }
+
+    /// Counts one look-up by key.
+    pub(super) fn count_look_up(&mut self) {
+        self.stats.look_ups += 1;
     }
 
     /// Decides what a request with this key and body may do. A granted

@@ -33,6 +33,7 @@ pub struct GatewayStats {
     pub charges: u64,
     pub declined: u64,
     pub requests: u64,
+    pub look_ups: u64,
 }
 
 pub struct GatewayControl {
