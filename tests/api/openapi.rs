@@ -4,6 +4,8 @@ use std::collections::BTreeSet;
 
 use payments::http::problem::ProblemType;
 use payments::http::{ENDPOINTS, OPENAPI_YAML};
+use payments::payments::CreatePaymentBody;
+use serde_json::json;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn spec() -> Yaml {
@@ -33,6 +35,38 @@ fn every_route_is_in_the_spec_and_every_operation_in_the_spec_is_a_route() {
 fn every_problem_type_is_documented() {
     for kind in ProblemType::ALL {
         assert!(OPENAPI_YAML.contains(&kind.uri()), "openapi.yaml does not document {}", kind.uri());
+    }
+}
+
+#[test]
+fn the_spec_lists_the_currencies_the_api_charges_with_their_largest_amounts() {
+    let spec = spec();
+    let schema = &spec["components"]["schemas"]["CreatePayment"];
+    let codes = |list: &Yaml| -> BTreeSet<String> {
+        list.as_vec().expect("a list of codes").iter().map(|code| code.as_str().unwrap().to_owned()).collect()
+    };
+    let listed = codes(&schema["properties"]["currency"]["enum"]);
+    let without_minor_units = codes(&schema["if"]["properties"]["currency"]["enum"]);
+    let largest_amount = |code: &str| {
+        let bounds = if without_minor_units.contains(code) { &schema["then"] } else { schema };
+        bounds["properties"]["amount"]["maximum"].as_i64().unwrap()
+    };
+    let accepts = |currency: &str, amount: i64| {
+        let body = json!({ "amount": amount, "currency": currency, "source": "tok_visa" });
+        serde_json::from_value::<CreatePaymentBody>(body).unwrap().validate().is_ok()
+    };
+    let letters = || b'a'..=b'z';
+    for code in letters().flat_map(|a| letters().flat_map(move |b| letters().map(move |c| [a, b, c]))) {
+        let lower = String::from_utf8(code.to_vec()).unwrap();
+        let capitalised = format!("{}{}", lower[..1].to_uppercase(), &lower[1..]);
+        for currency in [lower.to_uppercase(), capitalised, lower] {
+            let is_listed = listed.contains(&currency);
+            assert_eq!(accepts(&currency, 1), is_listed, "{currency}");
+            if is_listed {
+                let max = largest_amount(&currency);
+                assert!(accepts(&currency, max) && !accepts(&currency, max + 1), "{currency} up to {max}");
+            }
+        }
     }
 }
 
