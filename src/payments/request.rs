@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use iso_currency::Currency;
+use serde::de::{Deserializer, Error as _, Unexpected};
 use serde::{Deserialize, Serialize};
 
 /// The largest amount in any currency, in minor units (99,999,999 cents is just under a million
@@ -22,6 +23,7 @@ pub const MAX_SOURCE_CHARS: usize = 255;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePaymentBody {
+    #[serde(deserialize_with = "integral_number")]
     pub amount: i64,
     pub currency: String,
     pub source: String,
@@ -115,6 +117,19 @@ fn max_amount(currency: Currency) -> Option<i64> {
     Some((10_i64.saturating_pow(MAX_MAJOR_UNIT_DIGITS + exponent) - 1).min(MAX_AMOUNT))
 }
 
+/// JSON has one kind of number, and JSON Schema counts `51803.0` as an integer, so an integral
+/// number is accepted however it is written; `10.5` is not an amount of minor units. A number
+/// too large for `i64` saturates, and is then refused by the amount's range.
+fn integral_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let float = number.as_f64().unwrap_or(f64::NAN);
+    match number.as_i64() {
+        Some(integer) => Ok(integer),
+        None if float.fract() == 0.0 => Ok(float as i64),
+        None => Err(D::Error::invalid_type(Unexpected::Float(float), &"an integer")),
+    }
+}
+
 impl PaymentRequest {
     /// The canonical JSON value: fingerprinted, and stored as the key's request params.
     pub fn to_params(&self) -> serde_json::Value {
@@ -187,6 +202,20 @@ mod tests {
             let error = with(max + 1).validate().unwrap_err();
             assert!(error.0.starts_with("amount ") && error.0.contains(&max.to_string()), "{currency}: {error}");
         }
+    }
+
+    #[test]
+    fn an_integral_amount_written_with_a_fraction_is_the_same_request() {
+        let params = |amount: &str| {
+            body(&format!(r#"{{"amount": {amount}, "currency": "usd", "source": "tok_visa"}}"#))
+                .validate()
+                .unwrap()
+                .to_params()
+        };
+        assert_eq!(params("51803.0"), params("51803"));
+        assert_eq!(params("5.1803e4"), params("51803"));
+        // An integer too large for any amount is refused by the range, not mistaken for another.
+        assert!(body(r#"{"amount": 1e20, "currency": "usd", "source": "tok_visa"}"#).validate().is_err());
     }
 
     #[test]
