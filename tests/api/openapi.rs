@@ -4,7 +4,9 @@ use std::collections::BTreeSet;
 
 use payments::http::problem::ProblemType;
 use payments::http::{ENDPOINTS, OPENAPI_YAML};
+use payments::idempotency::IdempotencyKey;
 use payments::payments::CreatePaymentBody;
+use regex::Regex;
 use serde_json::json;
 use yaml_rust2::{Yaml, YamlLoader};
 
@@ -35,6 +37,32 @@ fn every_route_is_in_the_spec_and_every_operation_in_the_spec_is_a_route() {
 fn every_problem_type_is_documented() {
     for kind in ProblemType::ALL {
         assert!(OPENAPI_YAML.contains(&kind.uri()), "openapi.yaml does not document {}", kind.uri());
+    }
+}
+
+#[test]
+fn the_spec_and_the_parser_accept_the_same_idempotency_keys() {
+    let spec = spec();
+    let pattern = spec["components"]["parameters"]["IdempotencyKey"]["schema"]["pattern"].as_str();
+    let pattern = Regex::new(pattern.expect("the key's schema has a pattern")).unwrap();
+    // Every value of up to five characters made of those that matter, then the length limits.
+    let mut values = vec![String::new()];
+    for length in 1..=5 {
+        let shorter: Vec<String> = values.iter().filter(|value| value.chars().count() == length - 1).cloned().collect();
+        values
+            .extend(shorter.iter().flat_map(|value| ["k", " ", "\"", "\\", "\t", "é"].map(|c| format!("{value}{c}"))));
+    }
+    let quoted = |key: String| format!("\"{key}\"");
+    values.extend([
+        "k".repeat(255),
+        "k".repeat(256),
+        quoted("k".repeat(255)),
+        quoted("k".repeat(256)),
+        quoted(format!("{}{}", r#"\""#.repeat(200), "k".repeat(55))),
+        quoted(format!("{}{}", r#"\\"#.repeat(200), "k".repeat(56))),
+    ]);
+    for value in values {
+        assert_eq!(pattern.is_match(&value), IdempotencyKey::parse(value.as_bytes()).is_ok(), "{value:?}");
     }
 }
 
