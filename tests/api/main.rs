@@ -12,6 +12,7 @@ mod fencing;
 mod gateway_faults;
 mod gateway_mock;
 mod helpers;
+mod logs;
 mod many_instances;
 mod openapi;
 mod outbox;
