@@ -156,6 +156,16 @@ mod tests {
     }
 
     #[test]
+    fn no_metadata_null_metadata_and_empty_metadata_are_the_same_request() {
+        let params = |metadata: &str| {
+            let json = format!(r#"{{"amount": 1000, "currency": "usd", "source": "tok_visa"{metadata}}}"#);
+            body(&json).validate().unwrap().to_params()
+        };
+        assert_eq!(params(r#", "metadata": null"#), params(""));
+        assert_eq!(params(r#", "metadata": {}"#), params(""));
+    }
+
+    #[test]
     fn each_rule_rejects_with_a_message() {
         let long = "x".repeat(501);
         let many: String = (0..21).map(|i| format!(r#""k{i}": "v""#)).collect::<Vec<_>>().join(",");
