@@ -71,6 +71,19 @@ async fn the_quoted_key_form_names_the_same_key() {
 }
 
 #[tokio::test]
+async fn spaces_around_a_bare_key_are_not_part_of_it() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+
+    // HTTP drops them before the service sees the header, as the spec says.
+    let retry = app.post_payment(&format!("  {key}\t "), &payment_body()).await;
+
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(retry.bytes().await.unwrap(), first);
+}
+
+#[tokio::test]
 async fn a_stored_decline_is_replayed_too() {
     let app = TestApp::spawn().await;
     let key = new_key();
