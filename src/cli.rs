@@ -3,11 +3,15 @@
 use clap::{Parser, Subcommand};
 
 use crate::config::{CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, WorkerCommandArgs};
+use crate::telemetry::LogFormat;
 
 /// A reference payment API: idempotency keys, atomic phases and recovery points on PostgreSQL.
 #[derive(Parser)]
 #[command(name = "payments", version, about)]
 pub struct Cli {
+    /// How every command writes its logs (to stderr): `text`, or `json` for one object per line.
+    #[arg(long, global = true, env = "PAYMENTS_LOG_FORMAT", value_enum, default_value_t)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -18,6 +18,7 @@
 //! | `PAYMENTS_WEBHOOK_TIMEOUT_MS` | `10000` | timeout of one event delivery |
 //! | `PAYMENTS_WEBHOOK_BACKOFF_MS` | `1000` | first wait before redelivering a failed event; doubles per attempt |
 //! | `PAYMENTS_WEBHOOK_MAX_ATTEMPTS` | `10` | delivery attempts after which an event is dead-lettered |
+//! | `PAYMENTS_LOG_FORMAT` | `text` | `text` (coloured only on a terminal) or `json` lines; in `cli.rs`, as every command logs |
 //!
 //! Flags and variables are parsed here and turned into typed values ([`Settings`], `Duration`s) at
 //! the edge; tests build [`Settings`] in code instead of through the process environment.

@@ -5,7 +5,7 @@ use payments::commands;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    payments::telemetry::init();
+    payments::telemetry::init(cli.log_format);
     match cli.command {
         Command::Serve(args) => commands::serve::run(args).await,
         Command::Worker(args) => commands::worker::run(args).await,

@@ -64,7 +64,8 @@ impl FromRequest for IdempotencyKeyHeader {
 }
 
 /// The fault a request asks for with `X-Fault-Inject`: always none unless fault injection is
-/// enabled, in which case a malformed header is a 400.
+/// enabled. A malformed header is a 400 either way, as the API documents the header's values
+/// whether or not this service honours them.
 pub struct FaultRequest(pub Option<Fault>);
 
 impl FromRequest for FaultRequest {
@@ -73,16 +74,12 @@ impl FromRequest for FaultRequest {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let enabled = req.app_data::<web::Data<AppState>>().is_some_and(|state| state.settings.fault_injection);
-        let header = req.headers().get(FAULT_HEADER).filter(|_| enabled);
-        ready(match header {
-            None => Ok(FaultRequest(None)),
-            Some(value) => value
-                .to_str()
-                .map_err(|e| e.to_string())
-                .and_then(str::parse)
-                .map(|fault| FaultRequest(Some(fault)))
-                .map_err(ApiError::InvalidRequest),
-        })
+        let requested = req
+            .headers()
+            .get(FAULT_HEADER)
+            .map(|value| value.to_str().map_err(|e| e.to_string()).and_then(str::parse))
+            .transpose();
+        ready(requested.map(|fault| FaultRequest(fault.filter(|_| enabled))).map_err(ApiError::InvalidRequest))
     }
 }
 

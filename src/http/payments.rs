@@ -74,7 +74,8 @@ pub async fn list_payments(
         None => None,
         Some(cursor) => match db::query(Payment::position(&mut conn, account.id, cursor)).await? {
             Some(position) => Some(position),
-            None => return Err(ApiError::InvalidRequest(format!("starting_after: there is no payment {cursor}."))),
+            // The cursor names nothing that exists, as an unknown id does on its own path.
+            None => return Err(ApiError::PaymentNotFound),
         },
     };
     let mut page = db::query(Payment::list(&mut conn, account.id, before, limit)).await?;

@@ -9,6 +9,8 @@ pub const MAX_KEY_LENGTH: usize = 255;
 ///
 /// Accepted bare, as Stripe's clients send it (`Idempotency-Key: abc`), or as an RFC 8941 quoted
 /// string, as the IETF draft specifies (`Idempotency-Key: "abc"`); both forms name the same key.
+/// HTTP drops white space around a header's value, so a bare key cannot start or end with a space:
+/// such a key is sent quoted (`" abc "`). `openapi.yaml` says the same with a pattern.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(String);
 
@@ -23,6 +25,8 @@ pub enum KeyError {
     TooLong,
     #[error("the Idempotency-Key may contain only printable ASCII characters (0x20 to 0x7E)")]
     NotPrintableAscii,
+    #[error("a bare Idempotency-Key cannot start or end with a space, which HTTP drops; quote such a key")]
+    SurroundingSpace,
     #[error("the Idempotency-Key starts with a quote but is not a valid RFC 8941 string")]
     MalformedQuotedString,
 }
@@ -32,6 +36,7 @@ impl IdempotencyKey {
     pub fn parse(value: &[u8]) -> Result<IdempotencyKey, KeyError> {
         let key = match value {
             [b'"', ..] => unquote(value)?,
+            [b' ', ..] | [.., b' '] => return Err(KeyError::SurroundingSpace),
             _ if value.iter().all(|b| is_printable_ascii(*b)) => {
                 String::from_utf8(value.to_vec()).map_err(|_| KeyError::NotPrintableAscii)?
             }
@@ -110,6 +115,14 @@ mod tests {
     }
 
     #[test]
+    fn spaces_at_the_ends_of_a_key_need_the_quoted_form() {
+        for bare in [&b" k"[..], b"k ", b" "] {
+            assert_eq!(IdempotencyKey::parse(bare), Err(KeyError::SurroundingSpace), "{bare:?}");
+        }
+        assert_eq!(IdempotencyKey::parse(b"\" k \"").unwrap().as_str(), " k ");
+    }
+
+    #[test]
     fn invalid_keys_are_rejected_with_their_reason() {
         let cases: [(&[u8], KeyError); 8] = [
             (b"", KeyError::Empty),
@@ -130,6 +143,7 @@ mod tests {
     fn the_limits_are_inclusive() {
         assert!(IdempotencyKey::parse(b"k").is_ok());
         assert!(IdempotencyKey::parse(&[b'k'; 255]).is_ok());
-        assert!(IdempotencyKey::parse(b" ~").is_ok());
+        assert!(IdempotencyKey::parse(b"!~").is_ok());
+        assert!(IdempotencyKey::parse(b"\" ~\"").is_ok());
     }
 }

@@ -2,10 +2,16 @@
 
 use std::collections::BTreeMap;
 
+use iso_currency::Currency;
+use serde::de::{Deserializer, Error as _, Unexpected};
 use serde::{Deserialize, Serialize};
 
-/// The largest amount, in minor units (99,999,999 cents is just under a million dollars).
+/// The largest amount in any currency, in minor units (99,999,999 cents is just under a million
+/// dollars).
 pub const MAX_AMOUNT: i64 = 99_999_999;
+/// An amount is under a million major units (10^6) in every currency, so that a currency with
+/// fewer minor units (JPY has none) cannot be charged a hundred times more than a dollar amount.
+const MAX_MAJOR_UNIT_DIGITS: u32 = 6;
 pub const MAX_DESCRIPTION_CHARS: usize = 500;
 pub const MAX_METADATA_KEYS: usize = 20;
 pub const MAX_METADATA_KEY_CHARS: usize = 40;
@@ -17,6 +23,7 @@ pub const MAX_SOURCE_CHARS: usize = 255;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreatePaymentBody {
+    #[serde(deserialize_with = "integral_number")]
     pub amount: i64,
     pub currency: String,
     pub source: String,
@@ -46,11 +53,23 @@ impl CreatePaymentBody {
     /// Checks every rule and returns the canonical request, or the first rule broken.
     pub fn validate(self) -> Result<PaymentRequest, ValidationError> {
         let fail = |message: String| Err(ValidationError(message));
-        if !(1..=MAX_AMOUNT).contains(&self.amount) {
-            return fail(format!("amount must be an integer from 1 to {MAX_AMOUNT} (minor units)"));
-        }
-        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_alphabetic()) {
-            return fail("currency must be a three-letter ISO 4217 code, such as \"usd\"".into());
+        // Lower or upper case, as openapi.yaml lists the codes; a mix ("Usd") is not one.
+        let code = self.currency.to_ascii_uppercase();
+        let in_one_case = code == self.currency || code.to_ascii_lowercase() == self.currency;
+        let Some(currency) = Currency::from_code(&code).filter(|_| in_one_case) else {
+            return fail("currency must be an ISO 4217 code in lower or upper case, such as \"usd\"".into());
+        };
+        let Some(max_amount) = max_amount(currency) else {
+            return fail(format!(
+                "currency {} has no minor units (a precious metal, a unit of account or a testing code), so it cannot be charged",
+                currency.code()
+            ));
+        };
+        if !(1..=max_amount).contains(&self.amount) {
+            return fail(format!(
+                "amount must be an integer from 1 to {max_amount} in {} (minor units)",
+                currency.code()
+            ));
         }
         let source_ok = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if self.source.is_empty() || self.source.len() > MAX_SOURCE_CHARS || !source_ok(&self.source) {
@@ -90,6 +109,27 @@ impl CreatePaymentBody {
     }
 }
 
+/// The largest amount chargeable in `currency`, in its minor units: under a million major units,
+/// and never above [`MAX_AMOUNT`]. `None` when ISO 4217 defines no minor units for it (precious
+/// metals, units of account, the testing codes XTS and XXX): there is no amount to charge.
+fn max_amount(currency: Currency) -> Option<i64> {
+    let exponent = u32::from(currency.exponent()?);
+    Some((10_i64.saturating_pow(MAX_MAJOR_UNIT_DIGITS + exponent) - 1).min(MAX_AMOUNT))
+}
+
+/// JSON has one kind of number, and JSON Schema counts `51803.0` as an integer, so an integral
+/// number is accepted however it is written; `10.5` is not an amount of minor units. A number
+/// too large for `i64` saturates, and is then refused by the amount's range.
+fn integral_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let float = number.as_f64().unwrap_or(f64::NAN);
+    match number.as_i64() {
+        Some(integer) => Ok(integer),
+        None if float.fract() == 0.0 => Ok(float as i64),
+        None => Err(D::Error::invalid_type(Unexpected::Float(float), &"an integer")),
+    }
+}
+
 impl PaymentRequest {
     /// The canonical JSON value: fingerprinted, and stored as the key's request params.
     pub fn to_params(&self) -> serde_json::Value {
@@ -116,6 +156,16 @@ mod tests {
     }
 
     #[test]
+    fn no_metadata_null_metadata_and_empty_metadata_are_the_same_request() {
+        let params = |metadata: &str| {
+            let json = format!(r#"{{"amount": 1000, "currency": "usd", "source": "tok_visa"{metadata}}}"#);
+            body(&json).validate().unwrap().to_params()
+        };
+        assert_eq!(params(r#", "metadata": null"#), params(""));
+        assert_eq!(params(r#", "metadata": {}"#), params(""));
+    }
+
+    #[test]
     fn each_rule_rejects_with_a_message() {
         let long = "x".repeat(501);
         let many: String = (0..21).map(|i| format!(r#""k{i}": "v""#)).collect::<Vec<_>>().join(",");
@@ -129,12 +179,53 @@ mod tests {
             format!(r#"{{"amount": 100, "currency": "usd", "source": "tok_visa", "description": "{long}"}}"#),
             format!(r#"{{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {{{many}}}}}"#),
             r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {"": "v"}}"#.to_string(),
+            format!(
+                r#"{{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {{"{}": "v"}}}}"#,
+                "k".repeat(41)
+            ),
+            format!(r#"{{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {{"k": "{long}"}}}}"#),
             r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "description": "a\u0000b"}"#.to_string(),
             r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {"k": "a\u0000b"}}"#.to_string(),
         ];
         for case in cases {
             assert!(body(&case).validate().is_err(), "{case}");
         }
+    }
+
+    #[test]
+    fn a_currency_must_be_iso_4217_with_minor_units_and_the_detail_names_it() {
+        // Unknown, in mixed case, then without minor units: gold, the testing code, "no currency".
+        for currency in ["xyz", "abc", "Usd", "xau", "xts", "xxx"] {
+            let case = format!(r#"{{"amount": 100, "currency": "{currency}", "source": "tok_visa"}}"#);
+            let error = body(&case).validate().unwrap_err();
+            assert!(error.0.starts_with("currency "), "{currency}: {error}");
+        }
+    }
+
+    #[test]
+    fn the_largest_amount_is_under_a_million_major_units_and_never_above_max_amount() {
+        for (currency, max) in [("jpy", 999_999), ("usd", MAX_AMOUNT), ("bhd", MAX_AMOUNT), ("clf", MAX_AMOUNT)] {
+            let with = |amount: i64| {
+                body(&format!(r#"{{"amount": {amount}, "currency": "{currency}", "source": "tok_visa"}}"#))
+            };
+            assert!(with(max).validate().is_ok(), "{currency} {max}");
+            let error = with(max + 1).validate().unwrap_err();
+            assert!(error.0.starts_with("amount ") && error.0.contains(&max.to_string()), "{currency}: {error}");
+        }
+    }
+
+    #[test]
+    fn an_integral_amount_written_with_a_fraction_is_the_same_request() {
+        let params = |amount: &str| {
+            body(&format!(r#"{{"amount": {amount}, "currency": "usd", "source": "tok_visa"}}"#))
+                .validate()
+                .unwrap()
+                .to_params()
+        };
+        assert_eq!(params("51803.0"), params("51803"));
+        assert_eq!(params("5.1803e4"), params("51803"));
+        // An integer too large for any amount is refused by the range, not mistaken for another.
+        assert!(body(r#"{"amount": 1e20, "currency": "usd", "source": "tok_visa"}"#).validate().is_err());
     }
 
     #[test]

@@ -112,7 +112,7 @@ async fn payments_are_listed_in_the_order_the_database_made_them_whatever_the_se
 }
 
 #[tokio::test]
-async fn a_cursor_that_names_no_payment_of_yours_is_a_400() {
+async fn a_cursor_that_names_no_payment_of_yours_is_a_404() {
     let app = TestApp::spawn().await;
     let other = app.create_account("other").await;
     let headers = [("Idempotency-Key", "theirs"), ("Content-Type", "application/json")];
@@ -121,9 +121,9 @@ async fn a_cursor_that_names_no_payment_of_yours_is_a_400() {
 
     for cursor in [uuid::Uuid::now_v7().to_string(), theirs["id"].as_str().unwrap().to_owned()] {
         let response = app.get(&format!("/v1/payments?starting_after={cursor}")).await;
-        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{cursor}");
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{cursor}");
         let problem: Value = response.json().await.unwrap();
-        assert!(problem["detail"].as_str().unwrap().contains("starting_after"), "{problem}");
+        assert_eq!(problem["type"], "https://payments.example/problems/payment-not-found");
     }
 }
 

@@ -13,6 +13,7 @@ mod gateway_faults;
 mod gateway_identity;
 mod gateway_mock;
 mod helpers;
+mod logs;
 mod many_instances;
 mod openapi;
 mod outbox;

@@ -4,6 +4,10 @@ use std::collections::BTreeSet;
 
 use payments::http::problem::ProblemType;
 use payments::http::{ENDPOINTS, OPENAPI_YAML};
+use payments::idempotency::IdempotencyKey;
+use payments::payments::CreatePaymentBody;
+use regex::Regex;
+use serde_json::json;
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn spec() -> Yaml {
@@ -36,13 +40,78 @@ fn every_problem_type_is_documented() {
     }
 }
 
+#[test]
+fn the_spec_and_the_parser_accept_the_same_idempotency_keys() {
+    let spec = spec();
+    let pattern = spec["components"]["parameters"]["IdempotencyKey"]["schema"]["pattern"].as_str();
+    let pattern = Regex::new(pattern.expect("the key's schema has a pattern")).unwrap();
+    // Every value of up to five characters made of those that matter, then the length limits.
+    let mut values = vec![String::new()];
+    for length in 1..=5 {
+        let shorter: Vec<String> = values.iter().filter(|value| value.chars().count() == length - 1).cloned().collect();
+        values
+            .extend(shorter.iter().flat_map(|value| ["k", " ", "\"", "\\", "\t", "é"].map(|c| format!("{value}{c}"))));
+    }
+    let quoted = |key: String| format!("\"{key}\"");
+    values.extend([
+        "k".repeat(255),
+        "k".repeat(256),
+        quoted("k".repeat(255)),
+        quoted("k".repeat(256)),
+        quoted(format!("{}{}", r#"\""#.repeat(200), "k".repeat(55))),
+        quoted(format!("{}{}", r#"\\"#.repeat(200), "k".repeat(56))),
+    ]);
+    for value in values {
+        assert_eq!(pattern.is_match(&value), IdempotencyKey::parse(value.as_bytes()).is_ok(), "{value:?}");
+    }
+}
+
+#[test]
+fn the_spec_lists_the_currencies_the_api_charges_with_their_largest_amounts() {
+    let spec = spec();
+    let schema = &spec["components"]["schemas"]["CreatePayment"];
+    let codes = |list: &Yaml| -> BTreeSet<String> {
+        list.as_vec().expect("a list of codes").iter().map(|code| code.as_str().unwrap().to_owned()).collect()
+    };
+    let listed = codes(&schema["properties"]["currency"]["enum"]);
+    let without_minor_units = codes(&schema["if"]["properties"]["currency"]["enum"]);
+    let largest_amount = |code: &str| {
+        let bounds = if without_minor_units.contains(code) { &schema["then"] } else { schema };
+        bounds["properties"]["amount"]["maximum"].as_i64().unwrap()
+    };
+    let accepts = |currency: &str, amount: i64| {
+        let body = json!({ "amount": amount, "currency": currency, "source": "tok_visa" });
+        serde_json::from_value::<CreatePaymentBody>(body).unwrap().validate().is_ok()
+    };
+    let letters = || b'a'..=b'z';
+    for code in letters().flat_map(|a| letters().flat_map(move |b| letters().map(move |c| [a, b, c]))) {
+        let lower = String::from_utf8(code.to_vec()).unwrap();
+        let capitalised = format!("{}{}", lower[..1].to_uppercase(), &lower[1..]);
+        for currency in [lower.to_uppercase(), capitalised, lower] {
+            let is_listed = listed.contains(&currency);
+            assert_eq!(accepts(&currency, 1), is_listed, "{currency}");
+            if is_listed {
+                let max = largest_amount(&currency);
+                assert!(accepts(&currency, max) && !accepts(&currency, max + 1), "{currency} up to {max}");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn the_spec_is_served_as_it_is_in_the_repository() {
     let app = crate::helpers::TestApp::spawn().await;
     let served = app.http.get(format!("{}/openapi.yaml", app.address)).send().await.unwrap();
     assert_eq!(served.headers()["content-type"], "application/yaml");
-    assert_eq!(
-        served.text().await.unwrap(),
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap()
-    );
+    let served = served.text().await.unwrap();
+    assert_eq!(served, std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.yaml")).unwrap());
+
+    // The spec describes what a client parses out of the YAML: a document, not a string.
+    let spec = spec();
+    let described = &spec["paths"]["/openapi.yaml"]["get"]["responses"]["200"]["content"]["application/yaml"]["schema"];
+    assert_eq!(described["type"].as_str(), Some("object"));
+    let document = YamlLoader::load_from_str(&served).unwrap().remove(0);
+    for field in described["required"].as_vec().expect("required fields") {
+        assert!(!document[field.as_str().unwrap()].is_badvalue(), "{field:?}");
+    }
 }

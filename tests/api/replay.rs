@@ -43,12 +43,41 @@ async fn a_reordered_and_reformatted_body_is_the_same_request() {
 }
 
 #[tokio::test]
+async fn an_integral_amount_written_with_a_fraction_is_the_same_request() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let with_fraction = r#"{"amount": 51803.0, "currency": "usd", "source": "tok_visa"}"#;
+    let first = app.post_payment_with(&key, with_fraction.into(), &[]).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first = first.bytes().await.unwrap();
+    assert_eq!(app.key_row(&key).await.unwrap().request_params["amount"], json!(51803), "stored as an integer");
+
+    let retry = app.post_payment(&key, &json!({ "amount": 51803, "currency": "usd", "source": "tok_visa" })).await;
+
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(retry.bytes().await.unwrap(), first);
+}
+
+#[tokio::test]
 async fn the_quoted_key_form_names_the_same_key() {
     let app = TestApp::spawn().await;
     let key = new_key();
     let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
 
     let retry = app.post_payment(&format!("\"{key}\""), &payment_body()).await;
+
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(retry.bytes().await.unwrap(), first);
+}
+
+#[tokio::test]
+async fn spaces_around_a_bare_key_are_not_part_of_it() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+
+    // HTTP drops them before the service sees the header, as the spec says.
+    let retry = app.post_payment(&format!("  {key}\t "), &payment_body()).await;
 
     assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
     assert_eq!(retry.bytes().await.unwrap(), first);

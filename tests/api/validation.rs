@@ -7,8 +7,9 @@ use crate::helpers::{Lock, TestApp, new_key, payment_body};
 
 const PROBLEMS: &str = "https://payments.example/problems/";
 
-/// Asserts a problem answer of `status` and `kind`, and that nothing at all was written.
-async fn assert_rejected(app: &TestApp, response: reqwest::Response, status: StatusCode, kind: &str) {
+/// Asserts a problem answer of `status` and `kind`, and that nothing at all was written; returns
+/// the problem.
+async fn assert_rejected(app: &TestApp, response: reqwest::Response, status: StatusCode, kind: &str) -> Value {
     assert_eq!(response.status(), status);
     assert_eq!(response.headers()["content-type"], "application/problem+json");
     let problem: Value = response.json().await.unwrap();
@@ -17,6 +18,7 @@ async fn assert_rejected(app: &TestApp, response: reqwest::Response, status: Sta
     assert!(problem["title"].is_string() && problem["detail"].is_string());
     assert_eq!(app.row_counts().await, (0, 0, 0, 0), "a rejected request writes nothing");
     assert_eq!(app.gateway.stats().await.requests, 0, "a rejected request never reaches the gateway");
+    problem
 }
 
 #[tokio::test]
@@ -81,6 +83,31 @@ async fn a_malformed_body_is_400_and_leaves_the_key_unspent() {
     // The key was never spent: the same key with a valid body is a new payment, not a 422.
     let response = app.post_payment(&key, &payment_body()).await;
     assert_eq!(response.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_currency_that_is_not_chargeable_iso_4217_is_400_naming_the_field() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    // Not ISO 4217 at all; gold; the testing code: the last two have no minor units.
+    for currency in ["xyz", "XAU", "xts"] {
+        let body = json!({ "amount": 1000, "currency": currency, "source": "tok_visa" });
+        let response = app.post_payment(&key, &body).await;
+        let problem = assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
+        assert!(problem["detail"].as_str().unwrap().starts_with("currency "), "{problem}");
+    }
+    // A yen has no minor units, so its largest amount is a hundred times smaller than a dollar's.
+    let too_much = json!({ "amount": 1_000_000, "currency": "jpy", "source": "tok_visa" });
+    let problem =
+        assert_rejected(&app, app.post_payment(&key, &too_much).await, StatusCode::BAD_REQUEST, "invalid-request")
+            .await;
+    assert!(problem["detail"].as_str().unwrap().contains("999999"), "{problem}");
+
+    // The key was never spent, and the largest yen amount is charged.
+    let response = app.post_payment(&key, &json!({ "amount": 999_999, "currency": "JPY", "source": "tok_visa" })).await;
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let payment: Value = response.json().await.unwrap();
+    assert_eq!((payment["amount"].as_i64(), payment["currency"].as_str()), (Some(999_999), Some("jpy")));
 }
 
 #[tokio::test]
@@ -156,17 +183,23 @@ async fn a_key_used_on_another_endpoint_is_422() {
 }
 
 #[tokio::test]
-async fn the_fault_header_is_ignored_unless_fault_injection_is_on() {
+async fn a_malformed_fault_header_is_400_whether_or_not_fault_injection_is_on() {
+    for app in [TestApp::spawn().await, TestApp::builder().fault_injection().spawn().await] {
+        for value in ["crash=everywhere", "AAA"] {
+            let response =
+                app.post_payment_with(&new_key(), payment_body().to_string(), &[("X-Fault-Inject", value)]).await;
+            assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_valid_fault_header_is_ignored_unless_fault_injection_is_on() {
     let app = TestApp::spawn().await;
     let response = app
         .post_payment_with(&new_key(), payment_body().to_string(), &[("X-Fault-Inject", "crash=after_started")])
         .await;
     assert_eq!(response.status(), StatusCode::CREATED, "the process must not crash");
-
-    let app = TestApp::builder().fault_injection().spawn().await;
-    let response =
-        app.post_payment_with(&new_key(), payment_body().to_string(), &[("X-Fault-Inject", "crash=everywhere")]).await;
-    assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
 }
 
 #[tokio::test]

@@ -3,8 +3,9 @@
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use tokio::sync::watch;
 
 /// How long a process may take to print its ready line (embedded mode runs initdb first).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -15,7 +16,9 @@ pub struct Process {
     /// The URL from its ready line.
     pub url: String,
     /// Everything else it printed on stdout, in order.
-    pub stdout: tokio::sync::watch::Receiver<Vec<String>>,
+    pub stdout: watch::Receiver<Vec<String>>,
+    /// Its logs: every line it printed on stderr, a pipe as in production (`TEST_LOG=1` echoes them).
+    pub stderr: watch::Receiver<Vec<String>>,
 }
 
 impl Process {
@@ -23,8 +26,7 @@ impl Process {
     /// followed by the URL it serves.
     pub async fn start(args: &[&str], env: &[(&str, &str)], ready_prefix: &str) -> Process {
         let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
-        command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).kill_on_drop(true);
-        command.stderr(if std::env::var_os("TEST_LOG").is_some() { Stdio::inherit() } else { Stdio::null() });
+        command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true);
         // Only what the test passes: nothing from the environment the tests run in.
         let inherited = std::env::vars_os().map(|(var, _)| var).filter(|var| {
             let var = var.to_string_lossy();
@@ -35,6 +37,8 @@ impl Process {
         }
         command.envs(env.iter().copied());
         let mut child = command.spawn().expect("starting the payments binary");
+        let stderr =
+            collect_lines(BufReader::new(child.stderr.take().unwrap()), std::env::var_os("TEST_LOG").is_some());
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let url = tokio::time::timeout(READY_TIMEOUT, async {
             while let Some(line) = lines.next_line().await.unwrap() {
@@ -46,14 +50,8 @@ impl Process {
         })
         .await
         .unwrap_or_else(|_| panic!("payments {args:?} did not print {ready_prefix:?} in time"));
-        // Keep reading, so the pipe never fills, and keep what it prints for tests that look.
-        let (sender, stdout) = tokio::sync::watch::channel(Vec::new());
-        tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                sender.send_modify(|all| all.push(line));
-            }
-        });
-        Process { child, url, stdout }
+        let stdout = collect_lines(lines.into_inner(), false);
+        Process { child, url, stdout, stderr }
     }
 
     /// `payments serve <args>` against `database_url`, on a free port, with these extra variables.
@@ -100,9 +98,33 @@ impl Process {
         stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
     }
 
+    /// Waits for the process to exit by itself, then returns everything it logged.
+    pub async fn logs(&mut self) -> Vec<String> {
+        self.exited().await;
+        // The sender goes when the pipe closes, after the last line.
+        while self.stderr.changed().await.is_ok() {}
+        self.stderr.borrow().clone()
+    }
+
     /// Sends a signal (SIGTERM for a clean stop).
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(self.child.id().expect("still running") as i32);
         nix::sys::signal::kill(pid, signal).unwrap();
     }
+}
+
+/// Reads `output` to its end in a task of its own, so the pipe never fills, and keeps its lines for
+/// the tests that look (echoing them to the test's stderr if `echo`).
+fn collect_lines(output: impl AsyncBufRead + Unpin + Send + 'static, echo: bool) -> watch::Receiver<Vec<String>> {
+    let (sender, lines) = watch::channel(Vec::new());
+    let mut output = output.lines();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = output.next_line().await {
+            if echo {
+                eprintln!("{line}");
+            }
+            sender.send_modify(|all| all.push(line));
+        }
+    });
+    lines
 }
