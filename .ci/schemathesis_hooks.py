@@ -1,4 +1,4 @@
-"""A check that holds scripts/schemathesis.toml's exceptions to their causes.
+"""A check that holds .ci/schemathesis.toml's exceptions to their causes.
 
 POST /v1/payments may answer 422 only when this run already made a request with the same key and
 another body, 413 only to a body over the limit, and 402 only to a source the mock gateway
