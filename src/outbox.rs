@@ -1,15 +1,16 @@
 //! The transactional outbox: an event is staged in the same transaction that finishes the request
 //! it announces, so it exists if and only if that request finished. The outbox worker delivers
-//! it later, at least once: it leases the event (so no two workers deliver it at the same time),
-//! delivers with no transaction open, then deletes it, or reschedules it with backoff, or after
-//! too many failures dead-letters it. Each settlement writes its audit record in the same
-//! statement. A worker that dies mid-delivery leaves its lease to run out, and the event is
-//! delivered again, with the same id.
+//! it later, at least once: it leases a batch of due events in one statement (so no two workers
+//! deliver one event at the same time), delivers them with no transaction open, then deletes the
+//! delivered ones in one statement, and reschedules a failed one with backoff or, after too many
+//! failures, dead-letters it. Each settlement writes its audit records in the same statement. A
+//! worker that dies mid-delivery leaves its lease to run out, and the event is delivered again,
+//! with the same id.
 
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel::sql_types::{BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
+use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::json;
 use uuid::Uuid;
@@ -63,49 +64,70 @@ impl LeasedEvent {
     }
 }
 
-/// Leases the event that has been due longest, for `lease`: no other worker sees it until the
-/// lease runs out (and then it is due again, as if this delivery had failed).
-pub async fn lease_due_event(conn: &mut AsyncPgConnection, lease: Duration) -> Result<Option<LeasedEvent>, StoreError> {
+/// Leases up to `batch` of the events that have been due longest, for `lease`: no other worker
+/// sees them until the lease runs out (and then they are due again, as if their delivery had
+/// failed).
+pub async fn lease_due_events(
+    conn: &mut AsyncPgConnection,
+    lease: Duration,
+    batch: i64,
+) -> Result<Vec<LeasedEvent>, StoreError> {
     let take = diesel::sql_query(
         "UPDATE staged_jobs j
          SET run_at = now() + $1 * interval '1 millisecond', attempts = j.attempts + 1
          FROM (SELECT account_id, id FROM staged_jobs
                WHERE dead_at IS NULL AND run_at <= now()
                ORDER BY run_at
-               LIMIT 1
+               LIMIT $2
                FOR UPDATE SKIP LOCKED) due
          WHERE j.account_id = due.account_id AND j.id = due.id
          RETURNING j.account_id, j.id AS job_id, j.job_args AS event, j.attempts",
     )
-    .bind::<BigInt, _>(millis(lease));
-    db::query(async { take.get_result(conn).await.optional() }).await
+    .bind::<BigInt, _>(millis(lease))
+    .bind::<BigInt, _>(batch);
+    db::query(take.load(conn)).await
 }
 
-/// How a delivery ended.
+/// Deletes delivered events, each with its audit record, in one statement.
+pub async fn settle_delivered(conn: &mut AsyncPgConnection, events: &[&LeasedEvent]) -> Result<(), StoreError> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let settle = diesel::sql_query(
+        "WITH settled AS (
+             DELETE FROM staged_jobs j
+             USING unnest($1::uuid[], $2::bigint[], $3::int[]) AS delivered (account_id, id, attempts)
+             WHERE j.account_id = delivered.account_id AND j.id = delivered.id
+             RETURNING j.account_id, j.job_args, delivered.attempts
+         )
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         SELECT account_id, 'event.delivered', 'event', (job_args->>'id')::uuid, 'outbox',
+                jsonb_build_object('type', job_args->>'type', 'attempts', attempts)
+         FROM settled",
+    )
+    .bind::<Array<SqlUuid>, _>(events.iter().map(|event| event.account_id).collect::<Vec<_>>())
+    .bind::<Array<BigInt>, _>(events.iter().map(|event| event.job_id).collect::<Vec<_>>())
+    .bind::<Array<Integer>, _>(events.iter().map(|event| event.attempts).collect::<Vec<_>>());
+    db::query(settle.execute(conn)).await?;
+    Ok(())
+}
+
+/// How a failed delivery ends.
 #[derive(Debug)]
 pub enum Settlement<'a> {
-    Delivered,
     /// Failed; due again after `retry_in`.
-    Failed {
-        error: &'a str,
-        retry_in: Duration,
-    },
+    Failed { error: &'a str, retry_in: Duration },
     /// Failed for the last time: kept, dead, for an operator.
-    DeadLettered {
-        error: &'a str,
-    },
+    DeadLettered { error: &'a str },
 }
 
-/// Records how a delivery ended, with its audit record, in one statement.
-pub async fn settle(
+/// Records how a failed delivery ended, with its audit record, in one statement.
+pub async fn settle_failed(
     conn: &mut AsyncPgConnection,
     event: &LeasedEvent,
     settlement: Settlement<'_>,
 ) -> Result<(), StoreError> {
     let (change, action, error, retry_in) = match settlement {
-        Settlement::Delivered => {
-            ("DELETE FROM staged_jobs WHERE account_id = $1 AND id = $2", "event.delivered", "", Duration::ZERO)
-        }
         Settlement::Failed { error, retry_in } => (
             "UPDATE staged_jobs SET run_at = now() + $5 * interval '1 millisecond', last_error = $4
              WHERE account_id = $1 AND id = $2 AND attempts = $3",

@@ -50,9 +50,12 @@ async fn each_event_is_delivered_once_with_its_id_as_the_idempotency_key() {
     let deliveries = receiver.received_requests().await.unwrap();
     assert_eq!(deliveries.len(), 2);
     let events: Vec<Value> = deliveries.iter().map(|r| r.body_json().unwrap()).collect();
-    let types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
-    assert_eq!(types, ["payment.succeeded", "payment.failed"]);
-    assert_eq!(events[0]["data"]["object"], succeeded, "the event carries the payment as the API shows it");
+    // Delivered side by side, in no particular order.
+    let mut types: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    types.sort();
+    assert_eq!(types, ["payment.failed", "payment.succeeded"]);
+    let event = events.iter().find(|e| e["type"] == "payment.succeeded").unwrap();
+    assert_eq!(event["data"]["object"], succeeded, "the event carries the payment as the API shows it");
     for (delivery, event) in deliveries.iter().zip(&events) {
         assert_eq!(delivery.headers["idempotency-key"], event["id"].as_str().unwrap());
         assert_eq!(delivery.headers["content-type"], "application/json");
@@ -191,4 +194,32 @@ async fn a_receiver_that_redirects_has_not_received_the_event() {
     assert_eq!(requests.len(), 1, "the redirect is not followed");
     assert_eq!(app.row_counts().await.3, 1, "the event stays in the outbox");
     assert_eq!(audited(&app, "event.delivery_failed").await, 1);
+}
+
+#[tokio::test]
+async fn events_are_leased_delivered_and_settled_in_batches() {
+    let receiver = receiver(200).await;
+    let app = app_delivering_to(&receiver, 10).await;
+    app.run_sql(&format!(
+        "INSERT INTO staged_jobs (account_id, job_name, job_args)
+         SELECT '{}', 'payment.succeeded', jsonb_build_object('id', gen_random_uuid(), 'type', 'payment.succeeded')
+         FROM generate_series(1, 60)",
+        app.account_id
+    ))
+    .await;
+    let outbox = app.workers().outbox;
+
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(receiver.received_requests().await.unwrap().len(), 50, "a batch of 50 in one run");
+    assert_eq!(app.row_counts().await.3, 10, "the delivered ones settled together");
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(outbox.run_once().await.unwrap(), Outcome::Idle);
+
+    let delivered = receiver.received_requests().await.unwrap();
+    let mut ids: Vec<String> =
+        delivered.iter().map(|r| r.headers["idempotency-key"].to_str().unwrap().to_owned()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 60, "every event once");
+    assert_eq!(audited(&app, "event.delivered").await, 60);
 }
