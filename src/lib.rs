@@ -18,6 +18,8 @@ pub mod http;
 pub mod idempotency;
 pub mod outbox;
 pub mod payments;
+pub mod problem;
 pub mod startup;
+pub mod state;
 pub mod telemetry;
 pub mod workers;

@@ -7,21 +7,11 @@ use std::sync::Arc;
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{App, HttpServer, web};
 
-use crate::config::Settings;
-use crate::db::Pool;
-use crate::gateway::GatewayClient;
 use crate::http;
+use crate::state::AppState;
 
 /// Seconds in-flight requests get to finish when the server stops.
 const SHUTDOWN_GRACE_SECS: u64 = 30;
-
-/// What every handler and worker shares. Processes hold no other state: everything they
-/// coordinate on is in PostgreSQL, so any number of them can serve the same database.
-pub struct AppState {
-    pub db: Pool,
-    pub gateway: GatewayClient,
-    pub settings: Settings,
-}
 
 /// A bound, not yet running, HTTP application.
 pub struct Application {

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use diesel_async::{AsyncConnection, AsyncPgConnection};
 use reqwest::Url;
 
 use crate::config::DatabaseArgs;
@@ -85,7 +86,8 @@ pub fn advertised_gateway(data_dir: &Path) -> anyhow::Result<Url> {
     Ok(url.trim().parse()?)
 }
 
-/// The database to use: `DATABASE_URL`, or the embedded cluster (started if need be).
+/// The database to use: `DATABASE_URL`, or the embedded cluster (started if need be), with the
+/// demo account in it.
 pub async fn open_database(
     args: &DatabaseArgs,
     sharing: Sharing,
@@ -94,6 +96,8 @@ pub async fn open_database(
         Some(url) => Ok((url.clone(), None)),
         None => {
             let embedded = EmbeddedDatabase::open(&args.data_dir, sharing).await?;
+            let mut conn = AsyncPgConnection::establish(&embedded.url).await?;
+            crate::accounts::ensure_demo(&mut conn).await?;
             Ok((embedded.url.clone(), Some(embedded)))
         }
     }

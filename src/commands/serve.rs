@@ -18,7 +18,8 @@ use crate::db;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
 use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
-use crate::startup::{AppState, Application};
+use crate::startup::Application;
+use crate::state::AppState;
 use crate::workers::Workers;
 
 /// Connections per process. Each request holds one only while it runs a phase (never across the

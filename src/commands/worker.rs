@@ -12,7 +12,7 @@ use crate::config::WorkerCommandArgs;
 use crate::db;
 use crate::db::embedded::Sharing;
 use crate::gateway::GatewayClient;
-use crate::startup::AppState;
+use crate::state::AppState;
 use crate::workers::Workers;
 
 /// A worker drives one request at a time per worker kind: a few connections are plenty.

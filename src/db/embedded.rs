@@ -1,5 +1,5 @@
 //! Embedded mode: with no `DATABASE_URL`, a private cluster under `PAYMENTS_DATA_DIR`, migrated
-//! and seeded with the demo account, so that the service works with no set-up at all.
+//! so that the service works with no set-up at all (the commands seed the demo account in it).
 
 use std::path::Path;
 
@@ -7,7 +7,6 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use super::cluster::{Cluster, Durability, is_running, socket_dir, url};
 use super::migrate;
-use crate::accounts;
 
 /// The database the service uses inside the embedded cluster.
 const DATABASE: &str = "payments";
@@ -22,7 +21,7 @@ pub enum Sharing {
     JoinRunning,
 }
 
-/// The embedded database: running, migrated and seeded. Dropping it stops the cluster if this
+/// The embedded database: running and migrated. Dropping it stops the cluster if this
 /// process started it.
 pub struct EmbeddedDatabase {
     pub url: String,
@@ -32,7 +31,7 @@ pub struct EmbeddedDatabase {
 
 impl EmbeddedDatabase {
     /// Starts the cluster under `data_dir` (or joins the one another process of ours runs there),
-    /// creates the database, applies the migrations and seeds the demo account.
+    /// creates the database and applies the migrations.
     pub async fn open(data_dir: &Path, sharing: Sharing) -> anyhow::Result<EmbeddedDatabase> {
         let cluster = match (is_running(data_dir), sharing) {
             (true, Sharing::JoinRunning) => None,
@@ -55,8 +54,6 @@ impl EmbeddedDatabase {
         }
         let database_url = url(data_dir, DATABASE);
         migrate::run_pending(&database_url).await?;
-        let mut conn = AsyncPgConnection::establish(&database_url).await?;
-        accounts::ensure_demo(&mut conn).await?;
         Ok(EmbeddedDatabase { url: database_url, cluster })
     }
 

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::client::{Charge, ChargeRequest, GatewayError};
+use super::charge::{Charge, ChargeRequest, GatewayError};
 
 /// What a payment records of a gateway's answer, and how long each may be (the `payments`
 /// columns' limits). Longer text is cut and control characters dropped, so that a definitive

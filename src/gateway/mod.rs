@@ -1,7 +1,9 @@
 //! The payment gateway: our client for it, and the mock we run in tests and demos.
 
 mod answers;
+mod charge;
 mod client;
 pub mod mock;
 
-pub use client::{Charge, ChargeRequest, GatewayClient, GatewayError, IDENTITY_HEADER, downstream_key};
+pub use charge::{Charge, ChargeRequest, GatewayError, downstream_key};
+pub use client::{GatewayClient, IDENTITY_HEADER};

@@ -9,10 +9,10 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 
-use super::problem::{PROBLEM_JSON, Problem, ProblemType};
 use crate::db::StoreError;
 use crate::idempotency::{KeyError, PhaseError};
 use crate::payments::{CreateError, ValidationError};
+use crate::problem::{PROBLEM_JSON, Problem, ProblemType};
 
 /// Seconds a client should wait before retrying a request that is in flight: requests finish in
 /// milliseconds unless their gateway call is slow.

@@ -12,7 +12,7 @@ use crate::accounts;
 use crate::db;
 use crate::faults::{FAULT_HEADER, Fault};
 use crate::idempotency::{IdempotencyKey, KeyError};
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The largest request body accepted. A payment with a full description and full metadata is
 /// about 12 KiB of JSON.

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::error::ApiError;
 use crate::db;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The OpenAPI document in the repository, served as it is.
 pub const OPENAPI_YAML: &str = include_str!("../../openapi.yaml");

@@ -4,7 +4,6 @@ pub mod error;
 mod extract;
 mod health;
 mod payments;
-pub mod problem;
 
 use actix_web::http::Method;
 use actix_web::{HttpResponse, Route, web};

@@ -7,11 +7,11 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{AuthenticatedAccount, FaultRequest, IdempotencyKeyHeader};
-use super::problem::PROBLEM_JSON;
 use crate::db;
 use crate::idempotency::StoredResponse;
 use crate::payments::{self, CreatePaymentBody, Payment, PaymentList, PaymentView};
-use crate::startup::AppState;
+use crate::problem::PROBLEM_JSON;
+use crate::state::AppState;
 
 /// The header that marks a stored answer replayed for a retry (as Stripe sends it).
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";

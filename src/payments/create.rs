@@ -47,7 +47,7 @@ use crate::idempotency::{
     StoredResponse, Transition, atomic_phase, claim,
 };
 use crate::outbox::StagedEvent;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// The method and path a payment key is bound to: a key used on another endpoint is a mismatch.
 const METHOD: &str = "POST";

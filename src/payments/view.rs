@@ -5,8 +5,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::model::{GATEWAY_REJECTED, Payment, PaymentStatus, UNKNOWN_SOURCE};
-use crate::http::problem::{Problem, ProblemType};
 use crate::idempotency::{PhaseError, StoredResponse};
+use crate::problem::{Problem, ProblemType};
 
 /// A payment in API responses.
 #[derive(Debug, Serialize)]

@@ -8,7 +8,7 @@ use crate::config::WorkerSettings;
 use crate::db;
 use crate::idempotency::{claim_abandoned, mark_needs_attention};
 use crate::payments::complete_abandoned;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
 /// between attempts; after `max_attempts` it gives up, and the key needs attention.

@@ -27,7 +27,7 @@ pub use outbox::Outbox;
 pub use reaper::Reaper;
 
 use crate::config::WorkerSettings;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// What one `run_once` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use super::{Outcome, Worker};
 use crate::config::WorkerSettings;
 use crate::db;
 use crate::outbox::{LeasedEvent, Settlement, lease_due_events, settle_delivered, settle_failed};
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// However many attempts an event has had, it is retried at least this often.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);

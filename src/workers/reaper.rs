@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::{Outcome, Worker};
 use crate::db;
 use crate::idempotency::reap_finished;
-use crate::startup::AppState;
+use crate::state::AppState;
 
 /// Keys deleted per transaction: small, so a pass never holds many row locks or runs long.
 const BATCH: i64 = 500;

@@ -2,10 +2,10 @@
 
 use std::collections::BTreeSet;
 
-use payments::http::problem::ProblemType;
 use payments::http::{ENDPOINTS, OPENAPI_YAML};
 use payments::idempotency::IdempotencyKey;
 use payments::payments::CreatePaymentBody;
+use payments::problem::ProblemType;
 use regex::Regex;
 use serde_json::json;
 use yaml_rust2::{Yaml, YamlLoader};

@@ -1,0 +1,58 @@
+//! What we ask the gateway and what can come of it: the vocabulary that the client and the
+//! reading of the gateway's answers share.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+/// The key we send the gateway for the request behind one of our key rows. Derived from our own
+/// row, never the client's header: unique across accounts (two accounts may use the same client
+/// key) and the same on every retry, resumption and worker run, so the gateway charges once.
+pub fn downstream_key(account_id: Uuid, key_id: Uuid) -> String {
+    format!("payments:{account_id}:{key_id}")
+}
+
+/// A charge request, as the gateway takes it.
+#[derive(Debug, Serialize)]
+pub struct ChargeRequest<'a> {
+    pub amount: i64,
+    pub currency: &'a str,
+    pub source: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<&'a str>,
+    pub metadata: &'a BTreeMap<String, String>,
+}
+
+/// A charge the gateway made, and that succeeded.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    pub id: String,
+}
+
+/// Why a charge was not made, or may not have been.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The card was declined: definitive, nothing was charged.
+    #[error("card declined ({code}): {message}")]
+    Declined { code: String, message: String },
+    /// The gateway knows no payment method by this `source`: definitive, nothing was charged, and
+    /// the client's to fix.
+    #[error("unknown source: {message}")]
+    UnknownSource { message: String },
+    /// The gateway refused the request for another reason (a 4xx): definitive, nothing charged.
+    #[error("charge rejected with {status}: {message}")]
+    Rejected { status: u16, message: String },
+    /// No definitive answer: a connection error, a 5xx, a 408/409/425/429 (timed out, still
+    /// processing this key, throttled), an idempotency conflict at the gateway, or a success we
+    /// cannot read or record. The charge may or may not exist.
+    #[error("gateway unavailable: {0}")]
+    Unavailable(String),
+    /// No answer in time. The charge may or may not exist.
+    #[error("the gateway did not answer in time")]
+    Timeout,
+    /// Another gateway answered than the one we meant (the address now leads to a gateway with
+    /// another identity: a mock restarted with an empty memory, say). Its answer is not read.
+    #[error("the gateway {answered} answered, not the one the payment is charged through")]
+    OtherGateway { answered: String },
+}
