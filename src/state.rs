@@ -1,13 +1,28 @@
 //! What every handler and worker of a process shares.
 
+use crate::accounts::ApiKeyCache;
 use crate::config::Settings;
 use crate::db::Pool;
 use crate::gateway::GatewayClient;
+use crate::idempotency::ReplayCache;
+
+/// How much memory a process gives finished answers kept for replays: at about 500 bytes a
+/// payment, some thirty thousand of the most recent, in a process of a few tens of megabytes.
+const REPLAY_CACHE_BYTES: u64 = 16 * 1024 * 1024;
 
 /// What every handler and worker shares. Processes hold no other state that matters: everything
-/// they coordinate on is in PostgreSQL, so any number of them can serve the same database.
+/// they coordinate on is in PostgreSQL, so any number of them can serve the same database. The
+/// caches only ever hold what cannot change underneath them (see each).
 pub struct AppState {
     pub db: Pool,
     pub gateway: GatewayClient,
     pub settings: Settings,
+    pub replays: ReplayCache,
+    pub api_keys: ApiKeyCache,
+}
+
+impl AppState {
+    pub fn new(db: Pool, gateway: GatewayClient, settings: Settings) -> AppState {
+        AppState { db, gateway, settings, replays: ReplayCache::new(REPLAY_CACHE_BYTES), api_keys: ApiKeyCache::new() }
+    }
 }

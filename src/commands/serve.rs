@@ -64,11 +64,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if embedded.is_some() {
         advertise_gateway(&args.database.data_dir, &gateway_url)?;
     }
-    let state = Arc::new(AppState {
-        db: db::pool(&database_url, POOL_SIZE),
-        gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
+    let state = Arc::new(AppState::new(
+        db::pool(&database_url, POOL_SIZE),
+        GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
-    });
+    ));
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let app = Application::build(state.clone(), listener, threads)?;
     let (addr, handle) = (app.addr(), app.handle());

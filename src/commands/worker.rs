@@ -37,11 +37,11 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     if embedded.is_none() {
         warn_if_events_are_only_logged(&args.workers.settings());
     }
-    let state = Arc::new(AppState {
-        db: db::pool(&database_url, POOL_SIZE),
-        gateway: GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
+    let state = Arc::new(AppState::new(
+        db::pool(&database_url, POOL_SIZE),
+        GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
-    });
+    ));
     let (stop, stopped) = watch::channel(false);
     let mut running = tokio::spawn(Workers::new(state, &args.workers.settings())?.run(stopped));
     println!("{RUNNING} (completer, reaper, outbox; gateway {gateway_url})");

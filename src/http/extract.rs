@@ -8,8 +8,6 @@ use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 use uuid::Uuid;
 
 use super::error::ApiError;
-use crate::accounts;
-use crate::db;
 use crate::faults::{FAULT_HEADER, Fault};
 use crate::idempotency::{IdempotencyKey, KeyError};
 use crate::state::AppState;
@@ -40,8 +38,7 @@ impl FromRequest for AuthenticatedAccount {
             let (Some(state), Some(api_key)) = (state, api_key) else {
                 return Err(ApiError::Unauthorized);
             };
-            let mut conn = db::connect(&state.db).await?;
-            let id = db::query(accounts::authenticate(&mut conn, &api_key)).await?.ok_or(ApiError::Unauthorized)?;
+            let id = state.api_keys.authenticate(&state.db, &api_key).await?.ok_or(ApiError::Unauthorized)?;
             Ok(AuthenticatedAccount { id })
         })
     }

@@ -24,6 +24,7 @@ mod key;
 mod phase;
 mod reap;
 mod recovery_point;
+mod replays;
 mod store;
 
 pub use abandoned::{
@@ -34,4 +35,5 @@ pub use key::{IdempotencyKey, KeyError};
 pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, atomic_phase};
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
+pub use replays::ReplayCache;
 pub use store::{Claim, KeyLock, LEASE_MARGIN, NewKey, StoredResponse, Transition, claim};

@@ -34,8 +34,8 @@ pub struct NewKey<'a> {
 pub enum Claim {
     /// The key was used with another request body, method or path (422).
     Mismatch,
-    /// The key's request finished: replay its stored response.
-    Replay(StoredResponse),
+    /// The key's request finished, `finished_ago`: replay its stored response.
+    Replay { response: StoredResponse, finished_ago: Duration },
     /// Another request holds the key and its lock is not stale (409).
     InFlight,
     /// We hold the key: a new one, an unlocked one, or one whose lease ran out.
@@ -120,8 +120,9 @@ pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Durati
                 Claim::Acquired(KeyLock::new(new.account_id, id, recovery_point, !fresh, lease))
             }
             ClaimRow { same_request: false, .. } => Claim::Mismatch,
-            ClaimRow { response_status: Some(status), response_body: Some(body), .. } => {
-                Claim::Replay(StoredResponse { status: status as u16, body })
+            ClaimRow { response_status: Some(status), response_body: Some(body), finished_ms_ago, .. } => {
+                let finished_ago = Duration::from_millis(finished_ms_ago.unwrap_or_default().try_into().unwrap_or(0));
+                Claim::Replay { response: StoredResponse { status: status as u16, body }, finished_ago }
             }
             ClaimRow { .. } => Claim::InFlight,
         });
@@ -274,6 +275,9 @@ struct ClaimRow {
     /// Set when the key's row is gone but its payment remains.
     #[diesel(sql_type = Nullable<SqlUuid>)]
     expired_payment_id: Option<Uuid>,
+    /// How long ago a finished key finished, by the database's clock.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    finished_ms_ago: Option<i64>,
 }
 
 /// The claim statement. A type of its own (rather than `sql_query`) so that diesel prepares it
@@ -317,19 +321,20 @@ const CLAIM_SQL: &str = "
     RETURNING k.*
 )
 SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body,
-       NULL::uuid AS expired_payment_id
+       NULL::uuid AS expired_payment_id, NULL::bigint AS finished_ms_ago
 FROM inserted
 UNION ALL
-SELECT true, false, id, true, recovery_point, response_status, response_body, NULL
+SELECT true, false, id, true, recovery_point, response_status, response_body, NULL, NULL
 FROM taken
 UNION ALL
 SELECT false, false, e.id,
        e.request_fingerprint = i.fingerprint AND e.request_method = i.method AND e.request_path = i.path,
-       e.recovery_point, e.response_status, e.response_body, NULL
+       e.recovery_point, e.response_status, e.response_body, NULL,
+       (extract(epoch FROM now() - e.finished_at) * 1000)::bigint
 FROM existing e, input i
 WHERE NOT EXISTS (SELECT FROM taken)
 UNION ALL
-SELECT false, false, x.id, false, 'finished', NULL, NULL, x.id
+SELECT false, false, x.id, false, 'finished', NULL, NULL, x.id, NULL
 FROM expired x";
 
 impl QueryFragment<Pg> for ClaimQuery<'_> {

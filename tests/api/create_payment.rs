@@ -206,3 +206,21 @@ async fn health_and_readiness_answer() {
     let ready = app.http.get(format!("{}/readyz", app.address)).send().await.unwrap();
     assert_eq!(ready.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn api_keys_are_remembered_for_a_stated_while_and_unknown_ones_never() {
+    let app = TestApp::spawn().await;
+    // An unknown key is refused, and asked about again next time: it works once its account exists.
+    assert_eq!(app.get_as("sk_not_yet", "/v1/payments").await.status(), StatusCode::UNAUTHORIZED);
+    app.run_sql(
+        "INSERT INTO accounts (id, name, api_key_hash) VALUES (gen_random_uuid(), 'later', sha256('sk_not_yet'))",
+    )
+    .await;
+    assert_eq!(app.get_as("sk_not_yet", "/v1/payments").await.status(), StatusCode::OK);
+
+    // A known key keeps working in this process for up to a minute after it is replaced: the
+    // revocation delay README states.
+    app.run_sql("UPDATE accounts SET api_key_hash = sha256('sk_replaced') WHERE name = 'later'").await;
+    assert_eq!(app.get_as("sk_not_yet", "/v1/payments").await.status(), StatusCode::OK);
+    assert_eq!(payments::accounts::API_KEY_CACHE_TTL, std::time::Duration::from_secs(60));
+}

@@ -1,11 +1,13 @@
 //! The reaper deletes finished keys past their retention, in batches, and never an unfinished
 //! one; a retry that arrives after its key was reaped is told so, and charged nothing.
 
+use std::time::Duration;
+
 use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Lock, TestApp, new_key, payment_body};
+use crate::helpers::{Lock, TestApp, new_key, payment_body, wait_until};
 
 /// Backdates every key by two days (finished ones: when they finished), past the default
 /// retention of one.
@@ -61,14 +63,30 @@ async fn finished_keys_past_retention_are_deleted_in_batches_and_unfinished_ones
     assert_eq!(audited, 1200, "one audit record per reaped key");
 }
 
+/// An app whose keys are kept a second after they finish, so that a test can outlive a retention.
+async fn app_with_a_short_retention() -> TestApp {
+    TestApp::builder().key_retention(Duration::from_secs(1)).spawn().await
+}
+
+/// Pays with `key`, outlives the key's retention (the answer kept in memory for replays expires
+/// with it), and reaps it.
+async fn pay_and_outlive(app: &TestApp, key: &str) -> Value {
+    let payment: Value = app.post_payment(key, &payment_body()).await.json().await.unwrap();
+    assert!(app.remembers_the_answer_of(key), "the answer is kept for replays");
+    wait_until(Duration::from_secs(10), "the retention ends", || async { !app.remembers_the_answer_of(key) }).await;
+    wait_until(Duration::from_secs(10), "the key is reaped", || async {
+        app.workers().reaper.run_once().await.unwrap();
+        app.key_row(key).await.is_none()
+    })
+    .await;
+    payment
+}
+
 #[tokio::test]
 async fn a_retry_after_its_key_was_reaped_is_410_and_charges_nothing() {
-    let app = TestApp::spawn().await;
+    let app = app_with_a_short_retention().await;
     let key = new_key();
-    let payment: Value = app.post_payment(&key, &payment_body()).await.json().await.unwrap();
-    age_all_keys(&app).await;
-    assert_eq!(app.workers().reaper.run_once().await.unwrap(), Outcome::Idle);
-    assert!(app.key_row(&key).await.is_none(), "reaped");
+    let payment = pay_and_outlive(&app, &key).await;
 
     let late = app.post_payment(&key, &payment_body()).await;
 
@@ -85,11 +103,9 @@ async fn a_retry_after_its_key_was_reaped_is_410_and_charges_nothing() {
 
 #[tokio::test]
 async fn a_retry_after_its_key_was_reaped_is_410_whatever_its_body() {
-    let app = TestApp::spawn().await;
+    let app = app_with_a_short_retention().await;
     let key = new_key();
-    let payment: Value = app.post_payment(&key, &payment_body()).await.json().await.unwrap();
-    age_all_keys(&app).await;
-    app.workers().reaper.run_once().await.unwrap();
+    let payment = pay_and_outlive(&app, &key).await;
 
     // The first late retry with another body must not bind the key to that body, and no order of
     // bodies may turn the answer into a 422.

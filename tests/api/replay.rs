@@ -2,12 +2,13 @@
 
 use std::time::Duration;
 
+use payments::workers::Worker;
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{TestApp, new_key, payment_body, wait_until};
+use crate::helpers::{Lock, TestApp, new_key, payment_body, wait_until};
 
 #[tokio::test]
 async fn replaying_a_finished_key_returns_the_stored_bytes() {
@@ -134,4 +135,48 @@ async fn a_client_that_hangs_up_mid_request_gets_the_finished_answer_on_retry() 
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+}
+
+#[tokio::test]
+async fn another_account_with_the_same_key_is_never_answered_from_the_first_ones_memory() {
+    let app = TestApp::spawn().await;
+    let other = app.create_account("other").await;
+    let key = new_key();
+    let theirs: Value = app.post_payment(&key, &payment_body()).await.json().await.unwrap();
+    assert!(app.remembers_the_answer_of(&key));
+
+    let headers = [("Idempotency-Key", key.as_str()), ("Content-Type", "application/json")];
+    let ours = app.post_payment_raw(Some(&other), &headers, payment_body().to_string()).await;
+
+    assert_eq!(ours.status(), StatusCode::CREATED);
+    assert!(!ours.headers().contains_key("Idempotent-Replayed"), "a new request of its own");
+    let ours: Value = ours.json().await.unwrap();
+    assert_ne!(ours["id"], theirs["id"]);
+    assert_eq!(app.gateway.stats().await.charges, 2);
+}
+
+#[tokio::test]
+async fn a_replay_from_the_database_is_kept_in_memory_only_for_what_is_left_of_its_retention() {
+    let app = TestApp::builder()
+        .key_retention(Duration::from_secs(3600))
+        .workers(|w| w.completer_backoff = Duration::ZERO)
+        .spawn()
+        .await;
+    let key = new_key();
+    // A key finished by a worker (so never by this process's API), all but a second of its
+    // retention ago.
+    let key_id = app.seed_key(&key, &payment_body(), "charge_created", Lock::Free).await;
+    app.seed_payment(key_id, &key, "succeeded", Some("ch_earlier")).await;
+    app.workers().completer.run_once().await.unwrap();
+    app.run_sql("UPDATE idempotency_keys SET finished_at = now() - interval '3599 seconds'").await;
+    assert!(!app.remembers_the_answer_of(&key));
+
+    let replay = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+    assert!(app.remembers_the_answer_of(&key));
+    wait_until(Duration::from_secs(10), "what was left of the retention passes", || async {
+        !app.remembers_the_answer_of(&key)
+    })
+    .await;
 }

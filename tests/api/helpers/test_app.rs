@@ -51,6 +51,11 @@ impl TestAppBuilder {
         self
     }
 
+    pub fn key_retention(mut self, retention: Duration) -> Self {
+        self.settings.key_retention = retention;
+        self
+    }
+
     pub fn gateway_timeout(mut self, timeout: Duration) -> Self {
         self.settings.gateway_timeout = timeout;
         self
@@ -89,11 +94,11 @@ impl TestAppBuilder {
             ),
         };
         let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
-        let state = Arc::new(AppState {
-            db: payments::db::pool(self.database_url.as_deref().unwrap_or(&database.url), 10),
-            gateway: GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
-            settings: self.settings,
-        });
+        let state = Arc::new(AppState::new(
+            payments::db::pool(self.database_url.as_deref().unwrap_or(&database.url), 10),
+            GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
+            self.settings,
+        ));
         let app = Application::build(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap(), 2).unwrap();
         let (address, server) = (format!("http://{}", app.addr()), app.handle());
         tokio::spawn(app.run_until_stopped());
@@ -189,6 +194,11 @@ impl TestApp {
         &self.gateway_url
     }
 
+    /// Whether the app keeps the answer of this account's `key` in memory for replays.
+    pub fn remembers_the_answer_of(&self, key: &str) -> bool {
+        self.state.replays.holds(self.account_id, key)
+    }
+
     /// The identity the app records for its gateway with each payment.
     pub async fn gateway_id(&self) -> std::sync::Arc<str> {
         self.state.gateway.id().await.expect("the gateway's identity")
@@ -196,11 +206,11 @@ impl TestApp {
 
     /// The workers, on this app's database and settings but charging through another gateway.
     pub fn workers_at_gateway(&self, gateway_url: &str) -> Workers {
-        let state = Arc::new(AppState {
-            db: payments::db::pool(&self.database.url, 4),
-            gateway: GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
-            settings: self.state.settings.clone(),
-        });
+        let state = Arc::new(AppState::new(
+            payments::db::pool(&self.database.url, 4),
+            GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
+            self.state.settings.clone(),
+        ));
         Workers::new(state, &self.worker_settings).unwrap()
     }
 

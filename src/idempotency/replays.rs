@@ -1,0 +1,152 @@
+//! Finished answers kept in memory, so that most replays need no database round trip at all.
+//!
+//! This is safe with any number of processes because an entry only ever holds what cannot change:
+//! the answer of a *finished* key, which stays in the database exactly as stored until the reaper
+//! deletes it after its retention, and no entry outlives that (each expires when its key's
+//! retention ends, counted from when the key finished). An entry answers as the claim would: the
+//! stored answer for the same request, a mismatch (422) for another, never anything for another
+//! account (the account is part of the cache key). Unfinished keys are never cached.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moka::policy::Expiry;
+use moka::sync::Cache;
+use uuid::Uuid;
+
+use super::Fingerprint;
+use super::store::{Claim, NewKey, StoredResponse};
+
+/// What an entry weighs besides its key and body, roughly: the fingerprint, the method and path,
+/// and the cache's own bookkeeping.
+const ENTRY_OVERHEAD_BYTES: usize = 160;
+
+/// A finished key, as its claim would find it.
+#[derive(Debug)]
+struct Finished {
+    fingerprint: Fingerprint,
+    method: String,
+    path: String,
+    response: StoredResponse,
+    /// How long the key has left before its retention ends.
+    retained_for: Duration,
+}
+
+/// Each entry lives as long as its key's retention has left, and no longer.
+struct UntilRetentionEnds;
+
+impl Expiry<(Uuid, String), Arc<Finished>> for UntilRetentionEnds {
+    fn expire_after_create(&self, _: &(Uuid, String), finished: &Arc<Finished>, _: Instant) -> Option<Duration> {
+        Some(finished.retained_for)
+    }
+}
+
+/// The finished answers of this process's recent requests and replays, bounded in bytes.
+pub struct ReplayCache {
+    cache: Cache<(Uuid, String), Arc<Finished>>,
+}
+
+impl ReplayCache {
+    /// A cache of at most about `max_bytes` of keys and answers; the least useful go first.
+    pub fn new(max_bytes: u64) -> ReplayCache {
+        let cache = Cache::builder()
+            .max_capacity(max_bytes)
+            .weigher(|(_, key): &(Uuid, String), finished: &Arc<Finished>| {
+                let bytes = key.len() + finished.response.body.len() + ENTRY_OVERHEAD_BYTES;
+                u32::try_from(bytes).unwrap_or(u32::MAX)
+            })
+            .expire_after(UntilRetentionEnds)
+            .build();
+        ReplayCache { cache }
+    }
+
+    /// What the claim of `new` would find, if its key is a finished one held here: its answer
+    /// for the same request, or a mismatch for another. `None`: ask the database.
+    pub fn claim(&self, new: &NewKey<'_>) -> Option<Claim> {
+        let finished = self.cache.get(&(new.account_id, new.key.as_str().to_owned()))?;
+        let same_request =
+            finished.fingerprint == new.fingerprint && finished.method == new.method && finished.path == new.path;
+        Some(match same_request {
+            true => Claim::Replay { response: finished.response.clone(), finished_ago: Duration::ZERO },
+            false => Claim::Mismatch,
+        })
+    }
+
+    /// Keeps the answer of `new`'s finished key for as long as its retention has left.
+    pub fn remember(&self, new: &NewKey<'_>, response: &StoredResponse, retained_for: Duration) {
+        if retained_for.is_zero() {
+            return;
+        }
+        let finished = Finished {
+            fingerprint: new.fingerprint,
+            method: new.method.to_owned(),
+            path: new.path.to_owned(),
+            response: response.clone(),
+            retained_for,
+        };
+        self.cache.insert((new.account_id, new.key.as_str().to_owned()), Arc::new(finished));
+    }
+
+    /// Whether the key's answer is held here (for tests and diagnostics).
+    pub fn holds(&self, account_id: Uuid, key: &str) -> bool {
+        self.cache.contains_key(&(account_id, key.to_owned()))
+    }
+
+    /// The bytes the entries weigh, after pending evictions.
+    pub fn weighed_bytes(&self) -> u64 {
+        self.cache.run_pending_tasks();
+        self.cache.weighted_size()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::IdempotencyKey;
+
+    #[test]
+    fn the_cache_answers_like_the_claim_and_only_for_its_account() {
+        let cache = ReplayCache::new(1 << 20);
+        let key = IdempotencyKey::parse(b"order-1").unwrap();
+        let (body, other_body) = (serde_json::json!({ "amount": 1 }), serde_json::json!({ "amount": 2 }));
+        let (account, other_account) = (Uuid::now_v7(), Uuid::now_v7());
+        let new = |account_id, params| NewKey {
+            account_id,
+            key: &key,
+            method: "POST",
+            path: "/v1/payments",
+            fingerprint: Fingerprint::of(params),
+            params,
+        };
+        let answer = StoredResponse { status: 201, body: b"{\"id\":1}".to_vec() };
+        cache.remember(&new(account, &body), &answer, Duration::from_secs(60));
+
+        match cache.claim(&new(account, &body)) {
+            Some(Claim::Replay { response, .. }) => assert_eq!(response, answer),
+            other => panic!("a replay, not {other:?}"),
+        }
+        assert!(matches!(cache.claim(&new(account, &other_body)), Some(Claim::Mismatch)));
+        assert!(cache.claim(&new(other_account, &body)).is_none(), "another account's key is its own");
+    }
+
+    #[test]
+    fn the_cache_stays_within_its_bytes() {
+        let max_bytes = 64 * 1024;
+        let cache = ReplayCache::new(max_bytes);
+        let body = serde_json::json!({});
+        let answer = StoredResponse { status: 201, body: vec![b'x'; 1024] };
+        for n in 0..1000 {
+            let key = IdempotencyKey::parse(format!("key-{n}").as_bytes()).unwrap();
+            let new = NewKey {
+                account_id: Uuid::nil(),
+                key: &key,
+                method: "POST",
+                path: "/v1/payments",
+                fingerprint: Fingerprint::of(&body),
+                params: &body,
+            };
+            cache.remember(&new, &answer, Duration::from_secs(60));
+        }
+        assert!(cache.weighed_bytes() <= max_bytes, "{} bytes", cache.weighed_bytes());
+    }
+}
