@@ -63,7 +63,7 @@ pub async fn claim_abandoned(
                  last_run_at = now(),
                  completer_attempts = k.completer_attempts + 1
              FROM (SELECT account_id, id FROM idempotency_keys
-                   WHERE recovery_point <> 'finished' AND needs_attention_at IS NULL
+                   WHERE finished_at IS NULL AND needs_attention_at IS NULL
                      AND (locked_until IS NULL OR locked_until < now())
                      AND last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
                    ORDER BY last_run_at

@@ -18,7 +18,7 @@ pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, ba
             "WITH reaped AS (
              DELETE FROM idempotency_keys k
              USING (SELECT account_id, id FROM idempotency_keys
-                    WHERE recovery_point = 'finished' AND finished_at < now() - $1 * interval '1 second'
+                    WHERE finished_at < now() - $1 * interval '1 second'
                     ORDER BY finished_at
                     LIMIT $2
                     FOR UPDATE SKIP LOCKED) old
