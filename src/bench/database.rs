@@ -1,0 +1,115 @@
+//! What the benchmark reads from the service's database: statements run (`pg_stat_statements`),
+//! WAL written, payments made, and the outbox backlog.
+//!
+//! All of it goes through one connection of the benchmark's own, which counts the statements it
+//! runs itself: `pg_stat_statements` sees those too, and they are taken off, so a figure per
+//! request holds only what the service (its API and its workers) ran.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use tokio::sync::Mutex;
+
+/// The database counters at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Counters {
+    /// Statements run in the service's database, ours excepted; `None` without `pg_stat_statements`.
+    pub statements: Option<u64>,
+    /// WAL written by the whole cluster, in bytes: its current position.
+    pub wal_bytes: u64,
+    pub payments: u64,
+}
+
+/// The benchmark's connection to the service's database.
+pub struct Probe {
+    conn: Mutex<AsyncPgConnection>,
+    /// Statements this probe has run (each one is a single statement).
+    issued: AtomicU64,
+    has_statements: bool,
+}
+
+#[derive(QueryableByName)]
+struct Row {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    statements: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    wal_bytes: i64,
+    #[diesel(sql_type = BigInt)]
+    payments: i64,
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+#[derive(QueryableByName)]
+struct Version {
+    #[diesel(sql_type = Text)]
+    server_version: String,
+}
+
+impl Probe {
+    /// Connects, and makes `pg_stat_statements` available in the database if the server preloads
+    /// it (without it, statement counts are left out).
+    pub async fn connect(database_url: &str) -> anyhow::Result<Probe> {
+        let mut conn = AsyncPgConnection::establish(database_url).await?;
+        conn.batch_execute("SET application_name = 'payments bench'").await?;
+        let has_statements = conn.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.is_ok()
+            && diesel::sql_query("SELECT count(*) AS count FROM pg_stat_statements")
+                .get_result::<Count>(&mut conn)
+                .await
+                .is_ok();
+        if !has_statements {
+            tracing::warn!("pg_stat_statements is not available: statements per request are left out");
+        }
+        Ok(Probe { conn: Mutex::new(conn), issued: AtomicU64::new(0), has_statements })
+    }
+
+    /// PostgreSQL's version, as the server reports it.
+    pub async fn server_version(&self) -> anyhow::Result<String> {
+        let mut conn = self.conn.lock().await;
+        let sql = "SELECT current_setting('server_version') AS server_version";
+        let version = diesel::sql_query(sql).get_result::<Version>(&mut *conn).await;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Ok(version?.server_version)
+    }
+
+    /// The counters now.
+    pub async fn counters(&self) -> anyhow::Result<Counters> {
+        let statements = match self.has_statements {
+            // Statements in this database only; the server records a statement when it ends, so
+            // this one is not in its own sum, and every earlier one of ours is.
+            true => {
+                "(SELECT sum(calls) FROM pg_stat_statements \
+                   WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()))::bigint"
+            }
+            false => "NULL::bigint",
+        };
+        let sql = format!(
+            "SELECT {statements} AS statements, \
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes, \
+                    (SELECT count(*) FROM payments) AS payments"
+        );
+        let mut conn = self.conn.lock().await;
+        let ours = self.issued.fetch_add(1, Ordering::Relaxed);
+        let row = diesel::sql_query(sql).get_result::<Row>(&mut *conn).await?;
+        Ok(Counters {
+            statements: row.statements.map(|all| (all as u64).saturating_sub(ours)),
+            wal_bytes: row.wal_bytes as u64,
+            payments: row.payments as u64,
+        })
+    }
+
+    /// Events staged and not yet delivered (dead letters aside).
+    pub async fn outbox_backlog(&self) -> anyhow::Result<u64> {
+        let mut conn = self.conn.lock().await;
+        let sql = "SELECT count(*) AS count FROM staged_jobs WHERE dead_at IS NULL";
+        let count = diesel::sql_query(sql).get_result::<Count>(&mut *conn).await;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Ok(count?.count as u64)
+    }
+}
