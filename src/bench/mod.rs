@@ -44,8 +44,8 @@ use procfs::{Watched, rss_kib};
 use progress::Progress;
 use reference::{BareEndpoint, Pgbench};
 use report::{
-    BareCpu, BareReport, Before, LoadReport, Machine, Outbox, Ratios, References, Report, ScenarioReport, Scenarios,
-    ServiceCpu, Settings,
+    BareCpu, BareReport, Before, Cost, LoadReport, Machine, Outbox, Ratios, References, Report, ScenarioReport,
+    Scenarios, ServiceCpu, Settings,
 };
 use world::World;
 
@@ -179,7 +179,7 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
     let rss_after = world.pids.api.and_then(rss_kib);
 
     let references = match plan.references {
-        true => references(plan, world, progress).await?,
+        true => references(plan, world, probe.as_deref(), progress).await?,
         false => References::default(),
     };
     let postgresql = match &probe {
@@ -227,7 +227,9 @@ impl Run<'_> {
         let phase = self.progress.timed(&name, self.plan.duration, Some(sent.clone()));
         let sampler = BacklogSampler::start(self.probe.clone());
         let load = self.driver.run(scenario, finished, self.plan.clients, self.plan.duration, sent).await;
+        let cpu_at_end = self.processes.sample();
         let backlog_max = sampler.stop().await?;
+        let counters_at_end = self.counters().await?;
         phase.finish(&format!("{:.0} req/s", load.requests as f64 / load.elapsed.as_secs_f64()));
 
         let draining = self.progress.step("outbox draining");
@@ -238,11 +240,19 @@ impl Run<'_> {
         let deliveries_after = self.world.deliveries();
 
         let mut load_report = LoadReport::of(&load);
-        let delta = |f: fn(&Counters) -> Option<u64>| {
-            let (before, after) = (counters_before.as_ref().and_then(f), counters_after.as_ref().and_then(f));
-            before.zip(after).map(|(before, after)| after.saturating_sub(before))
+        let cost = |counters_after: Option<Counters>, cpu_after| {
+            let delta = |f: fn(&Counters) -> Option<u64>| {
+                let (before, after) = (counters_before.as_ref().and_then(f), counters_after.as_ref().and_then(f));
+                before.zip(after).map(|(before, after)| after.saturating_sub(before))
+            };
+            Cost {
+                cpu_us_per_request: Processes::per_request(cpu_before, cpu_after, load.requests),
+                statements_per_request: per_request(delta(|c| c.statements), load.requests),
+                wal_bytes_per_request: per_request(delta(|c| Some(c.wal_bytes)), load.requests),
+            }
         };
-        let payments_created = delta(|c| Some(c.payments));
+        let payments_created =
+            counters_before.zip(counters_after).map(|(before, after)| after.payments - before.payments);
         if scenario == Scenario::Duplicates
             && let Some(created) = payments_created
         {
@@ -252,9 +262,8 @@ impl Run<'_> {
         Ok(ScenarioReport {
             load: load_report,
             groups: (scenario == Scenario::Duplicates).then_some(load.groups),
-            cpu_us_per_request: Processes::per_request(cpu_before, cpu_after, load.requests),
-            statements_per_request: per_request(delta(|c| c.statements), load.requests),
-            wal_bytes_per_request: per_request(delta(|c| Some(c.wal_bytes)), load.requests),
+            cost: cost(counters_after, cpu_after),
+            during_load: cost(counters_at_end, cpu_at_end),
             payments_created,
             outbox: Outbox {
                 backlog_max,
@@ -320,7 +329,12 @@ async fn drain(probe: Option<&Probe>) -> anyhow::Result<Option<Duration>> {
 }
 
 /// The references, one after another, with the same clients and duration.
-async fn references(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Result<References> {
+async fn references(
+    plan: &Plan,
+    world: &World,
+    probe: Option<&Probe>,
+    progress: &Progress,
+) -> anyhow::Result<References> {
     let mut references = References::default();
     match world.database_url {
         Some(_) => {
@@ -329,8 +343,8 @@ async fn references(plan: &Plan, world: &World, progress: &Progress) -> anyhow::
             drop(preparing);
             let (clients, duration) = (plan.clients, plan.duration);
             references.pgbench_new_payment =
-                Some(pgbench.run(reference::NEW_PAYMENT, clients, duration, progress).await?);
-            references.pgbench_replay = Some(pgbench.run(reference::REPLAY, clients, duration, progress).await?);
+                Some(pgbench.run(reference::NEW_PAYMENT, clients, duration, probe, progress).await?);
+            references.pgbench_replay = Some(pgbench.run(reference::REPLAY, clients, duration, probe, progress).await?);
         }
         None => progress.note("pgbench references skipped: they need the database (--database-url)"),
     }

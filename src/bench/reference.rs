@@ -19,6 +19,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::child::{self, Child};
+use super::database::Probe;
 use super::load::{Driver, Load, Scenario};
 use super::procfs::{Watched, reaped_children_cpu_us};
 use super::progress::Progress;
@@ -55,6 +56,8 @@ pub struct PgbenchRun {
     pub postgres_cpu_us_per_transaction: Option<f64>,
     /// pgbench's own, in µs.
     pub pgbench_cpu_us_per_transaction: f64,
+    /// WAL written per transaction, in bytes.
+    pub wal_bytes_per_transaction: Option<f64>,
 }
 
 /// pgbench, ready to run against the reference database.
@@ -100,6 +103,7 @@ impl Pgbench {
         script: Script,
         clients: usize,
         duration: Duration,
+        probe: Option<&Probe>,
         progress: &Progress,
     ) -> anyhow::Result<PgbenchRun> {
         let file = self.scratch.join(script.name);
@@ -112,6 +116,7 @@ impl Pgbench {
         pgbench.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).kill_on_drop(true);
 
         let phase = progress.timed(&format!("pgbench {}", script.name), Duration::from_secs(seconds), None);
+        let wal_before = wal_bytes(probe).await?;
         let (postgres_before, pgbench_before) = (self.postgres.and_then(|p| p.cpu_us()), reaped_children_cpu_us());
         let mut running = pgbench.spawn().context("starting pgbench")?;
         let mut stderr = BufReader::new(running.stderr.take().context("no stderr")?).lines();
@@ -126,6 +131,7 @@ impl Pgbench {
         let output = running.wait_with_output().await?;
         let postgres_after = self.postgres.and_then(|p| p.cpu_us());
         let pgbench_cpu = reaped_children_cpu_us() - pgbench_before;
+        let wal_after = wal_bytes(probe).await?;
         if !output.status.success() {
             bail!("pgbench -f {} failed ({}):\n{}", script.name, output.status, errors.join("\n"));
         }
@@ -142,9 +148,20 @@ impl Pgbench {
                 .zip(postgres_after)
                 .map(|(before, after)| (after - before) as f64 / transactions.max(1.0)),
             pgbench_cpu_us_per_transaction: pgbench_cpu as f64 / transactions.max(1.0),
+            wal_bytes_per_transaction: wal_before
+                .zip(wal_after)
+                .map(|(before, after)| (after - before) as f64 / transactions.max(1.0)),
         };
         phase.finish(&format!("{:.0} tps, latency average {:.3} ms", run.tps, run.latency_average_ms));
         Ok(run)
+    }
+}
+
+/// The cluster's WAL position, in bytes.
+async fn wal_bytes(probe: Option<&Probe>) -> anyhow::Result<Option<u64>> {
+    match probe {
+        Some(probe) => Ok(Some(probe.counters().await?.wal_bytes)),
+        None => Ok(None),
     }
 }
 

@@ -80,11 +80,22 @@ pub struct ScenarioReport {
     pub load: LoadReport,
     /// `duplicates`: key groups sent (each must make exactly one payment).
     pub groups: Option<u64>,
+    /// What a request cost, from just before the load to the end of the outbox's drain after it.
+    #[serde(flatten)]
+    pub cost: Cost,
+    /// What a request cost during the load alone: the difference from the above is mostly the
+    /// outbox catching up.
+    pub during_load: Cost,
+    pub payments_created: Option<u64>,
+    pub outbox: Outbox,
+}
+
+/// What a request cost, per request.
+#[derive(Serialize)]
+pub struct Cost {
     pub cpu_us_per_request: ServiceCpu,
     pub statements_per_request: Option<f64>,
     pub wal_bytes_per_request: Option<f64>,
-    pub payments_created: Option<u64>,
-    pub outbox: Outbox,
 }
 
 /// CPU time per request, in µs, of each process.
@@ -231,24 +242,19 @@ impl Report {
             );
         }
 
-        out.push_str("\n| per request | CPU µs API | gateway | PostgreSQL | bench | statements | WAL bytes | payments made | outbox max backlog | drain ms | deliveries |\n");
+        out.push_str("\n| per request, to the end of the drain | CPU µs API | gateway | PostgreSQL | bench | statements | WAL bytes | payments made | outbox max backlog | drain ms | deliveries |\n");
         out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
         for (name, s) in &scenarios {
-            let c = &s.cpu_us_per_request;
             let _ = writeln!(
                 out,
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                float(c.api, 0),
-                float(c.gateway, 0),
-                float(c.postgres, 0),
-                float(c.bench, 0),
-                float(s.statements_per_request, 2),
-                float(s.wal_bytes_per_request, 0),
+                "| {name} | {} | {} | {} | {} | {} |",
+                cost(&s.cost),
                 int(s.payments_created),
                 int(s.outbox.backlog_max),
                 s.outbox.drain_ms.map_or_else(|| "not drained".to_owned(), |ms| ms.to_string()),
                 int(s.outbox.deliveries)
             );
+            let _ = writeln!(out, "| {name}, during the load | {} | | | | |", cost(&s.during_load));
         }
         if let Some(b) = bare {
             let c = &b.cpu_us_per_request;
@@ -261,20 +267,21 @@ impl Report {
         let pgbench = [&self.references.pgbench_new_payment, &self.references.pgbench_replay];
         if pgbench.iter().any(|p| p.is_some()) {
             out.push_str(
-                "\n| pgbench | transactions | tps | latency average ms | failed | CPU µs/tx PostgreSQL | pgbench |\n",
+                "\n| pgbench | transactions | tps | latency average ms | failed | CPU µs/tx PostgreSQL | pgbench | WAL bytes/tx |\n",
             );
-            out.push_str("|---|--:|--:|--:|--:|--:|--:|\n");
+            out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|\n");
             for run in pgbench.into_iter().flatten() {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {:.0} | {:.3} | {} | {} | {:.0} |",
+                    "| {} | {} | {:.0} | {:.3} | {} | {} | {:.0} | {} |",
                     run.script,
                     run.transactions,
                     run.tps,
                     run.latency_average_ms,
                     run.failed,
                     float(run.postgres_cpu_us_per_transaction, 0),
-                    run.pgbench_cpu_us_per_transaction
+                    run.pgbench_cpu_us_per_transaction,
+                    float(run.wal_bytes_per_transaction, 0)
                 );
             }
         }
@@ -293,6 +300,20 @@ impl Report {
         }
         out
     }
+}
+
+/// The cost columns: CPU of each process, statements, WAL.
+fn cost(cost: &Cost) -> String {
+    let c = &cost.cpu_us_per_request;
+    let columns = [
+        float(c.api, 0),
+        float(c.gateway, 0),
+        float(c.postgres, 0),
+        float(c.bench, 0),
+        float(cost.statements_per_request, 2),
+        float(cost.wal_bytes_per_request, 0),
+    ];
+    columns.join(" | ")
 }
 
 fn float(value: Option<f64>, decimals: usize) -> String {
