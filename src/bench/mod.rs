@@ -60,8 +60,10 @@ const WARM_UP_PAYMENTS_PER_CLIENT: usize = 4;
 /// it (and reports it as not drained).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// How often the outbox backlog is sampled.
-const BACKLOG_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the outbox backlog is sampled during the load. Counting a backlog of thousands of
+/// events costs PostgreSQL about a millisecond, and that CPU is counted in the service's: four
+/// times a second keeps it near 0.1% of a core while still catching the peak.
+const BACKLOG_INTERVAL: Duration = Duration::from_millis(250);
 
 /// What to run.
 pub struct Plan {
@@ -320,7 +322,7 @@ async fn drain(probe: Option<&Probe>) -> anyhow::Result<Option<Duration>> {
     let Some(probe) = probe else { return Ok(None) };
     let start = Instant::now();
     while start.elapsed() < DRAIN_TIMEOUT {
-        if probe.outbox_backlog().await? == 0 {
+        if probe.outbox_is_empty().await? {
             return Ok(Some(start.elapsed()));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
