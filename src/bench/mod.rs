@@ -31,14 +31,13 @@ mod world;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use anyhow::Context;
 use reqwest::Url;
-use tokio::time::Instant;
 
-use database::{Counters, Probe};
+use database::{BacklogSampler, Counters, Probe, drain};
 use load::{Driver, Finished};
 use procfs::{Watched, rss_kib};
 use progress::Progress;
@@ -55,15 +54,6 @@ pub use world::Pids;
 /// Payments each client makes before the first scenario, so that connections are open and
 /// statements prepared when the measurement starts.
 const WARM_UP_PAYMENTS_PER_CLIENT: usize = 4;
-
-/// How long the outbox may take to empty after a scenario before the benchmark goes on without
-/// it (and reports it as not drained).
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// How often the outbox backlog is sampled during the load. Counting a backlog of thousands of
-/// events costs PostgreSQL about a millisecond, and that CPU is counted in the service's: four
-/// times a second keeps it near 0.1% of a core while still catching the peak.
-const BACKLOG_INTERVAL: Duration = Duration::from_millis(250);
 
 /// What to run.
 pub struct Plan {
@@ -281,53 +271,6 @@ impl Run<'_> {
             None => Ok(None),
         }
     }
-}
-
-/// Samples the outbox backlog until stopped, keeping the largest.
-struct BacklogSampler {
-    stop: Arc<AtomicBool>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
-}
-
-impl BacklogSampler {
-    fn start(probe: Option<Arc<Probe>>) -> BacklogSampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = probe.map(|probe| {
-            let stop = stop.clone();
-            // Stopped by a flag, not aborted: an aborted query would leave the connection unusable.
-            tokio::spawn(async move {
-                let mut max = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    max = max.max(probe.outbox_backlog().await?);
-                    tokio::time::sleep(BACKLOG_INTERVAL).await;
-                }
-                Ok(max)
-            })
-        });
-        BacklogSampler { stop, task }
-    }
-
-    async fn stop(self) -> anyhow::Result<Option<u64>> {
-        self.stop.store(true, Ordering::Relaxed);
-        match self.task {
-            Some(task) => Ok(Some(task.await??)),
-            None => Ok(None),
-        }
-    }
-}
-
-/// Waits for the outbox to empty, and says how long that took; `None` if it did not within
-/// [`DRAIN_TIMEOUT`], or there is no database to look at.
-async fn drain(probe: Option<&Probe>) -> anyhow::Result<Option<Duration>> {
-    let Some(probe) = probe else { return Ok(None) };
-    let start = Instant::now();
-    while start.elapsed() < DRAIN_TIMEOUT {
-        if probe.outbox_is_empty().await? {
-            return Ok(Some(start.elapsed()));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(None)
 }
 
 /// The references, one after another, with the same clients and duration.
