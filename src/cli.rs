@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 
+use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
 use crate::config::{CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, WorkerCommandArgs};
 use crate::telemetry::LogFormat;
 
@@ -34,6 +35,13 @@ pub enum Command {
     /// Keys the completer gave up on.
     #[command(subcommand)]
     Attention(AttentionCommand),
+    /// Measure the service under load: new payments, replays and concurrent duplicates, against a
+    /// deployment of its own (or --url), and optionally against the reference workloads.
+    Bench(BenchArgs),
+    /// The bare reference endpoint `bench --references` runs: actix-web parsing a JSON payment
+    /// and answering JSON, with no database.
+    #[command(hide = true)]
+    BenchEndpoint(BenchEndpointArgs),
 }
 
 #[derive(Subcommand)]

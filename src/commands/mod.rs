@@ -2,6 +2,7 @@
 
 pub mod accounts;
 pub mod attention;
+pub mod bench;
 pub mod gateway;
 pub mod migrate;
 pub mod serve;

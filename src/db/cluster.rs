@@ -70,7 +70,13 @@ impl Cluster {
     /// Starts the cluster kept under `root` (data in `root/data`, socket in `root/run`), running
     /// `initdb` first if `root` holds none yet, and returns once it accepts connections.
     pub fn start(root: &Path, durability: Durability) -> anyhow::Result<Cluster> {
-        let bin = find_server_binaries()?;
+        Cluster::start_with_settings(root, durability, &[])
+    }
+
+    /// [`Cluster::start`], with extra server settings (`name=value`, as `postgres -c` takes them)
+    /// applied last, so they override ours: the benchmark preloads `pg_stat_statements`, say.
+    pub fn start_with_settings(root: &Path, durability: Durability, settings: &[&str]) -> anyhow::Result<Cluster> {
+        let bin = server_binaries()?;
         fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
         // One spelling of the path for everything, the socket's length check included: the one
         // connection strings use.
@@ -114,6 +120,9 @@ impl Cluster {
         if durability == Durability::Throwaway {
             postgres.args(["-c", "fsync=off", "-c", "synchronous_commit=off"]);
             postgres.args(["-c", "full_page_writes=off"]);
+        }
+        for setting in settings {
+            postgres.args(["-c", setting]);
         }
         // Its own process group: a Ctrl-C in the terminal reaches only us, and we stop the
         // cluster after the HTTP server has drained, not at the same moment.
@@ -258,8 +267,9 @@ impl ServerUser {
     }
 }
 
-/// Finds `initdb` and `postgres`: on `PATH`, else in Debian's and Ubuntu's versioned directories.
-fn find_server_binaries() -> anyhow::Result<PathBuf> {
+/// The directory of `initdb` and `postgres` (and of `psql` and `pgbench`, where installed): on
+/// `PATH`, else in Debian's and Ubuntu's versioned directories.
+pub fn server_binaries() -> anyhow::Result<PathBuf> {
     let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
     let on_path =
         std::env::var_os("PATH").map(|path| std::env::split_paths(&path).collect::<Vec<_>>()).unwrap_or_default();

@@ -1,0 +1,185 @@
+//! What the benchmark reads from the service's database: statements run (`pg_stat_statements`),
+//! WAL written, payments made, and the outbox backlog, sampled during a load and watched as it
+//! drains after it.
+//!
+//! All of it goes through one connection of the benchmark's own, which counts the statements it
+//! runs itself: `pg_stat_statements` sees those too, and they are taken off, so a figure per
+//! request holds only what the service (its API and its workers) ran.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Nullable, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+/// How long the outbox may take to empty after a scenario before the benchmark goes on without
+/// it (and reports it as not drained).
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How often the outbox backlog is sampled during the load. Counting a backlog of thousands of
+/// events costs PostgreSQL about a millisecond, and that CPU is counted in the service's: four
+/// times a second keeps it near 0.1% of a core while still catching the peak.
+const BACKLOG_INTERVAL: Duration = Duration::from_millis(250);
+
+/// The database counters at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct Counters {
+    /// Statements run in the service's database, ours excepted; `None` without `pg_stat_statements`.
+    pub statements: Option<u64>,
+    /// WAL written by the whole cluster, in bytes: its current position.
+    pub wal_bytes: u64,
+    pub payments: u64,
+}
+
+/// The benchmark's connection to the service's database.
+pub struct Probe {
+    conn: Mutex<AsyncPgConnection>,
+    /// Statements this probe has run (each one is a single statement).
+    issued: AtomicU64,
+    has_statements: bool,
+}
+
+#[derive(QueryableByName)]
+struct Row {
+    #[diesel(sql_type = Nullable<BigInt>)]
+    statements: Option<i64>,
+    #[diesel(sql_type = BigInt)]
+    wal_bytes: i64,
+    #[diesel(sql_type = BigInt)]
+    payments: i64,
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+#[derive(QueryableByName)]
+struct Version {
+    #[diesel(sql_type = Text)]
+    server_version: String,
+}
+
+impl Probe {
+    /// Connects, and makes `pg_stat_statements` available in the database if the server preloads
+    /// it (without it, statement counts are left out).
+    pub async fn connect(database_url: &str) -> anyhow::Result<Probe> {
+        let mut conn = AsyncPgConnection::establish(database_url).await?;
+        conn.batch_execute("SET application_name = 'payments bench'").await?;
+        let has_statements = conn.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.is_ok()
+            && diesel::sql_query("SELECT count(*) AS count FROM pg_stat_statements")
+                .get_result::<Count>(&mut conn)
+                .await
+                .is_ok();
+        if !has_statements {
+            tracing::warn!("pg_stat_statements is not available: statements per request are left out");
+        }
+        Ok(Probe { conn: Mutex::new(conn), issued: AtomicU64::new(0), has_statements })
+    }
+
+    /// PostgreSQL's version, as the server reports it.
+    pub async fn server_version(&self) -> anyhow::Result<String> {
+        let mut conn = self.conn.lock().await;
+        let sql = "SELECT current_setting('server_version') AS server_version";
+        let version = diesel::sql_query(sql).get_result::<Version>(&mut *conn).await;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Ok(version?.server_version)
+    }
+
+    /// The counters now.
+    pub async fn counters(&self) -> anyhow::Result<Counters> {
+        let statements = match self.has_statements {
+            // Statements in this database only; the server records a statement when it ends, so
+            // this one is not in its own sum, and every earlier one of ours is.
+            true => {
+                "(SELECT sum(calls) FROM pg_stat_statements \
+                   WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()))::bigint"
+            }
+            false => "NULL::bigint",
+        };
+        let sql = format!(
+            "SELECT {statements} AS statements, \
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes, \
+                    (SELECT count(*) FROM payments) AS payments"
+        );
+        let mut conn = self.conn.lock().await;
+        let ours = self.issued.fetch_add(1, Ordering::Relaxed);
+        let row = diesel::sql_query(sql).get_result::<Row>(&mut *conn).await?;
+        Ok(Counters {
+            statements: row.statements.map(|all| (all as u64).saturating_sub(ours)),
+            wal_bytes: row.wal_bytes as u64,
+            payments: row.payments as u64,
+        })
+    }
+
+    /// Whether every staged event has been delivered (dead letters aside): cheaper than counting,
+    /// as it stops at the first row.
+    pub async fn outbox_is_empty(&self) -> anyhow::Result<bool> {
+        let mut conn = self.conn.lock().await;
+        let sql = "SELECT count(*) AS count FROM (SELECT FROM staged_jobs WHERE dead_at IS NULL LIMIT 1) AS due";
+        let count = diesel::sql_query(sql).get_result::<Count>(&mut *conn).await;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Ok(count?.count == 0)
+    }
+
+    /// Events staged and not yet delivered (dead letters aside).
+    pub async fn outbox_backlog(&self) -> anyhow::Result<u64> {
+        let mut conn = self.conn.lock().await;
+        let sql = "SELECT count(*) AS count FROM staged_jobs WHERE dead_at IS NULL";
+        let count = diesel::sql_query(sql).get_result::<Count>(&mut *conn).await;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Ok(count?.count as u64)
+    }
+}
+
+/// Samples the outbox backlog until stopped, keeping the largest.
+pub struct BacklogSampler {
+    stop: Arc<AtomicBool>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
+}
+
+impl BacklogSampler {
+    pub fn start(probe: Option<Arc<Probe>>) -> BacklogSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = probe.map(|probe| {
+            let stop = stop.clone();
+            // Stopped by a flag, not aborted: an aborted query would leave the connection unusable.
+            tokio::spawn(async move {
+                let mut max = 0;
+                while !AtomicBool::load(&stop, Ordering::Relaxed) {
+                    max = max.max(probe.outbox_backlog().await?);
+                    tokio::time::sleep(BACKLOG_INTERVAL).await;
+                }
+                Ok(max)
+            })
+        });
+        BacklogSampler { stop, task }
+    }
+
+    pub async fn stop(self) -> anyhow::Result<Option<u64>> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.task {
+            Some(task) => Ok(Some(task.await??)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Waits for the outbox to empty, and says how long that took; `None` if it did not within
+/// [`DRAIN_TIMEOUT`], or there is no database to look at.
+pub async fn drain(probe: Option<&Probe>) -> anyhow::Result<Option<Duration>> {
+    let Some(probe) = probe else { return Ok(None) };
+    let start = Instant::now();
+    while start.elapsed() < DRAIN_TIMEOUT {
+        if probe.outbox_is_empty().await? {
+            return Ok(Some(start.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(None)
+}

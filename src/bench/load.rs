@@ -1,0 +1,311 @@
+//! The load generator: `clients` tasks sharing one keep-alive HTTP client, each sending one
+//! request after another until the deadline, each keeping its own latency histogram, merged at
+//! the end.
+//!
+//! It is kept light, since on a small machine its CPU competes with the service's: request bodies
+//! are serialised once, and answers are read only as far as the checks need.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use reqwest::{StatusCode, Url};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+/// A payment any gateway of ours charges.
+pub const PAYMENT: &str = r#"{"amount": 1000, "currency": "usd", "source": "tok_visa"}"#;
+
+/// Requests sent at once with one key in the `duplicates` scenario: enough that most groups race.
+pub const GROUP_SIZE: usize = 4;
+
+/// Latencies above this are recorded as this (a request that slow has failed anyway).
+const MAX_LATENCY_US: u64 = 60_000_000;
+
+/// A request's timeout: far above any latency a healthy run sees.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a scenario sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// A new payment per request: a fresh key each time.
+    New,
+    /// Replays of finished payments, picked at random among keys made beforehand.
+    Replay,
+    /// Groups of [`GROUP_SIZE`] concurrent requests with one fresh key, then one more with it.
+    Duplicates,
+}
+
+/// Keys of finished payments, and the body each was answered with.
+pub type Finished = Arc<Vec<(String, Bytes)>>;
+
+/// What a run found.
+pub struct Load {
+    pub requests: u64,
+    pub elapsed: Duration,
+    /// Microseconds from sending a request to having read its answer.
+    pub latency_us: Histogram<u64>,
+    /// Answers by status code; `transport_error` for requests that got none.
+    pub statuses: BTreeMap<String, u64>,
+    /// Answers that were not the expected success (an overloaded service's `503`, say).
+    pub errors: u64,
+    /// Answers that break the idempotency contract: a replay that differs from the stored
+    /// answer, a fresh key answered as a replay, two payments for one key.
+    pub violations: u64,
+    /// `duplicates`: groups sent, each of which must have made exactly one payment.
+    pub groups: u64,
+}
+
+/// Sends the load: one HTTP client, many tasks.
+#[derive(Clone)]
+pub struct Driver {
+    http: reqwest::Client,
+    url: Url,
+    api_key: Arc<str>,
+    body: Bytes,
+}
+
+/// One answer.
+struct Answer {
+    status: Option<StatusCode>,
+    replayed: bool,
+    body: Bytes,
+}
+
+impl Driver {
+    /// A driver of `POST <base>/v1/payments` with `api_key`, keeping up to `clients` connections.
+    pub fn new(base: &Url, api_key: &str, clients: usize) -> anyhow::Result<Driver> {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(clients)
+            .tcp_nodelay(true)
+            .timeout(REQUEST_TIMEOUT)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        let url = base.join("/v1/payments").context("the service's URL")?;
+        Ok(Driver { http, url, api_key: api_key.into(), body: Bytes::from_static(PAYMENT.as_bytes()) })
+    }
+
+    async fn post(&self, key: &str) -> Answer {
+        let sent = self
+            .http
+            .post(self.url.clone())
+            .bearer_auth(&*self.api_key)
+            .header("Idempotency-Key", key)
+            .header("Content-Type", "application/json")
+            .body(self.body.clone())
+            .send()
+            .await;
+        let Ok(response) = sent else { return Answer { status: None, replayed: false, body: Bytes::new() } };
+        let status = response.status();
+        let replayed = response.headers().get("Idempotent-Replayed").is_some_and(|value| value == "true");
+        match response.bytes().await {
+            Ok(body) => Answer { status: Some(status), replayed, body },
+            Err(_) => Answer { status: None, replayed: false, body: Bytes::new() },
+        }
+    }
+
+    /// Makes `count` finished payments, `clients` at a time, for the `replay` scenario.
+    pub async fn finished_payments(&self, count: usize, clients: usize) -> anyhow::Result<Finished> {
+        let next = Arc::new(AtomicU64::new(0));
+        let mut tasks = JoinSet::new();
+        for _ in 0..clients.min(count) {
+            let (driver, next) = (self.clone(), next.clone());
+            tasks.spawn(async move {
+                let mut made = Vec::new();
+                while next.fetch_add(1, Ordering::Relaxed) < count as u64 {
+                    let key = Uuid::new_v4().to_string();
+                    let answer = driver.post(&key).await;
+                    anyhow::ensure!(
+                        answer.status == Some(StatusCode::CREATED),
+                        "making a payment to replay: answered {:?}",
+                        answer.status
+                    );
+                    made.push((key, answer.body));
+                }
+                Ok(made)
+            });
+        }
+        let made: Vec<_> = tasks.join_all().await.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Arc::new(made.into_iter().flatten().collect()))
+    }
+
+    /// Runs `scenario` with `clients` requests in flight until `duration` has passed; `sent`
+    /// counts requests as they complete, for the progress display.
+    pub async fn run(
+        &self,
+        scenario: Scenario,
+        finished: Option<Finished>,
+        clients: usize,
+        duration: Duration,
+        sent: Arc<AtomicU64>,
+    ) -> Load {
+        let start = Instant::now();
+        let deadline = start + duration;
+        let mut tasks = JoinSet::new();
+        // In `duplicates` every task has a group in flight, so fewer tasks keep as many requests
+        // in flight.
+        let tasks_needed = match scenario {
+            Scenario::Duplicates => clients.div_ceil(GROUP_SIZE),
+            _ => clients,
+        };
+        for _ in 0..tasks_needed {
+            let (driver, finished, sent) = (self.clone(), finished.clone(), sent.clone());
+            tasks.spawn(async move {
+                let mut tally = Tally::new();
+                let mut rng = SmallRng::from_os_rng();
+                while Instant::now() < deadline {
+                    match scenario {
+                        Scenario::New => driver.new_payment(&mut tally).await,
+                        Scenario::Replay => {
+                            let finished = finished.as_ref().expect("replay needs finished payments");
+                            let (key, stored) = &finished[rng.random_range(0..finished.len())];
+                            driver.replay(&mut tally, key, stored).await
+                        }
+                        Scenario::Duplicates => driver.duplicate_group(&mut tally).await,
+                    }
+                    sent.fetch_add(tally.take_unreported(), Ordering::Relaxed);
+                }
+                tally
+            });
+        }
+        let mut total = Tally::new();
+        for tally in tasks.join_all().await {
+            total.merge(tally);
+        }
+        total.into_load(start.elapsed())
+    }
+
+    async fn timed_post(&self, tally: &mut Tally, key: &str) -> Answer {
+        let start = Instant::now();
+        let answer = self.post(key).await;
+        tally.record(start.elapsed(), &answer);
+        answer
+    }
+
+    async fn new_payment(&self, tally: &mut Tally) {
+        let answer = self.timed_post(tally, &Uuid::new_v4().to_string()).await;
+        // Any success: the bare reference endpoint answers `200`, the service `201`.
+        match (answer.status, answer.replayed) {
+            (Some(status), false) if status.is_success() => {}
+            (Some(status), true) if status.is_success() => tally.violations += 1,
+            _ => tally.errors += 1,
+        }
+    }
+
+    async fn replay(&self, tally: &mut Tally, key: &str, stored: &Bytes) {
+        let answer = self.timed_post(tally, key).await;
+        match answer.status {
+            Some(StatusCode::CREATED) if answer.replayed && answer.body == *stored => {}
+            Some(StatusCode::CREATED) => tally.violations += 1,
+            _ => tally.errors += 1,
+        }
+    }
+
+    /// Sends [`GROUP_SIZE`] requests with one key at once, then one more once all are answered.
+    /// Each of the first must be the payment (`201`), a replay of it, or `409` (in flight); the
+    /// last must be a replay, byte for byte, of the one payment they made.
+    async fn duplicate_group(&self, tally: &mut Tally) {
+        let key = Uuid::new_v4().to_string();
+        let mut racing = JoinSet::new();
+        for _ in 0..GROUP_SIZE {
+            let (driver, key) = (self.clone(), key.clone());
+            racing.spawn(async move {
+                let start = Instant::now();
+                let answer = driver.post(&key).await;
+                (start.elapsed(), answer)
+            });
+        }
+        let mut created: Vec<Answer> = Vec::new();
+        for (latency, answer) in racing.join_all().await {
+            tally.record(latency, &answer);
+            match answer.status {
+                Some(StatusCode::CREATED) => created.push(answer),
+                Some(StatusCode::CONFLICT) => {}
+                _ => tally.errors += 1,
+            }
+        }
+        tally.groups += 1;
+        let last = self.timed_post(tally, &key).await;
+        let fresh = created.iter().filter(|answer| !answer.replayed).count();
+        let one_body = created.windows(2).all(|pair| pair[0].body == pair[1].body);
+        let last_is_a_replay_of_it = match created.first() {
+            Some(first) => last.status == Some(StatusCode::CREATED) && last.replayed && last.body == first.body,
+            // Nothing was created while they raced (each answer was an error): the last request
+            // finishes the payment or replays it.
+            None => last.status == Some(StatusCode::CREATED),
+        };
+        if fresh > 1 || !one_body || !last_is_a_replay_of_it {
+            tally.violations += 1;
+        }
+    }
+}
+
+/// One task's findings.
+struct Tally {
+    latency_us: Histogram<u64>,
+    statuses: BTreeMap<String, u64>,
+    requests: u64,
+    unreported: u64,
+    errors: u64,
+    violations: u64,
+    groups: u64,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally {
+            latency_us: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).expect("valid histogram bounds"),
+            statuses: BTreeMap::new(),
+            requests: 0,
+            unreported: 0,
+            errors: 0,
+            violations: 0,
+            groups: 0,
+        }
+    }
+
+    fn record(&mut self, latency: Duration, answer: &Answer) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.latency_us.saturating_record(micros.clamp(1, MAX_LATENCY_US));
+        let status = answer.status.map_or_else(|| "transport_error".to_owned(), |status| status.as_str().to_owned());
+        *self.statuses.entry(status).or_default() += 1;
+        self.requests += 1;
+        self.unreported += 1;
+    }
+
+    /// Requests recorded since the last call.
+    fn take_unreported(&mut self) -> u64 {
+        std::mem::take(&mut self.unreported)
+    }
+
+    fn merge(&mut self, other: Tally) {
+        self.latency_us.add(&other.latency_us).expect("histograms with the same bounds");
+        for (status, count) in other.statuses {
+            *self.statuses.entry(status).or_default() += count;
+        }
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.violations += other.violations;
+        self.groups += other.groups;
+    }
+
+    fn into_load(self, elapsed: Duration) -> Load {
+        Load {
+            requests: self.requests,
+            elapsed,
+            latency_us: self.latency_us,
+            statuses: self.statuses,
+            errors: self.errors,
+            violations: self.violations,
+            groups: self.groups,
+        }
+    }
+}

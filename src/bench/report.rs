@@ -1,0 +1,325 @@
+//! The results: one object, written as JSON with stable field names (every field is always
+//! there, `null` where it was not measured), and printed as tables.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::load::{Load, Scenario};
+use super::reference::PgbenchRun;
+
+#[derive(Serialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub settings: Settings,
+    pub scenarios: Scenarios,
+    /// The API process's resident memory before the first scenario and after the last, in KiB.
+    pub api_rss_kib: Before<Option<u64>>,
+    pub references: References,
+    pub ratios: Ratios,
+}
+
+#[derive(Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub kernel: Option<String>,
+    pub cpu_model: Option<String>,
+    pub postgresql: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct Settings {
+    pub clients: usize,
+    pub duration_s: f64,
+    pub scenarios: Vec<Scenario>,
+    pub replay_keys: usize,
+    pub references: bool,
+    /// `own` (started by the benchmark) or `existing` (`--url`).
+    pub deployment: &'static str,
+}
+
+#[derive(Serialize, Default)]
+pub struct Scenarios {
+    pub new: Option<ScenarioReport>,
+    pub replay: Option<ScenarioReport>,
+    pub duplicates: Option<ScenarioReport>,
+}
+
+#[derive(Serialize)]
+pub struct Before<T> {
+    pub before: T,
+    pub after: T,
+}
+
+/// What the load generator saw.
+#[derive(Serialize)]
+pub struct LoadReport {
+    pub requests: u64,
+    pub duration_s: f64,
+    pub throughput_per_s: f64,
+    pub latency_ms: Latency,
+    pub statuses: BTreeMap<String, u64>,
+    pub errors: u64,
+    pub violations: u64,
+}
+
+#[derive(Serialize)]
+pub struct Latency {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+/// One scenario against the service.
+#[derive(Serialize)]
+pub struct ScenarioReport {
+    #[serde(flatten)]
+    pub load: LoadReport,
+    /// `duplicates`: key groups sent (each must make exactly one payment).
+    pub groups: Option<u64>,
+    /// What a request cost, from just before the load to the end of the outbox's drain after it.
+    #[serde(flatten)]
+    pub cost: Cost,
+    /// What a request cost during the load alone: the difference from the above is mostly the
+    /// outbox catching up.
+    pub during_load: Cost,
+    pub payments_created: Option<u64>,
+    pub outbox: Outbox,
+}
+
+/// What a request cost, per request.
+#[derive(Serialize)]
+pub struct Cost {
+    pub cpu_us_per_request: ServiceCpu,
+    pub statements_per_request: Option<f64>,
+    pub wal_bytes_per_request: Option<f64>,
+}
+
+/// CPU time per request, in µs, of each process.
+#[derive(Serialize)]
+pub struct ServiceCpu {
+    pub api: Option<f64>,
+    pub gateway: Option<f64>,
+    /// The postmaster and all its children.
+    pub postgres: Option<f64>,
+    /// The load generator (and the webhook receiver, which runs inside it).
+    pub bench: Option<f64>,
+}
+
+#[derive(Serialize)]
+pub struct Outbox {
+    /// The most events staged and not yet delivered, sampled during the load.
+    pub backlog_max: Option<u64>,
+    /// From the end of the load until the backlog was empty; `null` if it did not empty in time.
+    pub drain_ms: Option<u64>,
+    /// Events delivered to the benchmark's webhook during the scenario and the drain.
+    pub deliveries: Option<u64>,
+}
+
+#[derive(Serialize, Default)]
+pub struct References {
+    pub pgbench_new_payment: Option<PgbenchRun>,
+    pub pgbench_replay: Option<PgbenchRun>,
+    pub bare_endpoint: Option<BareReport>,
+}
+
+#[derive(Serialize)]
+pub struct BareReport {
+    #[serde(flatten)]
+    pub load: LoadReport,
+    pub cpu_us_per_request: BareCpu,
+}
+
+#[derive(Serialize)]
+pub struct BareCpu {
+    pub endpoint: Option<f64>,
+    pub bench: Option<f64>,
+}
+
+#[derive(Serialize, Default)]
+pub struct Ratios {
+    /// New payments per second over pgbench's new-payment transactions per second.
+    pub new_vs_pgbench_new_payment: Option<f64>,
+    /// Replays per second over the bare endpoint's requests per second.
+    pub replay_vs_bare_endpoint: Option<f64>,
+    /// Replays per second over pgbench's replay look-ups per second.
+    pub replay_vs_pgbench_replay: Option<f64>,
+    /// Replay p99 latency over the bare endpoint's p99.
+    pub replay_p99_vs_bare_endpoint_p99: Option<f64>,
+    /// New payments' p99 latency over their mean: how long the tail is.
+    pub new_p99_vs_new_mean: Option<f64>,
+}
+
+impl LoadReport {
+    pub fn of(load: &Load) -> LoadReport {
+        let ms = |us: u64| us as f64 / 1000.0;
+        let latency = &load.latency_us;
+        LoadReport {
+            requests: load.requests,
+            duration_s: load.elapsed.as_secs_f64(),
+            throughput_per_s: load.requests as f64 / load.elapsed.as_secs_f64(),
+            latency_ms: Latency {
+                p50: ms(latency.value_at_quantile(0.50)),
+                p90: ms(latency.value_at_quantile(0.90)),
+                p99: ms(latency.value_at_quantile(0.99)),
+                max: ms(latency.max()),
+                mean: latency.mean() / 1000.0,
+            },
+            statuses: load.statuses.clone(),
+            errors: load.errors,
+            violations: load.violations,
+        }
+    }
+}
+
+impl Ratios {
+    pub fn of(scenarios: &Scenarios, references: &References) -> Ratios {
+        let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|(_, b)| *b > 0.0).map(|(a, b)| a / b);
+        let (new, replay) = (scenarios.new.as_ref().map(|s| &s.load), scenarios.replay.as_ref().map(|s| &s.load));
+        let bare = references.bare_endpoint.as_ref().map(|b| &b.load);
+        Ratios {
+            new_vs_pgbench_new_payment: ratio(
+                new.map(|n| n.throughput_per_s),
+                references.pgbench_new_payment.as_ref().map(|p| p.tps),
+            ),
+            replay_vs_bare_endpoint: ratio(replay.map(|r| r.throughput_per_s), bare.map(|b| b.throughput_per_s)),
+            replay_vs_pgbench_replay: ratio(
+                replay.map(|r| r.throughput_per_s),
+                references.pgbench_replay.as_ref().map(|p| p.tps),
+            ),
+            replay_p99_vs_bare_endpoint_p99: ratio(replay.map(|r| r.latency_ms.p99), bare.map(|b| b.latency_ms.p99)),
+            new_p99_vs_new_mean: ratio(new.map(|n| n.latency_ms.p99), new.map(|n| n.latency_ms.mean)),
+        }
+    }
+}
+
+impl Report {
+    /// The tables, in Markdown, as the README's Performance section shows them.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let m = &self.machine;
+        let _ = writeln!(
+            out,
+            "{} cores ({}), Linux {}, PostgreSQL {}; {} clients, {:.0} s per scenario\n",
+            m.cores,
+            m.cpu_model.as_deref().unwrap_or("unknown CPU"),
+            m.kernel.as_deref().unwrap_or("?"),
+            m.postgresql.as_deref().unwrap_or("?"),
+            self.settings.clients,
+            self.settings.duration_s
+        );
+        let scenarios = [
+            ("new", &self.scenarios.new),
+            ("replay", &self.scenarios.replay),
+            ("duplicates", &self.scenarios.duplicates),
+        ];
+        let scenarios: Vec<(&str, &ScenarioReport)> =
+            scenarios.iter().filter_map(|(n, s)| Some((*n, s.as_ref()?))).collect();
+        let bare = self.references.bare_endpoint.as_ref();
+
+        out.push_str("| scenario | requests | req/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | statuses | errors | violations |\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|---|--:|--:|\n");
+        let loads = scenarios.iter().map(|(name, s)| (*name, &s.load)).chain(bare.map(|b| ("bare endpoint", &b.load)));
+        for (name, load) in loads {
+            let l = &load.latency_ms;
+            let statuses: Vec<String> = load.statuses.iter().map(|(status, n)| format!("{status}: {n}")).collect();
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {} | {} |",
+                load.requests,
+                load.throughput_per_s,
+                l.p50,
+                l.p90,
+                l.p99,
+                l.max,
+                l.mean,
+                statuses.join(", "),
+                load.errors,
+                load.violations
+            );
+        }
+
+        out.push_str("\n| per request, to the end of the drain | CPU µs API | gateway | PostgreSQL | bench | statements | WAL bytes | payments made | outbox max backlog | drain ms | deliveries |\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        for (name, s) in &scenarios {
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} | {} | {} | {} |",
+                cost(&s.cost),
+                int(s.payments_created),
+                int(s.outbox.backlog_max),
+                s.outbox.drain_ms.map_or_else(|| "not drained".to_owned(), |ms| ms.to_string()),
+                int(s.outbox.deliveries)
+            );
+            let _ = writeln!(out, "| {name}, during the load | {} | | | | |", cost(&s.during_load));
+        }
+        if let Some(b) = bare {
+            let c = &b.cpu_us_per_request;
+            let _ =
+                writeln!(out, "| bare endpoint | {} | | | {} | | | | | | |", float(c.endpoint, 0), float(c.bench, 0));
+        }
+        let rss = &self.api_rss_kib;
+        let _ = writeln!(out, "\nAPI resident memory: {} KiB before, {} KiB after", int(rss.before), int(rss.after));
+
+        let pgbench = [&self.references.pgbench_new_payment, &self.references.pgbench_replay];
+        if pgbench.iter().any(|p| p.is_some()) {
+            out.push_str(
+                "\n| pgbench | transactions | tps | latency average ms | failed | CPU µs/tx PostgreSQL | pgbench | WAL bytes/tx |\n",
+            );
+            out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|\n");
+            for run in pgbench.into_iter().flatten() {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {:.0} | {:.3} | {} | {} | {:.0} | {} |",
+                    run.script,
+                    run.transactions,
+                    run.tps,
+                    run.latency_average_ms,
+                    run.failed,
+                    float(run.postgres_cpu_us_per_transaction, 0),
+                    run.pgbench_cpu_us_per_transaction,
+                    float(run.wal_bytes_per_transaction, 0)
+                );
+            }
+        }
+
+        let r = &self.ratios;
+        out.push_str("\n| ratio | value |\n|---|--:|\n");
+        let ratios = [
+            ("new payments / pgbench new payment tps", r.new_vs_pgbench_new_payment),
+            ("replays / bare endpoint req/s", r.replay_vs_bare_endpoint),
+            ("replays / pgbench replay tps", r.replay_vs_pgbench_replay),
+            ("replay p99 / bare endpoint p99", r.replay_p99_vs_bare_endpoint_p99),
+            ("new p99 / new mean", r.new_p99_vs_new_mean),
+        ];
+        for (name, value) in ratios {
+            let _ = writeln!(out, "| {name} | {} |", float(value, 3));
+        }
+        out
+    }
+}
+
+/// The cost columns: CPU of each process, statements, WAL.
+fn cost(cost: &Cost) -> String {
+    let c = &cost.cpu_us_per_request;
+    let columns = [
+        float(c.api, 0),
+        float(c.gateway, 0),
+        float(c.postgres, 0),
+        float(c.bench, 0),
+        float(cost.statements_per_request, 2),
+        float(cost.wal_bytes_per_request, 0),
+    ];
+    columns.join(" | ")
+}
+
+fn float(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+fn int(value: Option<u64>) -> String {
+    value.map_or_else(|| "n/a".to_owned(), |v| v.to_string())
+}

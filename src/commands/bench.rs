@@ -1,0 +1,136 @@
+//! `payments bench` and its helper `payments bench-endpoint`: the flags, turned into a
+//! [`bench::Plan`]. The benchmark itself is in [`crate::bench`].
+//!
+//! The flags live here rather than in `config.rs`: they configure a run of the benchmark, not the
+//! service, and none of them is read from the environment.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use reqwest::Url;
+
+use crate::bench::{self, Deployment, Plan, Scenario};
+
+/// Concurrent requests in flight, as in the reference workloads (`pgbench -c 32`, `wrk -c32`).
+pub const DEFAULT_CLIENTS: u32 = 32;
+
+/// As many keys as a busy client's retries might touch; making them takes a second or two.
+pub const DEFAULT_REPLAY_KEYS: u32 = 1_000;
+
+/// `payments bench`.
+#[derive(Clone, Args)]
+pub struct BenchArgs {
+    /// Requests in flight at once, in every scenario and reference.
+    #[arg(long, default_value_t = DEFAULT_CLIENTS, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub clients: u32,
+    /// How long each scenario (and each reference) runs: `10s`, `1500ms`, `1m`.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// The scenarios to run, in this order.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "new,replay,duplicates")]
+    pub scenarios: Vec<Scenario>,
+    /// Finished payments the `replay` scenario replays, picked at random; made before it starts.
+    #[arg(long, default_value_t = DEFAULT_REPLAY_KEYS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub replay_keys: u32,
+    /// Also run the references: the protocol's SQL under pgbench, and a bare actix-web endpoint
+    /// driven by the same load generator; then print the ratios.
+    #[arg(long)]
+    pub references: bool,
+    /// Also write the results to this file, as one JSON object.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Measure a running deployment at this base URL instead of starting one.
+    #[arg(long, requires = "api_key")]
+    pub url: Option<Url>,
+    /// The API key to pay with at --url.
+    #[arg(long, requires = "url")]
+    pub api_key: Option<String>,
+    /// The deployment's database (needs `pg_stat_statements` preloaded for statement counts):
+    /// statements, WAL and outbox backlog are measured there, and the pgbench references run in a
+    /// database the benchmark creates beside it. Without it, those figures are left out.
+    #[arg(long, requires = "url")]
+    pub database_url: Option<String>,
+    /// With --url: the API process, whose CPU time to report.
+    #[arg(long, requires = "url")]
+    pub api_pid: Option<u32>,
+    /// With --url: the gateway process, whose CPU time to report.
+    #[arg(long, requires = "url")]
+    pub gateway_pid: Option<u32>,
+    /// With --url: the postmaster, whose CPU time (with all its children's) to report.
+    #[arg(long, requires = "url")]
+    pub postgres_pid: Option<u32>,
+}
+
+/// `payments bench-endpoint`: the bare reference endpoint, as a process of its own.
+#[derive(Clone, Args)]
+pub struct BenchEndpointArgs {
+    /// Address to listen on (port 0 picks a free port; the chosen address is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub bind: String,
+    /// Worker threads, as the reference runs it.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let deployment = match args.url {
+        None => Deployment::Own,
+        Some(url) => Deployment::Existing {
+            url,
+            api_key: args.api_key.unwrap_or_default(),
+            database_url: args.database_url,
+            pids: bench::Pids { api: args.api_pid, gateway: args.gateway_pid, postgres: args.postgres_pid },
+        },
+    };
+    let mut scenarios = args.scenarios;
+    scenarios.dedup();
+    let plan = Plan {
+        clients: args.clients as usize,
+        duration: args.duration,
+        scenarios,
+        replay_keys: args.replay_keys as usize,
+        references: args.references,
+        json: args.json,
+        deployment,
+    };
+    bench::run(plan).await
+}
+
+pub async fn endpoint(args: BenchEndpointArgs) -> anyhow::Result<()> {
+    bench::endpoint::serve(&args.bind, args.workers).await
+}
+
+/// `10s`, `1500ms`, `2m`; a bare number is seconds.
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    let split = value.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{value:?} is not a duration such as 10s or 500ms"))?;
+    let seconds = match unit {
+        "" | "s" => number,
+        "ms" => number / 1000.0,
+        "m" => number * 60.0,
+        _ => return Err(format!("{value:?}: the unit is ms, s or m")),
+    };
+    match seconds > 0.0 && seconds.is_finite() {
+        true => Ok(Duration::from_secs_f64(seconds)),
+        false => Err(format!("{value:?} is not a positive duration")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_a_unit_or_mean_seconds() {
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("10h").is_err());
+    }
+}

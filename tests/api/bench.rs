@@ -1,0 +1,94 @@
+//! `payments bench`, briefly, against a deployment of its own: it reports every figure, finds the
+//! protocol keeping its promises under load, and leaves nothing running behind it.
+
+use serde_json::Value;
+
+/// Where each figure is in the JSON report; all of them must be there and measured.
+const FIGURES: &[&str] = &[
+    "/machine/cores",
+    "/machine/kernel",
+    "/machine/postgresql",
+    "/settings/clients",
+    "/api_rss_kib/before",
+    "/api_rss_kib/after",
+    "/references/pgbench_new_payment/tps",
+    "/references/pgbench_new_payment/latency_average_ms",
+    "/references/pgbench_new_payment/postgres_cpu_us_per_transaction",
+    "/references/pgbench_new_payment/wal_bytes_per_transaction",
+    "/references/pgbench_replay/tps",
+    "/references/bare_endpoint/throughput_per_s",
+    "/references/bare_endpoint/latency_ms/p99",
+    "/references/bare_endpoint/cpu_us_per_request/endpoint",
+    "/ratios/new_vs_pgbench_new_payment",
+    "/ratios/replay_vs_bare_endpoint",
+    "/ratios/replay_vs_pgbench_replay",
+    "/ratios/replay_p99_vs_bare_endpoint_p99",
+    "/ratios/new_p99_vs_new_mean",
+];
+
+/// What every scenario reports.
+const SCENARIO_FIGURES: &[&str] = &[
+    "/requests",
+    "/duration_s",
+    "/throughput_per_s",
+    "/latency_ms/p50",
+    "/latency_ms/p90",
+    "/latency_ms/p99",
+    "/latency_ms/max",
+    "/latency_ms/mean",
+    "/statuses/201",
+    "/errors",
+    "/violations",
+    "/cpu_us_per_request/api",
+    "/cpu_us_per_request/gateway",
+    "/cpu_us_per_request/postgres",
+    "/cpu_us_per_request/bench",
+    "/statements_per_request",
+    "/wal_bytes_per_request",
+    "/payments_created",
+    "/during_load/cpu_us_per_request/api",
+    "/during_load/cpu_us_per_request/postgres",
+    "/during_load/statements_per_request",
+    "/during_load/wal_bytes_per_request",
+    "/outbox/backlog_max",
+    "/outbox/drain_ms",
+    "/outbox/deliveries",
+];
+
+#[tokio::test]
+async fn bench_reports_every_figure_and_finds_no_violation() {
+    let json = std::env::temp_dir().join(format!("payments-bench-{}.json", uuid::Uuid::new_v4().simple()));
+    let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+    bench.args(["bench", "--clients", "4", "--duration", "1s", "--replay-keys", "40", "--references", "--json"]);
+    bench.arg(&json).env_remove("DATABASE_URL").kill_on_drop(true);
+    bench.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let bench = bench.spawn().unwrap();
+    let scratch = std::env::temp_dir().join(format!("payments-bench-{}", bench.id().unwrap()));
+    let output = bench.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "payments bench failed:\n{stderr}");
+    assert!(!scratch.exists(), "its cluster and logs are removed at the end");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("| new payments / pgbench new payment tps |"), "{table}");
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    for figure in FIGURES {
+        assert!(report.pointer(figure).is_some_and(|v| !v.is_null()), "{figure} missing in {report:#}");
+    }
+    for scenario in ["new", "replay", "duplicates"] {
+        let figures = &report["scenarios"][scenario];
+        for figure in SCENARIO_FIGURES {
+            assert!(figures.pointer(figure).is_some_and(|v| !v.is_null()), "{scenario}{figure} missing in {figures:#}");
+        }
+        assert!(figures["throughput_per_s"].as_f64().unwrap() > 0.0, "{scenario}: {figures:#}");
+        assert_eq!(figures["violations"], 0, "{scenario}: {figures:#}");
+    }
+    let duplicates = &report["scenarios"]["duplicates"];
+    assert!(duplicates["groups"].as_u64().unwrap() > 0);
+    assert_eq!(duplicates["payments_created"], duplicates["groups"], "one payment per key: {duplicates:#}");
+    let new = &report["scenarios"]["new"];
+    assert_eq!(new["payments_created"], new["requests"], "{new:#}");
+    assert!(new["outbox"]["deliveries"].as_u64() >= new["payments_created"].as_u64(), "every event delivered");
+    assert!(report["references"]["bare_endpoint"]["throughput_per_s"].as_f64().unwrap() > 0.0);
+}
