@@ -6,9 +6,10 @@ use crate::db::Pool;
 use crate::gateway::GatewayClient;
 use crate::idempotency::ReplayCache;
 
-/// How much memory a process gives finished answers kept for replays: at about 500 bytes a
-/// payment, some thirty thousand of the most recent, in a process of a few tens of megabytes.
-const REPLAY_CACHE_BYTES: u64 = 16 * 1024 * 1024;
+/// How much memory a process gives finished answers kept for replays: at about 600 bytes a
+/// payment, the seven thousand or so most recent, which is where retries land (within seconds or
+/// minutes), and the process stays within a few tens of megabytes.
+const REPLAY_CACHE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// What every handler and worker shares. Processes hold no other state that matters: everything
 /// they coordinate on is in PostgreSQL, so any number of them can serve the same database. The
