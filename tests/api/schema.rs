@@ -138,6 +138,7 @@ async fn every_foreign_key_is_indexed() {
 
 #[tokio::test]
 async fn every_text_column_is_bounded_by_a_check() {
+    // By a CHECK of its table, or of the domain that is its type.
     assert_none(
         "SELECT format('%s.%s has no CHECK', c.table_name, c.column_name) AS finding
          FROM information_schema.columns c
@@ -145,7 +146,9 @@ async fn every_text_column_is_bounded_by_a_check() {
            AND NOT EXISTS (SELECT FROM pg_constraint k
                            JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = ANY (k.conkey)
                            WHERE k.contype = 'c' AND k.conrelid = c.table_name::regclass
-                             AND a.attname = c.column_name)",
+                             AND a.attname = c.column_name)
+           AND NOT EXISTS (SELECT FROM pg_constraint k JOIN pg_type t ON t.oid = k.contypid
+                           WHERE k.contype = 'c' AND t.typname = c.domain_name)",
     )
     .await;
 }
