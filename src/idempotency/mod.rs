@@ -35,5 +35,5 @@ pub use key::{IdempotencyKey, KeyError};
 pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, atomic_phase};
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
-pub use replays::ReplayCache;
+pub use replays::{Remembered, ReplayCache};
 pub use store::{Claim, KeyLock, LEASE_MARGIN, NewKey, StoredResponse, Transition, claim};

@@ -15,7 +15,7 @@ use moka::sync::Cache;
 use uuid::Uuid;
 
 use super::Fingerprint;
-use super::store::{Claim, NewKey, StoredResponse};
+use super::store::{NewKey, StoredResponse};
 
 /// What an entry weighs besides its key and body, roughly: the fingerprint, the method and path,
 /// and the cache's own bookkeeping.
@@ -41,6 +41,15 @@ impl Expiry<(Uuid, String), Arc<Finished>> for UntilRetentionEnds {
     }
 }
 
+/// What the cache knows of a key, as the claim would have found it.
+#[derive(Debug)]
+pub enum Remembered {
+    /// The key's request finished with this answer: replay it.
+    Replay(StoredResponse),
+    /// The key was used with another request (422).
+    Mismatch,
+}
+
 /// The finished answers of this process's recent requests and replays, bounded in bytes.
 pub struct ReplayCache {
     cache: Cache<(Uuid, String), Arc<Finished>>,
@@ -62,13 +71,13 @@ impl ReplayCache {
 
     /// What the claim of `new` would find, if its key is a finished one held here: its answer
     /// for the same request, or a mismatch for another. `None`: ask the database.
-    pub fn claim(&self, new: &NewKey<'_>) -> Option<Claim> {
+    pub fn recall(&self, new: &NewKey<'_>) -> Option<Remembered> {
         let finished = self.cache.get(&(new.account_id, new.key.as_str().to_owned()))?;
         let same_request =
             finished.fingerprint == new.fingerprint && finished.method == new.method && finished.path == new.path;
         Some(match same_request {
-            true => Claim::Replay { response: finished.response.clone(), finished_ago: Duration::ZERO },
-            false => Claim::Mismatch,
+            true => Remembered::Replay(finished.response.clone()),
+            false => Remembered::Mismatch,
         })
     }
 
@@ -121,12 +130,12 @@ mod tests {
         let answer = StoredResponse { status: 201, body: b"{\"id\":1}".to_vec() };
         cache.remember(&new(account, &body), &answer, Duration::from_secs(60));
 
-        match cache.claim(&new(account, &body)) {
-            Some(Claim::Replay { response, .. }) => assert_eq!(response, answer),
+        match cache.recall(&new(account, &body)) {
+            Some(Remembered::Replay(response)) => assert_eq!(response, answer),
             other => panic!("a replay, not {other:?}"),
         }
-        assert!(matches!(cache.claim(&new(account, &other_body)), Some(Claim::Mismatch)));
-        assert!(cache.claim(&new(other_account, &body)).is_none(), "another account's key is its own");
+        assert!(matches!(cache.recall(&new(account, &other_body)), Some(Remembered::Mismatch)));
+        assert!(cache.recall(&new(other_account, &body)).is_none(), "another account's key is its own");
     }
 
     #[test]

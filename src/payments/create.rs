@@ -44,7 +44,7 @@ use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, ChargeRequest, GatewayError};
 use crate::idempotency::{
     Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, RecoveryPoint,
-    StoredResponse, Transition, atomic_phase, claim,
+    Remembered, StoredResponse, Transition, atomic_phase, claim,
 };
 use crate::outbox::StagedEvent;
 use crate::state::AppState;
@@ -109,16 +109,15 @@ pub async fn create_payment(
         fingerprint: Fingerprint::of(&params),
         params: &params,
     };
-    // A finished key's answer may be in memory; otherwise the claim asks the database.
-    let (claimed, mut conn) = match state.replays.claim(&new_key) {
-        Some(known) => (known, None),
-        None => {
-            let mut conn = db::connect(&state.db).await?;
-            (claim(&mut conn, &new_key, state.settings.lock_timeout).await?, Some(conn))
-        }
-    };
+    // A finished key's answer may be in memory: answered from there, with no database at all.
+    match state.replays.recall(&new_key) {
+        Some(Remembered::Replay(response)) => return Ok(Created { response, replayed: true }),
+        Some(Remembered::Mismatch) => return Err(CreateError::KeyReused),
+        None => {}
+    }
+    let mut conn = db::connect(&state.db).await?;
     let retention = state.settings.key_retention;
-    let lock = match claimed {
+    let lock = match claim(&mut conn, &new_key, state.settings.lock_timeout).await? {
         Claim::Mismatch => return Err(CreateError::KeyReused),
         Claim::Replay { response, finished_ago } => {
             state.replays.remember(&new_key, &response, retention.saturating_sub(finished_ago));
@@ -126,8 +125,7 @@ pub async fn create_payment(
         }
         Claim::InFlight => return Err(CreateError::InFlight),
         Claim::Expired { payment_id } => {
-            let conn = conn.as_mut().expect("only the database's claim finds a key expired");
-            let payment = db::query(Payment::find(conn, account_id, payment_id)).await?;
+            let payment = db::query(Payment::find(&mut conn, account_id, payment_id)).await?;
             let payment = payment.ok_or_else(|| PhaseError::Inconsistent(format!("payment {payment_id} vanished")))?;
             return Ok(Created { response: expired_key_response(&payment), replayed: false });
         }
@@ -135,7 +133,7 @@ pub async fn create_payment(
     };
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
     let driver = Driver::new(state, lock, key.clone(), request, Actor::Api);
-    let driver = Driver { conn, fault, ..driver };
+    let driver = Driver { conn: Some(conn), fault, ..driver };
     let response = driver.run().await?;
     state.replays.remember(&new_key, &response, retention);
     Ok(Created { response, replayed: false })
