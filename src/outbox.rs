@@ -9,19 +9,19 @@
 
 use std::time::Duration;
 
+use diesel::pg::Pg;
 use diesel::prelude::*;
+use diesel::query_builder::AstPass;
 use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::schema::staged_jobs;
-use crate::db::{self, Prepare, StoreError};
+use crate::db::{self, StoreError, WrittenAfter};
 
 /// An event about to be staged. Its id is fixed here, once, so every delivery attempt carries
 /// the same id and receivers can de-duplicate.
-#[derive(Debug, Insertable)]
-#[diesel(table_name = staged_jobs)]
+#[derive(Debug)]
 pub struct StagedEvent {
     account_id: Uuid,
     job_name: &'static str,
@@ -33,11 +33,6 @@ impl StagedEvent {
     pub fn new(account_id: Uuid, name: &'static str, object: impl serde::Serialize) -> StagedEvent {
         let job_args = json!({ "id": Uuid::now_v7(), "type": name, "data": { "object": object } });
         StagedEvent { account_id, job_name: name, job_args }
-    }
-
-    /// Stages the event (inside the caller's transaction).
-    pub async fn stage(&self, conn: &mut AsyncPgConnection) -> QueryResult<()> {
-        diesel::insert_into(staged_jobs::table).values(self).prepared().execute(conn).await.map(drop)
     }
 }
 
@@ -163,4 +158,20 @@ pub async fn settle_failed(
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl WrittenAfter for StagedEvent {
+    /// The CTE `staged`.
+    fn walk_written_after<'b>(&'b self, source: &'static str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("staged AS (INSERT INTO staged_jobs (account_id, job_name, job_args) SELECT ");
+        out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(self.job_name)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Jsonb, _>(&self.job_args)?;
+        out.push_sql(" FROM ");
+        out.push_sql(source);
+        out.push_sql(")");
+        Ok(())
+    }
 }

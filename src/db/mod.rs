@@ -18,6 +18,9 @@ pub(crate) use text_enum::text_enum;
 use std::future::Future;
 use std::time::Duration;
 
+use diesel::QueryResult;
+use diesel::pg::Pg;
+use diesel::query_builder::AstPass;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, PoolError, PoolableConnection, RecyclingMethod,
@@ -76,6 +79,14 @@ pub async fn establish(database_url: &str) -> diesel::ConnectionResult<AsyncPgCo
     Ok(conn)
 }
 
+/// A row that a CTE of a statement writes once for each row of `source`, an earlier CTE of the
+/// same statement: so it is written only if that one returned a row (see
+/// [`crate::idempotency::atomic_phase`], where `source` is the fenced key row or what a phase
+/// wrote after it).
+pub trait WrittenAfter {
+    fn walk_written_after<'b>(&'b self, source: &'static str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()>;
+}
+
 /// Checks a connection out of the pool, within [`CHECKOUT_TIMEOUT`].
 pub async fn connect(pool: &Pool) -> Result<PooledConnection, StoreError> {
     Ok(pool.get_owned().await?)
@@ -93,6 +104,15 @@ pub async fn bounded<T, E: From<StoreError>>(work: impl Future<Output = Result<T
 /// One statement (or a few), within [`OPERATION_TIMEOUT`].
 pub async fn query<T>(work: impl Future<Output = diesel::QueryResult<T>>) -> Result<T, StoreError> {
     bounded(async { Ok(work.await?) }).await
+}
+
+/// Marks a connection on which a statement failed as unavailable (the server ended it, or it
+/// timed out) as broken, so that the pool drops it instead of handing it to the next request: the
+/// pool would only notice that it is closed once its socket reports so, which may come too late.
+/// (A failed transaction marks its connection so by itself; a single statement does not.)
+pub fn discard(conn: &mut AsyncPgConnection) {
+    use diesel_async::TransactionManager;
+    diesel_async::AnsiTransactionManager::transaction_manager_status_mut(conn).set_in_error();
 }
 
 /// Why a database operation failed, sorted by what the caller should do about it.

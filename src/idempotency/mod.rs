@@ -8,8 +8,9 @@
 //! 1. [`claim`] the key in one statement: a different request with the key is refused (422), a
 //!    finished one replays its stored response, a live lock means the request is in flight (409),
 //!    and otherwise the caller holds the lock and resumes at the key's recovery point.
-//! 2. Work in [`atomic_phase`]s. Each is one short transaction whose writes commit together with
-//!    the key row's new state, and only while the caller still holds the lock. Between two phases
+//! 2. Work in [`atomic_phase`]s. Each is one statement, so one transaction and one round trip,
+//!    whose writes commit together with the key row's new state, and only while the caller still
+//!    holds the lock. Between two phases
 //!    there is at most one foreign side effect (the gateway call), never inside one.
 //! 3. Finish: the last phase stores the response and releases the lock in the same transaction.
 //!

@@ -1,10 +1,12 @@
-//! `atomic_phase`: the one way a request changes its key row.
+//! `atomic_phase`: the one way a request changes its key row, one statement per phase.
 
-use std::future::Future;
+use diesel::pg::Pg;
+use diesel::prelude::*;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::sql_types::Untyped;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
-
-use super::store::{KeyLock, Transition, since_boot};
+use super::store::{Fence, KeyLock, Transition, since_boot};
 use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
@@ -31,60 +33,82 @@ impl From<diesel::result::Error> for PhaseError {
     }
 }
 
-/// An async closure over a connection whose future is `Send` (so a phase can run on any thread).
-/// diesel-async asks the same of a transaction's body; this names it for our own signatures.
-pub trait PhaseBody<'c, T>:
-    AsyncFnOnce(&'c mut AsyncPgConnection) -> Result<(Transition, T), PhaseError>
-    + FnOnce(&'c mut AsyncPgConnection) -> <Self as PhaseBody<'c, T>>::Fut
-{
-    type Fut: Future<Output = Result<(Transition, T), PhaseError>> + Send;
-}
-
-impl<'c, T, F, Fut> PhaseBody<'c, T> for F
-where
-    F: AsyncFnOnce(&'c mut AsyncPgConnection) -> Result<(Transition, T), PhaseError>
-        + FnOnce(&'c mut AsyncPgConnection) -> Fut,
-    Fut: Future<Output = Result<(Transition, T), PhaseError>> + Send,
-{
-    type Fut = Fut;
-}
-
-/// Runs one atomic phase: `body`'s writes and the key row's [`Transition`] commit in one
-/// transaction, or not at all.
+/// Runs one atomic phase: the phase's `writes` and the key row's [`Transition`] in one statement,
+/// which PostgreSQL runs as one transaction (one round trip, one commit), or not at all.
 ///
-/// The transition is fenced by the lock token: if the key was taken over since we claimed it,
-/// the whole transaction rolls back and the phase fails with [`PhaseError::LockLost`]. A
-/// serialization failure or deadlock runs the phase again, up to [`MAX_ATTEMPTS`] times; the body
-/// must therefore be a closure that can be cloned (capture by reference).
-pub async fn atomic_phase<T, F>(conn: &mut AsyncPgConnection, lock: &mut KeyLock, body: F) -> Result<T, PhaseError>
+/// The statement is `WITH fence AS (<the transition>), <writes>`. The fence moves the key row only
+/// while it still carries our lock token, and returns it (`account_id`, `id`), or nothing once the
+/// key was taken over. `writes` are further CTEs that each read their rows from `fence` (or from a
+/// CTE that did), so that they write nothing without it, then a final `SELECT` returning one row:
+/// the phase's result, `R`. No row back means nothing was written: the lock was lost
+/// ([`PhaseError::LockLost`]), or, if we still hold it, the writes found nothing to write, which
+/// is a bug. A serialization failure or deadlock runs the phase again, up to [`MAX_ATTEMPTS`]
+/// times.
+pub async fn atomic_phase<W, R>(
+    conn: &mut AsyncPgConnection,
+    lock: &mut KeyLock,
+    transition: Transition,
+    writes: W,
+) -> Result<R, PhaseError>
 where
-    T: Send,
-    F: Clone + Send + for<'c> PhaseBody<'c, T>,
+    W: QueryFragment<Pg> + Send + Sync,
+    R: QueryableByName<Pg> + Send + 'static,
 {
     let mut attempt = 1;
     loop {
-        let body = body.clone();
-        let held: &KeyLock = lock;
-        // Before BEGIN: the lease this transaction renews counts from the server's `now()`, later.
+        // Before the statement: the lease it renews counts from the server's `now()`, later.
         let sent = since_boot();
-        let result = db::bounded(conn.transaction(async |conn| {
-            let (transition, value) = body(conn).await?;
-            if !held.apply(conn, &transition).await? {
-                return Err(PhaseError::LockLost);
-            }
-            Ok((transition, value))
-        }))
-        .await;
-        match result {
-            Ok((transition, value)) => {
+        let statement = PhaseStatement { fence: lock.fence(&transition), writes: &writes };
+        match db::query(async { statement.get_result::<R>(conn).await.optional() }).await {
+            Ok(Some(result)) => {
                 lock.advance_to(&transition, sent);
-                return Ok(value);
+                return Ok(result);
             }
-            Err(PhaseError::Store(StoreError::Conflict(error))) if attempt < MAX_ATTEMPTS => {
+            Ok(None) => {
+                return Err(match db::query(lock.is_held(conn)).await? {
+                    false => PhaseError::LockLost,
+                    true => PhaseError::Inconsistent("a phase found nothing to write".into()),
+                });
+            }
+            Err(StoreError::Conflict(error)) if attempt < MAX_ATTEMPTS => {
                 tracing::warn!(%error, attempt, "phase conflicted with a concurrent transaction; running it again");
                 attempt += 1;
             }
-            Err(error) => return Err(error),
+            Err(error) => {
+                if let StoreError::Unavailable(_) = error {
+                    db::discard(conn);
+                }
+                return Err(error.into());
+            }
         }
     }
+}
+
+/// A phase's one statement: see [`atomic_phase`].
+struct PhaseStatement<'a, W> {
+    fence: Fence<'a>,
+    writes: &'a W,
+}
+
+impl<W: QueryFragment<Pg>> QueryFragment<Pg> for PhaseStatement<'_, W> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("WITH ");
+        self.fence.walk_ast(out.reborrow())?;
+        out.push_sql(", ");
+        self.writes.walk_ast(out.reborrow())
+    }
+
+    /// Kept prepared on each connection: each phase has one SQL text, and the cache is keyed by it.
+    fn is_safe_to_cache_prepared(&self, _: &Pg) -> QueryResult<bool> {
+        Ok(true)
+    }
+}
+
+impl<W> QueryId for PhaseStatement<'_, W> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<W> Query for PhaseStatement<'_, W> {
+    type SqlType = Untyped;
 }

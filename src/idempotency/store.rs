@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
-use crate::db::{self, Prepare, StoreError};
+use crate::db::{self, StoreError};
 
 /// What a driver keeps in hand when it checks that its lease covers something it is about to do:
 /// the database's clock, which decides when the lease is over, may run a little ahead of ours.
@@ -169,43 +169,26 @@ impl KeyLock {
         self.recovery_point
     }
 
-    /// Applies a phase's transition to the key row, fenced by our token. Returns false when the
-    /// token no longer matches: the lock went stale and another request took the key over, and
-    /// the caller must roll back everything the phase wrote.
-    pub(super) async fn apply(
-        &self,
-        conn: &mut AsyncPgConnection,
-        transition: &Transition,
-    ) -> Result<bool, diesel::result::Error> {
+    /// The key row's `transition` as the `fence` of a phase's statement (see [`super::atomic_phase`]):
+    /// an `UPDATE` of the row only while it still carries our token, returning its `account_id`
+    /// and `id`, or nothing once the lock went stale and another request took the key over.
+    pub(super) fn fence<'a>(&'a self, transition: &'a Transition) -> Fence<'a> {
+        let status = match transition {
+            Transition::Finish(response) => response.status as i16,
+            _ => 0,
+        };
+        Fence { lock: self, transition, lease_ms: millis(self.lease), status }
+    }
+
+    /// Whether the key row still carries our token: asked only when a phase wrote nothing, to
+    /// tell a lost lock from a bug.
+    pub(super) async fn is_held(&self, conn: &mut AsyncPgConnection) -> Result<bool, diesel::result::Error> {
         use idempotency_keys::dsl as k;
         let ours = idempotency_keys::table
             .filter(k::account_id.eq(self.account_id))
             .filter(k::id.eq(self.key_id))
             .filter(k::lock_token.eq(self.token));
-        let now = diesel::dsl::now.into_sql::<diesel::sql_types::Timestamptz>();
-        let renewed = (now + self.lease_interval()).nullable();
-        let updated = match transition {
-            Transition::Stay => diesel::update(ours).set(k::locked_until.eq(renewed)).prepared().execute(conn).await?,
-            Transition::Advance(point) => {
-                let changes = (k::recovery_point.eq(point), k::locked_until.eq(renewed));
-                diesel::update(ours).set(changes).prepared().execute(conn).await?
-            }
-            Transition::Finish(response) => {
-                let changes = (
-                    k::recovery_point.eq(RecoveryPoint::Finished),
-                    k::finished_at.eq(now.nullable()),
-                    k::response_status.eq(response.status as i16),
-                    k::response_body.eq(&response.body),
-                    k::locked_until.eq(None::<chrono::DateTime<chrono::Utc>>),
-                    k::lock_token.eq(None::<Uuid>),
-                    // A key a worker gave up on may still be finished by its client's retry.
-                    k::needs_attention_at.eq(None::<chrono::DateTime<chrono::Utc>>),
-                    k::attention_reason.eq(None::<String>),
-                );
-                diesel::update(ours).set(changes).prepared().execute(conn).await?
-            }
-        };
-        Ok(updated == 1)
+        diesel::select(diesel::dsl::exists(ours)).get_result(conn).await
     }
 
     /// Records a committed transition, whose transaction was begun at `sent`: it renewed the
@@ -217,11 +200,6 @@ impl KeyLock {
             Transition::Advance(point) => self.recovery_point = *point,
             Transition::Finish(_) => self.recovery_point = RecoveryPoint::Finished,
         }
-    }
-
-    /// The lease's length as an SQL interval, for `now() + lease`.
-    fn lease_interval(&self) -> diesel::data_types::PgInterval {
-        diesel::data_types::PgInterval::from_microseconds(i64::try_from(self.lease.as_micros()).unwrap_or(i64::MAX))
     }
 
     /// Unlocks the key at its current recovery point, so that a retry can resume at once, and
@@ -246,6 +224,53 @@ impl KeyLock {
         .bind::<Text, _>(actor.as_str())
         .bind::<Text, _>(reason.chars().take(1000).collect::<String>());
         db::query(release.execute(conn)).await?;
+        Ok(())
+    }
+}
+
+/// A phase's key-row transition, fenced by the lock: see [`KeyLock::fence`].
+pub(super) struct Fence<'a> {
+    lock: &'a KeyLock,
+    transition: &'a Transition,
+    lease_ms: i64,
+    /// The response's status, as stored (with [`Transition::Finish`]).
+    status: i16,
+}
+
+impl QueryFragment<Pg> for Fence<'_> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        let lock = self.lock;
+        out.push_sql("fence AS (UPDATE idempotency_keys SET ");
+        match self.transition {
+            Transition::Stay => {}
+            Transition::Advance(point) => {
+                out.push_sql("recovery_point = ");
+                out.push_bind_param::<Text, _>(point)?;
+                out.push_sql(", ");
+            }
+            Transition::Finish(response) => {
+                out.push_sql("recovery_point = 'finished', finished_at = now(), response_status = ");
+                out.push_bind_param::<SmallInt, _>(&self.status)?;
+                out.push_sql(", response_body = ");
+                out.push_bind_param::<Bytea, _>(&response.body)?;
+                // Unlocked; and a key a worker gave up on may still be finished by its client's retry.
+                out.push_sql(
+                    ", locked_until = NULL, lock_token = NULL, needs_attention_at = NULL, attention_reason = NULL",
+                );
+            }
+        }
+        if !matches!(self.transition, Transition::Finish(_)) {
+            out.push_sql("locked_until = now() + ");
+            out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
+            out.push_sql(" * interval '1 millisecond'");
+        }
+        out.push_sql(" WHERE account_id = ");
+        out.push_bind_param::<SqlUuid, _>(&lock.account_id)?;
+        out.push_sql(" AND id = ");
+        out.push_bind_param::<SqlUuid, _>(&lock.key_id)?;
+        out.push_sql(" AND lock_token = ");
+        out.push_bind_param::<SqlUuid, _>(&lock.token)?;
+        out.push_sql(" RETURNING account_id, id)");
         Ok(())
     }
 }

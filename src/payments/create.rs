@@ -35,9 +35,10 @@ use std::sync::Arc;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::model::{ChargeOutcome, Insertion, NewPayment, Payment, PaymentStatus};
+use super::model::{ChargeOutcome, NewPayment, Payment, PaymentStatus};
 use super::request::PaymentRequest;
 use super::view::{PaymentView, expired_key_response, final_response};
+use super::writes;
 use crate::audit::{Actor, AuditRecord};
 use crate::db::{self, PooledConnection, StoreError};
 use crate::faults::{Fault, FaultPoint, fault_at};
@@ -219,7 +220,6 @@ impl<'a> Driver<'a> {
         let new = NewPayment {
             id: Uuid::now_v7(),
             account_id: self.lock.account_id,
-            idempotency_key_id: self.lock.key_id,
             idempotency_key: self.key.as_str(),
             amount: self.request.amount,
             currency: &self.request.currency,
@@ -227,17 +227,11 @@ impl<'a> Driver<'a> {
             metadata: json!(self.request.metadata),
             gateway: &gateway,
         };
-        let actor = self.actor;
+        let data = json!({ "amount": new.amount, "currency": new.currency, "gateway": new.gateway });
+        let writes =
+            writes::Start { payment: &new, audit: audit(new.account_id, new.id, self.actor, "payment.created", data) };
         let conn = connection(&mut self.conn, self.state).await?;
-        let payment = atomic_phase(conn, &mut self.lock, async |conn| match new.insert(conn).await? {
-            Insertion::New(payment) => {
-                let data = json!({ "amount": payment.amount, "currency": payment.currency, "gateway": new.gateway });
-                audit(&payment, actor, "payment.created", data).insert(conn).await?;
-                Ok((Transition::Stay, payment))
-            }
-            Insertion::Existing(payment) => Ok((Transition::Stay, payment)),
-        })
-        .await?;
+        let payment: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
         tracing::Span::current().record("payment.id", payment.id.to_string());
         Ok(payment)
     }
@@ -321,15 +315,11 @@ impl<'a> Driver<'a> {
     /// gateway is asked nothing else; a resumed key's just found no charge there): record it as
     /// the payment's gateway, so that the retry reconciles there.
     async fn follow_charge_to(&mut self, payment: &Payment, answered: &str) -> Result<(), CreateError> {
-        let actor = self.actor;
+        let data = json!({ "from": payment.gateway, "to": answered });
+        let audit = audit(payment.account_id, payment.id, self.actor, "payment.gateway_changed", data);
+        let writes = writes::MoveGateway { payment_id: payment.id, gateway: answered, audit };
         let conn = connection(&mut self.conn, self.state).await?;
-        atomic_phase(conn, &mut self.lock, async |conn| {
-            let moved = Payment::record_gateway(conn, payment.account_id, payment.id, answered).await?;
-            let data = json!({ "from": payment.gateway, "to": answered });
-            audit(&moved, actor, "payment.gateway_changed", data).insert(conn).await?;
-            Ok((Transition::Stay, ()))
-        })
-        .await?;
+        let _: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
         Ok(())
     }
 
@@ -346,41 +336,38 @@ impl<'a> Driver<'a> {
 
     /// `charge_created`: the gateway's definitive answer, recorded on the payment.
     async fn record_charge(&mut self, payment_id: Uuid, outcome: ChargeOutcome) -> Result<(), CreateError> {
-        let (account_id, actor) = (self.lock.account_id, self.actor);
+        let changes = outcome.changes();
+        let data = json!({ "status": changes.status, "gateway_charge_id": changes.gateway_charge_id,
+                           "failure_code": changes.failure_code });
+        let audit = audit(self.lock.account_id, payment_id, self.actor, "payment.charge_recorded", data);
+        let writes = writes::RecordCharge { payment_id, changes, audit };
+        let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
         let conn = connection(&mut self.conn, self.state).await?;
-        let payment = atomic_phase(conn, &mut self.lock, async |conn| {
-            let payment = Payment::record_outcome(conn, account_id, payment_id, &outcome).await?;
-            let data = json!({ "status": payment.status, "gateway_charge_id": payment.gateway_charge_id,
-                               "failure_code": payment.failure_code });
-            audit(&payment, actor, "payment.charge_recorded", data).insert(conn).await?;
-            Ok((Transition::Advance(RecoveryPoint::ChargeCreated), payment))
-        })
-        .await?;
-        self.payment = Some(payment);
+        self.payment = Some(atomic_phase(conn, &mut self.lock, transition, writes).await?);
         Ok(())
     }
 
     /// `finished`: the response stored, the outbox event staged and the key unlocked, together.
     async fn finish(&mut self) -> Result<(), CreateError> {
-        let (account_id, key_id, actor) = (self.lock.account_id, self.lock.key_id, self.actor);
-        let known = self.payment.take();
+        let (account_id, key_id) = (self.lock.account_id, self.lock.key_id);
         let conn = connection(&mut self.conn, self.state).await?;
-        let response = atomic_phase(conn, &mut self.lock, async |conn| {
-            let payment = match &known {
-                Some(payment) => payment.clone(),
-                None => Payment::find_by_key(conn, account_id, key_id).await?,
-            };
-            let response = final_response(&payment)?;
-            let event = match payment.status {
-                PaymentStatus::Succeeded => "payment.succeeded",
-                _ => "payment.failed",
-            };
-            StagedEvent::new(account_id, event, PaymentView::from(&payment)).stage(conn).await?;
-            let data = json!({ "response_status": response.status });
-            audit(&payment, actor, "payment.finished", data).insert(conn).await?;
-            Ok((Transition::Finish(response.clone()), response))
-        })
-        .await?;
+        // Resumed at `charge_created`, the payment is read first: at this point only the lock's
+        // holder may change it, and the phase below writes nothing if the lock was lost meanwhile.
+        let payment = match self.payment.take() {
+            Some(payment) => payment,
+            None => db::query(Payment::find_by_key(conn, account_id, key_id)).await?,
+        };
+        let response = final_response(&payment)?;
+        let event = match payment.status {
+            PaymentStatus::Succeeded => "payment.succeeded",
+            _ => "payment.failed",
+        };
+        let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
+        let data = json!({ "response_status": response.status });
+        let audit = audit(account_id, payment.id, self.actor, "payment.finished", data);
+        let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
+        let transition = Transition::Finish(response.clone());
+        let _: Payment = atomic_phase(conn, &mut self.lock, transition, writes).await?;
         self.response = Some(response);
         Ok(())
     }
@@ -422,13 +409,6 @@ async fn connection<'c>(
     Ok(slot.as_mut().expect("checked out above"))
 }
 
-fn audit<'a>(payment: &Payment, actor: Actor, action: &'a str, data: serde_json::Value) -> AuditRecord<'a> {
-    AuditRecord {
-        account_id: payment.account_id,
-        action,
-        resource_type: "payment",
-        resource_id: payment.id,
-        actor,
-        data,
-    }
+fn audit(account_id: Uuid, payment_id: Uuid, actor: Actor, action: &str, data: serde_json::Value) -> AuditRecord<'_> {
+    AuditRecord { account_id, action, resource_type: "payment", resource_id: payment_id, actor, data }
 }

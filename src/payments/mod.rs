@@ -4,6 +4,7 @@ pub mod create;
 mod model;
 mod request;
 mod view;
+mod writes;
 
 pub use create::{CreateError, Created, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};

@@ -6,7 +6,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use crate::db::schema::payments;
-use crate::db::{Prepare, text_enum};
+use crate::db::text_enum;
 
 text_enum! {
     /// Where a payment stands. `pending` until the gateway's definitive answer is recorded.
@@ -25,7 +25,7 @@ pub const GATEWAY_REJECTED: &str = "gateway_rejected";
 pub const UNKNOWN_SOURCE: &str = "unknown_source";
 
 /// A payment as stored.
-#[derive(Debug, Clone, Queryable, Selectable)]
+#[derive(Debug, Clone, Queryable, QueryableByName, Selectable)]
 #[diesel(table_name = payments, check_for_backend(diesel::pg::Pg))]
 pub struct Payment {
     pub id: Uuid,
@@ -48,12 +48,10 @@ pub struct Payment {
 }
 
 /// A new, pending payment, linked to the key row that creates it.
-#[derive(Debug, Insertable)]
-#[diesel(table_name = payments, treat_none_as_default_value = false)]
+#[derive(Debug)]
 pub struct NewPayment<'a> {
     pub id: Uuid,
     pub account_id: Uuid,
-    pub idempotency_key_id: Uuid,
     pub idempotency_key: &'a str,
     pub amount: i64,
     pub currency: &'a str,
@@ -71,42 +69,35 @@ pub enum ChargeOutcome {
     Rejected { message: String },
 }
 
-#[derive(AsChangeset)]
-#[diesel(table_name = payments, treat_none_as_null = true)]
-struct OutcomeChanges<'a> {
-    status: PaymentStatus,
-    gateway_charge_id: Option<&'a str>,
-    failure_code: Option<&'a str>,
-    failure_message: Option<&'a str>,
-}
-
-/// What the `started` phase found when it went to create its payment.
+/// What recording a [`ChargeOutcome`] changes on the payment.
 #[derive(Debug)]
-pub enum Insertion {
-    /// The payment is new.
-    New(Payment),
-    /// This key row made it before (the phase is running again after a crash or a retry).
-    Existing(Payment),
+pub struct ChargeChanges<'a> {
+    pub status: PaymentStatus,
+    pub gateway_charge_id: Option<&'a str>,
+    pub failure_code: Option<&'a str>,
+    pub failure_message: Option<&'a str>,
 }
 
-impl NewPayment<'_> {
-    /// Inserts the payment unless its key row made one already, which it then returns: never a
-    /// unique violation, which is what makes `started` re-runnable. (A payment of the same client
-    /// key under another key row cannot exist: while a key's row lives, no other row for the key
-    /// can be made, and once it is reaped the claim answers for the payment instead.)
-    pub async fn insert(&self, conn: &mut AsyncPgConnection) -> QueryResult<Insertion> {
-        let inserted = diesel::insert_into(payments::table)
-            .values(self)
-            .on_conflict_do_nothing()
-            .returning(Payment::as_returning())
-            .prepared()
-            .get_result(conn)
-            .await
-            .optional()?;
-        if let Some(payment) = inserted {
-            return Ok(Insertion::New(payment));
+impl ChargeOutcome {
+    /// The payment's columns once this outcome is recorded.
+    pub fn changes(&self) -> ChargeChanges<'_> {
+        let failed = |code, message| ChargeChanges {
+            status: PaymentStatus::Failed,
+            gateway_charge_id: None,
+            failure_code: Some(code),
+            failure_message: Some(message),
+        };
+        match self {
+            ChargeOutcome::Succeeded { charge_id } => ChargeChanges {
+                status: PaymentStatus::Succeeded,
+                gateway_charge_id: Some(charge_id),
+                failure_code: None,
+                failure_message: None,
+            },
+            ChargeOutcome::Declined { code, message } => failed(code, message),
+            ChargeOutcome::UnknownSource { message } => failed(UNKNOWN_SOURCE, message),
+            ChargeOutcome::Rejected { message } => failed(GATEWAY_REJECTED, message),
         }
-        Ok(Insertion::Existing(Payment::find_by_key(conn, self.account_id, self.idempotency_key_id).await?))
     }
 }
 
@@ -162,65 +153,6 @@ impl Payment {
             .limit(limit + 1)
             .select(Payment::as_select())
             .load(conn)
-            .await
-    }
-
-    /// Records the gateway a payment is charged through, when another answered its charge.
-    pub async fn record_gateway(
-        conn: &mut AsyncPgConnection,
-        account_id: Uuid,
-        id: Uuid,
-        gateway: &str,
-    ) -> QueryResult<Payment> {
-        diesel::update(payments::table)
-            .filter(payments::account_id.eq(account_id))
-            .filter(payments::id.eq(id))
-            .set((payments::gateway.eq(gateway), payments::updated_at.eq(diesel::dsl::now)))
-            .returning(Payment::as_returning())
-            .get_result(conn)
-            .await
-    }
-
-    /// Records the gateway's definitive answer.
-    pub async fn record_outcome(
-        conn: &mut AsyncPgConnection,
-        account_id: Uuid,
-        id: Uuid,
-        outcome: &ChargeOutcome,
-    ) -> QueryResult<Payment> {
-        let changes = match outcome {
-            ChargeOutcome::Succeeded { charge_id } => OutcomeChanges {
-                status: PaymentStatus::Succeeded,
-                gateway_charge_id: Some(charge_id),
-                failure_code: None,
-                failure_message: None,
-            },
-            ChargeOutcome::Declined { code, message } => OutcomeChanges {
-                status: PaymentStatus::Failed,
-                gateway_charge_id: None,
-                failure_code: Some(code),
-                failure_message: Some(message),
-            },
-            ChargeOutcome::UnknownSource { message } => OutcomeChanges {
-                status: PaymentStatus::Failed,
-                gateway_charge_id: None,
-                failure_code: Some(UNKNOWN_SOURCE),
-                failure_message: Some(message),
-            },
-            ChargeOutcome::Rejected { message } => OutcomeChanges {
-                status: PaymentStatus::Failed,
-                gateway_charge_id: None,
-                failure_code: Some(GATEWAY_REJECTED),
-                failure_message: Some(message),
-            },
-        };
-        diesel::update(payments::table)
-            .filter(payments::account_id.eq(account_id))
-            .filter(payments::id.eq(id))
-            .set((changes, payments::updated_at.eq(diesel::dsl::now)))
-            .returning(Payment::as_returning())
-            .prepared()
-            .get_result(conn)
             .await
     }
 }

@@ -14,7 +14,7 @@ use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    GatewayControl, GatewayStats, Lock, Process, TestApp, TestDatabase, an_audit_record, new_key, payment_body,
+    GatewayControl, GatewayStats, KeyRowId, Lock, Process, TestApp, TestDatabase, audited_phase, new_key, payment_body,
     wait_until,
 };
 
@@ -31,12 +31,8 @@ async fn a_request_whose_lock_was_taken_over_commits_nothing() {
     let held_by_second = app.key_row(key.as_str()).await.unwrap();
 
     // The first holder wakes up and tries to commit a phase: an audit record and a new point.
-    let result = atomic_phase(&mut conn, &mut first, async |conn| {
-        let record = an_audit_record(app.account_id);
-        record.insert(conn).await?;
-        Ok((Transition::Advance(RecoveryPoint::ChargeCreated), ()))
-    })
-    .await;
+    let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
+    let result: Result<KeyRowId, _> = atomic_phase(&mut conn, &mut first, transition, audited_phase("")).await;
 
     assert!(matches!(result, Err(PhaseError::LockLost)), "{result:?}");
     let audits: i64 = audit_records::table.count().get_result(&mut conn).await.unwrap();

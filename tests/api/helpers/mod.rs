@@ -15,7 +15,7 @@ pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
 pub use gateway::{ChargePerKey, GatewayControl, GatewayStats, charge_requests, listed_charge, mount_no_charges_found};
 pub use process::Process;
-pub use seed::{Lock, an_audit_record};
+pub use seed::{KeyRowId, Lock, audited_phase};
 pub use statements::{record_statements, statements};
 pub use test_app::{TestApp, new_key, payment_body};
 

@@ -12,16 +12,21 @@ use uuid::Uuid;
 
 use super::TestApp;
 
-/// An audit record, as a phase body writes one: something for a phase to commit, or not.
-pub fn an_audit_record(account_id: Uuid) -> payments::audit::AuditRecord<'static> {
-    payments::audit::AuditRecord {
-        account_id,
-        action: "payment.charge_recorded",
-        resource_type: "payment",
-        resource_id: Uuid::now_v7(),
-        actor: payments::audit::Actor::Api,
-        data: serde_json::json!({}),
-    }
+/// The writes of a phase run by a test: an audit record after the fenced key row, and the key
+/// row's id as its result, selected `FROM fence` and the further `from` items (such as `, x`).
+pub fn audited_phase(from: &str) -> diesel::query_builder::SqlQuery {
+    diesel::sql_query(format!(
+        "audited AS (INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data) \
+         SELECT account_id, 'payment.charge_recorded', 'payment', id, 'api', '{{}}' FROM fence) \
+         SELECT fence.id FROM fence{from}"
+    ))
+}
+
+/// The result of [`audited_phase`].
+#[derive(Debug, diesel::QueryableByName)]
+pub struct KeyRowId {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub id: Uuid,
 }
 
 /// How the seeded key's lock looks.
