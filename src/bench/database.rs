@@ -82,6 +82,17 @@ impl Probe {
         Ok(Probe { conn: Mutex::new(conn), issued: AtomicU64::new(0), has_statements })
     }
 
+    /// Gathers the tables' statistics, as autovacuum does within a new deployment's first minute
+    /// or so. Until then the planner knows the tables only as empty, and may plan a look-up by a
+    /// unique key with any index that shares its first column (`account_id`): a plan that reads
+    /// every row of the account, and that each connection keeps until the statistics change.
+    pub async fn analyze(&self) -> anyhow::Result<()> {
+        let mut conn = self.conn.lock().await;
+        let analyzed = conn.batch_execute("ANALYZE").await;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Ok(analyzed?)
+    }
+
     /// PostgreSQL's version, as the server reports it.
     pub async fn server_version(&self) -> anyhow::Result<String> {
         let mut conn = self.conn.lock().await;

@@ -145,6 +145,10 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
     let warming = progress.step("warming up");
     driver.finished_payments(plan.clients * WARM_UP_PAYMENTS_PER_CLIENT, plan.clients).await?;
     drain(probe.as_deref()).await?;
+    // Measured as a deployment runs after its first minute, not as a fresh database plans.
+    if let Some(probe) = &probe {
+        probe.analyze().await?;
+    }
     drop(warming);
 
     let rss_before = world.pids.api.and_then(rss_kib);
