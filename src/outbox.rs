@@ -65,8 +65,9 @@ impl LeasedEvent {
 /// Any due events, in no particular order (they are delivered side by side anyway): asked for the
 /// ones due longest, the planner, which often knows the table only as empty (a queue's statistics
 /// are out of date by nature), reads every due event and sorts them for each batch, and a backlog
-/// then drains in a time that grows with its square. Unordered, each batch stops at its `batch`th
-/// due event, whatever the plan.
+/// then drains in a time that grows with its square. Unordered, a batch stops at its `batch`th due
+/// event. The price: under a load the outbox cannot keep up with, an event may wait behind newer
+/// ones (it is never lost, and the backlog shrinks as soon as the load does).
 pub async fn lease_due_events(
     conn: &mut AsyncPgConnection,
     lease: Duration,

@@ -37,13 +37,12 @@ pub type PooledConnection = bb8::PooledConnection<'static, AsyncDieselConnection
 /// 503 within about two seconds (the contract's fail-closed promise) rather than a hung request.
 pub const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The server-side limit on any one statement. Every statement on the request path is an indexed
-/// look-up or a single-row write, so anything slower than this is a stuck lock or an overloaded
-/// server, and the request is better off failing (and being retried) than waiting.
+/// The server-side limit on any one statement. Every statement on the request path reads and
+/// writes a few rows through unique indexes, so anything slower than this is a stuck lock or an
+/// overloaded server, and the request is better off failing (and being retried) than waiting.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The client-side limit on one unit of database work (a look-up, the claim, a phase's
-/// transaction). The server's statement timeout cannot help when the server, or the network to it,
+/// The client-side limit on one unit of database work (a look-up, the claim, a phase). The server's statement timeout cannot help when the server, or the network to it,
 /// stops answering altogether; this does, so that such a request fails closed too.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_millis(2500);
 
@@ -106,10 +105,10 @@ pub async fn query<T>(work: impl Future<Output = diesel::QueryResult<T>>) -> Res
     bounded(async { Ok(work.await?) }).await
 }
 
-/// Marks a connection on which a statement failed as unavailable (the server ended it, or it
-/// timed out) as broken, so that the pool drops it instead of handing it to the next request: the
-/// pool would only notice that it is closed once its socket reports so, which may come too late.
-/// (A failed transaction marks its connection so by itself; a single statement does not.)
+/// Marks a connection as broken, so that the pool drops it instead of handing it to the next
+/// request: for one on which a statement failed as unavailable (the server ended it, or it timed
+/// out and may still be running). The pool would only notice a closed connection once its socket
+/// reports so, which may come too late, and never one still busy with a statement.
 pub fn discard(conn: &mut AsyncPgConnection) {
     use diesel_async::TransactionManager;
     diesel_async::AnsiTransactionManager::transaction_manager_status_mut(conn).set_in_error();

@@ -33,7 +33,7 @@ pub use abandoned::{
 };
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
-pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, atomic_phase};
+pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, atomic_phase};
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Remembered, ReplayCache};

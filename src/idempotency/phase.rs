@@ -37,13 +37,14 @@ impl From<diesel::result::Error> for PhaseError {
 /// which PostgreSQL runs as one transaction (one round trip, one commit), or not at all.
 ///
 /// The statement is `WITH fence AS (<the transition>), <writes>`. The fence moves the key row only
-/// while it still carries our lock token, and returns it (`account_id`, `id`), or nothing once the
-/// key was taken over. `writes` are further CTEs that each read their rows from `fence` (or from a
-/// CTE that did), so that they write nothing without it, then a final `SELECT` returning one row:
-/// the phase's result, `R`. No row back means nothing was written: the lock was lost
-/// ([`PhaseError::LockLost`]), or, if we still hold it, the writes found nothing to write, which
-/// is a bug. A serialization failure or deadlock runs the phase again, up to [`MAX_ATTEMPTS`]
-/// times.
+/// while it still carries our lock token and the writes' [`PhaseWrites::walk_requirement`] holds,
+/// and returns it (`account_id`, `id`), or nothing. `writes` are further CTEs that each take their
+/// rows from `fence` (or from a CTE that did), so that they write nothing without it, then a
+/// final `SELECT` returning one row: the phase's result, `R`. (Every CTE of a statement runs to
+/// its end whatever the others do, so a write that found nothing could not undo the fence: what a
+/// write needs to find, the fence requires.) No row back means nothing was written: the lock was
+/// lost ([`PhaseError::LockLost`]), or, if we still hold it, the requirement failed, which is a
+/// bug. A serialization failure or deadlock runs the phase again, up to [`MAX_ATTEMPTS`] times.
 pub async fn atomic_phase<W, R>(
     conn: &mut AsyncPgConnection,
     lock: &mut KeyLock,
@@ -51,14 +52,14 @@ pub async fn atomic_phase<W, R>(
     writes: W,
 ) -> Result<R, PhaseError>
 where
-    W: QueryFragment<Pg> + Send + Sync,
+    W: PhaseWrites,
     R: QueryableByName<Pg> + Send + 'static,
 {
     let mut attempt = 1;
     loop {
         // Before the statement: the lease it renews counts from the server's `now()`, later.
         let sent = since_boot();
-        let statement = PhaseStatement { fence: lock.fence(&transition), writes: &writes };
+        let statement = PhaseStatement { fence: lock.fence(&transition, &writes), writes: &writes };
         match db::query(async { statement.get_result::<R>(conn).await.optional() }).await {
             Ok(Some(result)) => {
                 lock.advance_to(&transition, sent);
@@ -67,7 +68,7 @@ where
             Ok(None) => {
                 return Err(match db::query(lock.is_held(conn)).await? {
                     false => PhaseError::LockLost,
-                    true => PhaseError::Inconsistent("a phase found nothing to write".into()),
+                    true => PhaseError::Inconsistent("a phase did not find what it writes to".into()),
                 });
             }
             Err(StoreError::Conflict(error)) if attempt < MAX_ATTEMPTS => {
@@ -84,23 +85,30 @@ where
     }
 }
 
-/// A phase's one statement: see [`atomic_phase`].
+/// What a phase writes besides the key row: the CTEs of its statement after `fence`, and its
+/// final `SELECT` (see [`atomic_phase`]).
+pub trait PhaseWrites: QueryFragment<Pg> + Send + Sync {
+    /// What the fence requires besides our lock, as ` AND <condition>`: that the rows the writes
+    /// change exist. None by default.
+    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        let _ = out;
+        Ok(())
+    }
+}
+
+/// A phase's one statement: see [`atomic_phase`]. Kept prepared on each connection when its parts
+/// are safe to (ours are: one SQL text per phase), keyed by its SQL text.
 struct PhaseStatement<'a, W> {
-    fence: Fence<'a>,
+    fence: Fence<'a, W>,
     writes: &'a W,
 }
 
-impl<W: QueryFragment<Pg>> QueryFragment<Pg> for PhaseStatement<'_, W> {
+impl<W: PhaseWrites> QueryFragment<Pg> for PhaseStatement<'_, W> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("WITH ");
         self.fence.walk_ast(out.reborrow())?;
         out.push_sql(", ");
         self.writes.walk_ast(out.reborrow())
-    }
-
-    /// Kept prepared on each connection: each phase has one SQL text, and the cache is keyed by it.
-    fn is_safe_to_cache_prepared(&self, _: &Pg) -> QueryResult<bool> {
-        Ok(true)
     }
 }
 

@@ -9,6 +9,7 @@ use diesel::sql_types::{BigInt, Bool, Bytea, Jsonb, Nullable, SmallInt, Text, Un
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
+use super::phase::PhaseWrites;
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
@@ -172,12 +173,12 @@ impl KeyLock {
     /// The key row's `transition` as the `fence` of a phase's statement (see [`super::atomic_phase`]):
     /// an `UPDATE` of the row only while it still carries our token, returning its `account_id`
     /// and `id`, or nothing once the lock went stale and another request took the key over.
-    pub(super) fn fence<'a>(&'a self, transition: &'a Transition) -> Fence<'a> {
+    pub(super) fn fence<'a, W>(&'a self, transition: &'a Transition, writes: &'a W) -> Fence<'a, W> {
         let status = match transition {
             Transition::Finish(response) => response.status as i16,
             _ => 0,
         };
-        Fence { lock: self, transition, lease_ms: millis(self.lease), status }
+        Fence { lock: self, transition, writes, lease_ms: millis(self.lease), status }
     }
 
     /// Whether the key row still carries our token: asked only when a phase wrote nothing, to
@@ -229,15 +230,17 @@ impl KeyLock {
 }
 
 /// A phase's key-row transition, fenced by the lock: see [`KeyLock::fence`].
-pub(super) struct Fence<'a> {
+pub(super) struct Fence<'a, W> {
     lock: &'a KeyLock,
     transition: &'a Transition,
+    /// The phase's writes, whose requirement the fence adds to its own.
+    writes: &'a W,
     lease_ms: i64,
     /// The response's status, as stored (with [`Transition::Finish`]).
     status: i16,
 }
 
-impl QueryFragment<Pg> for Fence<'_> {
+impl<W: PhaseWrites> QueryFragment<Pg> for Fence<'_, W> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let lock = self.lock;
         out.push_sql("fence AS (UPDATE idempotency_keys SET ");
@@ -270,6 +273,7 @@ impl QueryFragment<Pg> for Fence<'_> {
         out.push_bind_param::<SqlUuid, _>(&lock.key_id)?;
         out.push_sql(" AND lock_token = ");
         out.push_bind_param::<SqlUuid, _>(&lock.token)?;
+        self.writes.walk_requirement(out.reborrow())?;
         out.push_sql(" RETURNING account_id, id)");
         Ok(())
     }

@@ -374,7 +374,11 @@ impl<'a> Driver<'a> {
 
     /// Unlocks the key where it stands.
     async fn release(&mut self, reason: &str) {
-        // A connection that just failed may be broken: use a fresh one.
+        // A connection that just failed may be broken, or still busy with a statement that timed
+        // out: the pool drops it, and the release uses a fresh one.
+        if let Some(conn) = self.conn.as_mut() {
+            db::discard(conn);
+        }
         self.conn = None;
         release(self.state, &self.lock, self.actor, reason).await;
     }

@@ -1,7 +1,8 @@
 //! What each phase of a payment writes, as the CTEs of its one statement: they follow the `fence`
-//! CTE that moves the key row (see [`crate::idempotency::atomic_phase`]), and each reads its
-//! rows from `fence` or from a CTE that did, so that nothing is written once the lock is lost.
-//! Each ends in a `SELECT` of the phase's result: the payment as the phase left it.
+//! CTE that moves the key row (see [`crate::idempotency::atomic_phase`]), and each takes its rows
+//! from `fence` or from a CTE that did, so that nothing is written once the lock is lost. Each
+//! ends in a `SELECT` of the phase's result: the payment as the phase left it. Columns are named,
+//! never `*`: a statement stays prepared across a migration that adds a column.
 
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -12,7 +13,12 @@ use uuid::Uuid;
 use super::model::{ChargeChanges, NewPayment};
 use crate::audit::AuditRecord;
 use crate::db::WrittenAfter;
+use crate::idempotency::PhaseWrites;
 use crate::outbox::StagedEvent;
+
+/// The columns of [`super::Payment`], as a phase returns them.
+const PAYMENT: &str = "id, account_id, idempotency_key_id, idempotency_key, amount, currency, description, metadata, \
+                       status, gateway_charge_id, failure_code, failure_message, created_at, updated_at, gateway";
 
 /// `started`: the pending payment and its audit record; or, when the phase runs again, the
 /// payment that an earlier run made (never a second one, and no second record).
@@ -29,7 +35,9 @@ impl QueryFragment<Pg> for Start<'_> {
              description, metadata, gateway) SELECT ",
         );
         out.push_bind_param::<SqlUuid, _>(&new.id)?;
-        out.push_sql(", account_id, id, ");
+        out.push_sql(", ");
+        out.push_bind_param::<SqlUuid, _>(&new.account_id)?;
+        out.push_sql(", id, ");
         out.push_bind_param::<Text, _>(new.idempotency_key)?;
         out.push_sql(", ");
         out.push_bind_param::<BigInt, _>(&new.amount)?;
@@ -41,16 +49,25 @@ impl QueryFragment<Pg> for Start<'_> {
         out.push_bind_param::<Jsonb, _>(&new.metadata)?;
         out.push_sql(", ");
         out.push_bind_param::<Text, _>(new.gateway)?;
-        out.push_sql(" FROM fence ON CONFLICT DO NOTHING RETURNING *), ");
+        // Only the key row's own earlier payment is expected; a clash on any other unique key
+        // (this client key under another key row) is an error, and nothing commits.
+        out.push_sql(" FROM fence ON CONFLICT (account_id, idempotency_key_id) DO NOTHING RETURNING ");
+        out.push_sql(PAYMENT);
+        out.push_sql("), ");
         self.audit.walk_written_after("created", out.reborrow())?;
         // The statement's snapshot predates it: a payment found here is an earlier run's.
-        out.push_sql(
-            " SELECT * FROM created UNION ALL SELECT p.* FROM payments p, fence f \
-             WHERE p.account_id = f.account_id AND p.idempotency_key_id = f.id AND NOT EXISTS (SELECT FROM created)",
-        );
+        out.push_sql(" SELECT ");
+        out.push_sql(PAYMENT);
+        out.push_sql(" FROM created UNION ALL SELECT ");
+        out.push_sql(PAYMENT);
+        out.push_sql(" FROM payments WHERE account_id = ");
+        out.push_bind_param::<SqlUuid, _>(&new.account_id)?;
+        out.push_sql(" AND idempotency_key_id = (SELECT id FROM fence) AND NOT EXISTS (SELECT FROM created)");
         Ok(())
     }
 }
+
+impl PhaseWrites for Start<'_> {}
 
 /// `charge_created`: the gateway's definitive answer on the payment, and its audit record.
 pub struct RecordCharge<'a> {
@@ -62,7 +79,7 @@ pub struct RecordCharge<'a> {
 impl QueryFragment<Pg> for RecordCharge<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let changes = &self.changes;
-        out.push_sql("recorded AS (UPDATE payments p SET status = ");
+        out.push_sql("recorded AS (UPDATE payments SET status = ");
         out.push_bind_param::<Text, _>(&changes.status)?;
         out.push_sql(", gateway_charge_id = ");
         out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id)?;
@@ -70,12 +87,22 @@ impl QueryFragment<Pg> for RecordCharge<'_> {
         out.push_bind_param::<Nullable<Text>, _>(&changes.failure_code)?;
         out.push_sql(", failure_message = ");
         out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)?;
-        out.push_sql(", updated_at = now() FROM fence f WHERE p.account_id = f.account_id AND p.id = ");
-        out.push_bind_param::<SqlUuid, _>(&self.payment_id)?;
-        out.push_sql(" RETURNING p.*), ");
+        out.push_sql(", updated_at = now()");
+        walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
+        out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING ");
+        out.push_sql(PAYMENT);
+        out.push_sql("), ");
         self.audit.walk_written_after("recorded", out.reborrow())?;
-        out.push_sql(" SELECT * FROM recorded");
+        out.push_sql(" SELECT ");
+        out.push_sql(PAYMENT);
+        out.push_sql(" FROM recorded");
         Ok(())
+    }
+}
+
+impl PhaseWrites for RecordCharge<'_> {
+    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
     }
 }
 
@@ -89,14 +116,24 @@ pub struct MoveGateway<'a> {
 
 impl QueryFragment<Pg> for MoveGateway<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("moved AS (UPDATE payments p SET gateway = ");
+        out.push_sql("moved AS (UPDATE payments SET gateway = ");
         out.push_bind_param::<Text, _>(self.gateway)?;
-        out.push_sql(", updated_at = now() FROM fence f WHERE p.account_id = f.account_id AND p.id = ");
-        out.push_bind_param::<SqlUuid, _>(&self.payment_id)?;
-        out.push_sql(" RETURNING p.*), ");
+        out.push_sql(", updated_at = now()");
+        walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
+        out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING ");
+        out.push_sql(PAYMENT);
+        out.push_sql("), ");
         self.audit.walk_written_after("moved", out.reborrow())?;
-        out.push_sql(" SELECT * FROM moved");
+        out.push_sql(" SELECT ");
+        out.push_sql(PAYMENT);
+        out.push_sql(" FROM moved");
         Ok(())
+    }
+}
+
+impl PhaseWrites for MoveGateway<'_> {
+    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
     }
 }
 
@@ -113,8 +150,38 @@ impl QueryFragment<Pg> for Finish<'_> {
         self.event.walk_written_after("fence", out.reborrow())?;
         out.push_sql(", ");
         self.audit.walk_written_after("fence", out.reborrow())?;
-        out.push_sql(" SELECT p.* FROM payments p, fence f WHERE p.account_id = f.account_id AND p.id = ");
-        out.push_bind_param::<SqlUuid, _>(&self.payment_id)?;
+        out.push_sql(" SELECT ");
+        out.push_sql(PAYMENT);
+        out.push_sql(" FROM payments");
+        walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
+        out.push_sql(" AND EXISTS (SELECT FROM fence)");
         Ok(())
     }
+}
+
+impl PhaseWrites for Finish<'_> {
+    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
+    }
+}
+
+/// ` WHERE account_id = $a AND id = $p`: the one payment a phase changes.
+fn walk_this_payment<'b>(account_id: &'b Uuid, payment_id: &'b Uuid, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+    out.push_sql(" WHERE account_id = ");
+    out.push_bind_param::<SqlUuid, _>(account_id)?;
+    out.push_sql(" AND id = ");
+    out.push_bind_param::<SqlUuid, _>(payment_id)?;
+    Ok(())
+}
+
+/// The fence's requirement of a phase that changes a payment: that the payment exists.
+fn walk_payment_exists<'b>(
+    account_id: &'b Uuid,
+    payment_id: &'b Uuid,
+    mut out: AstPass<'_, 'b, Pg>,
+) -> QueryResult<()> {
+    out.push_sql(" AND EXISTS (SELECT FROM payments");
+    walk_this_payment(account_id, payment_id, out.reborrow())?;
+    out.push_sql(")");
+    Ok(())
 }

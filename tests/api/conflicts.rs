@@ -36,7 +36,8 @@ async fn phase_failing(
         conflict.0
     ))
     .await;
-    let writes = audited_phase(", raise_on_first_runs()");
+    // Raised after the audit record is written, so that a failed run has something to roll back.
+    let writes = audited_phase(", raised AS (SELECT raise_on_first_runs() FROM audited)", ", raised");
     let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
     let result = atomic_phase(&mut app.db().await, lock, transition, writes).await;
     let runs: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>("last_value FROM phase_runs"))
@@ -50,7 +51,8 @@ async fn phase_failing(
 async fn a_phase_that_conflicts_once_runs_again_and_commits_once() {
     for conflict in CONFLICTS {
         let app = TestApp::spawn().await;
-        let mut lock = app.key_request().claim(&app).await;
+        let request = app.key_request();
+        let mut lock = request.claim(&app).await;
 
         let (result, runs) = phase_failing(&app, &mut lock, conflict, 1).await;
 
@@ -59,6 +61,8 @@ async fn a_phase_that_conflicts_once_runs_again_and_commits_once() {
         let audits: i64 = audit_records::table.count().get_result(&mut app.db().await).await.unwrap();
         assert_eq!(audits, 1, "the failed run's writes rolled back");
         assert_eq!(lock.recovery_point(), RecoveryPoint::ChargeCreated);
+        let row = app.key_row(request.key.as_str()).await.unwrap();
+        assert_eq!(row.recovery_point, "charge_created", "committed once, by the run that succeeded");
     }
 }
 

@@ -32,7 +32,7 @@ async fn a_request_whose_lock_was_taken_over_commits_nothing() {
 
     // The first holder wakes up and tries to commit a phase: an audit record and a new point.
     let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
-    let result: Result<KeyRowId, _> = atomic_phase(&mut conn, &mut first, transition, audited_phase("")).await;
+    let result: Result<KeyRowId, _> = atomic_phase(&mut conn, &mut first, transition, audited_phase("", "")).await;
 
     assert!(matches!(result, Err(PhaseError::LockLost)), "{result:?}");
     let audits: i64 = audit_records::table.count().get_result(&mut conn).await.unwrap();

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{TestApp, charge_requests, mount_no_charges_found, new_key, payment_body};
+use crate::helpers::{TestApp, charge_requests, mount_no_charges_found, new_key, payment_body, wait_until};
 
 /// Asserts the 503 of an indeterminate outcome, and what it left behind: the key unlocked at
 /// `started` with nothing stored, its payment pending.
@@ -275,4 +275,31 @@ async fn an_odd_decline_is_still_recorded_as_a_decline() {
 #[tokio::test]
 async fn a_gateway_redirect_is_not_followed_and_is_a_503() {
     retry_finishes_after(ResponseTemplate::new(302).insert_header("Location", "/v1/charges/elsewhere")).await;
+}
+
+#[tokio::test]
+async fn a_phase_that_finds_no_payment_to_record_on_moves_the_key_nowhere() {
+    // The payment vanishes while the gateway takes its time (nothing of ours deletes payments:
+    // this is the database contradicting itself, which a phase must not paper over).
+    let gateway = MockServer::start().await;
+    mount_no_charges_found(&gateway).await;
+    let slow = ResponseTemplate::new(200).set_body_json(json!({ "id": "ch_1" })).set_delay(Duration::from_millis(500));
+    Mock::given(method("POST")).and(path("/v1/charges")).respond_with(slow).mount(&gateway).await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+
+    let body = payment_body();
+    let request = app.post_payment(&key, &body);
+    let vanish = async {
+        wait_until(Duration::from_secs(10), "the payment is started", || async { app.row_counts().await.1 == 1 }).await;
+        app.run_sql("DELETE FROM payments").await;
+    };
+    let (response, ()) = tokio::join!(request, vanish);
+
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!(row.recovery_point, "started", "the key did not move on without its payment");
+    assert!(row.lock_token.is_none(), "and it was released");
+    let recorded = app.audit_trail().await.iter().filter(|(action, _)| action == "payment.charge_recorded").count();
+    assert_eq!(recorded, 0);
 }

@@ -12,15 +12,27 @@ use uuid::Uuid;
 
 use super::TestApp;
 
-/// The writes of a phase run by a test: an audit record after the fenced key row, and the key
-/// row's id as its result, selected `FROM fence` and the further `from` items (such as `, x`).
-pub fn audited_phase(from: &str) -> diesel::query_builder::SqlQuery {
-    diesel::sql_query(format!(
+/// The writes of a phase run by a test: an audit record after the fenced key row (`audited`,
+/// returning its id), the further CTEs `more` (each after a comma), and the key row's id as its
+/// result, selected `FROM fence` and the further `from` items (such as `, x`).
+pub fn audited_phase(more: &str, from: &str) -> TestWrites {
+    TestWrites(diesel::sql_query(format!(
         "audited AS (INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data) \
-         SELECT account_id, 'payment.charge_recorded', 'payment', id, 'api', '{{}}' FROM fence) \
+         SELECT account_id, 'payment.charge_recorded', 'payment', id, 'api', '{{}}' FROM fence RETURNING id){more} \
          SELECT fence.id FROM fence{from}"
-    ))
+    )))
 }
+
+/// A phase's writes as SQL text, for [`payments::idempotency::atomic_phase`].
+pub struct TestWrites(diesel::query_builder::SqlQuery);
+
+impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for TestWrites {
+    fn walk_ast<'b>(&'b self, pass: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        self.0.walk_ast(pass)
+    }
+}
+
+impl payments::idempotency::PhaseWrites for TestWrites {}
 
 /// The result of [`audited_phase`].
 #[derive(Debug, diesel::QueryableByName)]
