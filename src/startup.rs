@@ -10,6 +10,10 @@ use actix_web::{App, HttpServer, web};
 use crate::http;
 use crate::state::AppState;
 
+/// The line `serve` prints once it accepts connections; tests, scripts and the benchmark read the
+/// address off it.
+pub const LISTENING: &str = "payments listening on";
+
 /// Seconds in-flight requests get to finish when the server stops.
 const SHUTDOWN_GRACE_SECS: u64 = 30;
 
@@ -52,4 +56,31 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         self.server.await
     }
+}
+
+/// Installs the SIGINT and SIGTERM handlers at once (call it before announcing readiness, so that
+/// a signal sent right after is not met by the default action, which kills the process), and
+/// returns a future that resolves, naming the signal, when one arrives.
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        }
+    })
+}
+
+/// After the first stop signal a process drains what it is doing; a second one means "now": it
+/// exits at once, and what was in flight is left as after a crash (and recovered like one).
+pub fn exit_on_second_signal() -> std::io::Result<()> {
+    let second = shutdown_signal()?;
+    tokio::spawn(async move {
+        let signal = second.await;
+        tracing::warn!(signal, "second stop signal: exiting at once");
+        std::process::exit(1);
+    });
+    Ok(())
 }

@@ -49,7 +49,7 @@ async fn create_payment(body: web::Json<PaymentRequest>) -> HttpResponse {
 pub async fn serve(bind: &str, workers: usize) -> anyhow::Result<()> {
     let listener = TcpListener::bind(bind)?;
     let addr = listener.local_addr()?;
-    let stop_requested = crate::commands::shutdown_signal()?;
+    let stop_requested = crate::startup::shutdown_signal()?;
     let server = HttpServer::new(|| App::new().route("/v1/payments", web::post().to(create_payment)))
         .listen(listener)?
         .workers(workers)

@@ -13,8 +13,8 @@ use reqwest::Url;
 
 use super::child::{self, Child, payments};
 use super::webhook::WebhookSink;
-use crate::commands::serve::LISTENING;
 use crate::db::cluster::{Cluster, Durability};
+use crate::startup::LISTENING;
 
 /// The service's database in the benchmark's own cluster.
 const DATABASE: &str = "payments";

@@ -5,9 +5,9 @@ use std::net::TcpListener;
 
 use anyhow::Context;
 
-use super::shutdown_signal;
 use crate::config::GatewayArgs;
 use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
+use crate::startup::shutdown_signal;
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let listener = TcpListener::bind(&args.bind).with_context(|| format!("cannot listen on {}", args.bind))?;

@@ -8,7 +8,6 @@ pub mod migrate;
 pub mod serve;
 pub mod worker;
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -17,33 +16,6 @@ use reqwest::Url;
 
 use crate::config::DatabaseArgs;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
-
-/// Installs the SIGINT and SIGTERM handlers at once (call it before announcing readiness, so that
-/// a signal sent right after is not met by the default action, which kills the process), and
-/// returns a future that resolves, naming the signal, when one arrives.
-pub fn shutdown_signal() -> std::io::Result<impl Future<Output = &'static str>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => "SIGINT",
-            _ = terminate.recv() => "SIGTERM",
-        }
-    })
-}
-
-/// After the first stop signal a process drains what it is doing; a second one means "now": it
-/// exits at once, and what was in flight is left as after a crash (and recovered like one).
-pub fn exit_on_second_signal() -> std::io::Result<()> {
-    let second = shutdown_signal()?;
-    tokio::spawn(async move {
-        let signal = second.await;
-        tracing::warn!(signal, "second stop signal: exiting at once");
-        std::process::exit(1);
-    });
-    Ok(())
-}
 
 /// All outbox workers on a shared database share one outbox: one without a webhook consumes events
 /// by logging them, including events that a worker with a webhook was meant to deliver.

@@ -8,26 +8,20 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use super::{
-    advertise_gateway, exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged,
-    withdraw_gateway,
-};
+use super::{advertise_gateway, open_database, warn_if_events_are_only_logged, withdraw_gateway};
 use crate::accounts::DEMO_API_KEY;
 use crate::config::{DEFAULT_GATEWAY_BIND, ServeArgs};
 use crate::db;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
 use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
-use crate::startup::Application;
+use crate::startup::{Application, LISTENING, exit_on_second_signal, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
 
 /// Connections per process. Each request holds one only while it runs a phase (never across the
 /// gateway call), so a few dozen serve many more concurrent requests.
 const POOL_SIZE: u32 = 32;
-
-/// The line `serve` prints once it accepts connections; tests and scripts read the address off it.
-pub const LISTENING: &str = "payments listening on";
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;

@@ -5,13 +5,12 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use super::{
-    advertised_gateway, exit_on_second_signal, open_database, shutdown_signal, warn_if_events_are_only_logged,
-};
+use super::{advertised_gateway, open_database, warn_if_events_are_only_logged};
 use crate::config::WorkerCommandArgs;
 use crate::db;
 use crate::db::embedded::Sharing;
 use crate::gateway::GatewayClient;
+use crate::startup::{exit_on_second_signal, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
 

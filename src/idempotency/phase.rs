@@ -3,10 +3,10 @@
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::Untyped;
+use diesel::sql_types::{BigInt, Bytea, SmallInt, Text, Untyped, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::store::{Fence, KeyLock, Transition, since_boot};
+use super::store::{KeyLock, Transition, millis, since_boot};
 use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
@@ -59,7 +59,7 @@ where
     loop {
         // Before the statement: the lease it renews counts from the server's `now()`, later.
         let sent = since_boot();
-        let statement = PhaseStatement { fence: lock.fence(&transition, &writes), writes: &writes };
+        let statement = PhaseStatement { fence: Fence::new(lock, &transition, &writes), writes: &writes };
         match db::query(async { statement.get_result::<R>(conn).await.optional() }).await {
             Ok(Some(result)) => {
                 lock.advance_to(&transition, sent);
@@ -119,4 +119,66 @@ impl<W> QueryId for PhaseStatement<'_, W> {
 
 impl<W> Query for PhaseStatement<'_, W> {
     type SqlType = Untyped;
+}
+
+/// The key row's `transition` as the `fence` CTE of a phase's statement: an `UPDATE` of the row
+/// only while it still carries the lock's token (and the writes' requirement holds), returning its
+/// `account_id` and `id`, or nothing once the lock went stale and another request took the key over.
+struct Fence<'a, W> {
+    lock: &'a KeyLock,
+    transition: &'a Transition,
+    /// The phase's writes, whose requirement the fence adds to its own.
+    writes: &'a W,
+    lease_ms: i64,
+    /// The response's status, as stored (with [`Transition::Finish`]).
+    status: i16,
+}
+
+impl<'a, W> Fence<'a, W> {
+    fn new(lock: &'a KeyLock, transition: &'a Transition, writes: &'a W) -> Self {
+        let status = match transition {
+            Transition::Finish(response) => response.status as i16,
+            _ => 0,
+        };
+        Fence { lock, transition, writes, lease_ms: millis(lock.lease()), status }
+    }
+}
+
+impl<W: PhaseWrites> QueryFragment<Pg> for Fence<'_, W> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        let lock = self.lock;
+        out.push_sql("fence AS (UPDATE idempotency_keys SET ");
+        match self.transition {
+            Transition::Stay => {}
+            Transition::Advance(point) => {
+                out.push_sql("recovery_point = ");
+                out.push_bind_param::<Text, _>(point)?;
+                out.push_sql(", ");
+            }
+            Transition::Finish(response) => {
+                out.push_sql("recovery_point = 'finished', finished_at = now(), response_status = ");
+                out.push_bind_param::<SmallInt, _>(&self.status)?;
+                out.push_sql(", response_body = ");
+                out.push_bind_param::<Bytea, _>(&response.body)?;
+                // Unlocked; and a key a worker gave up on may still be finished by its client's retry.
+                out.push_sql(
+                    ", locked_until = NULL, lock_token = NULL, needs_attention_at = NULL, attention_reason = NULL",
+                );
+            }
+        }
+        if !matches!(self.transition, Transition::Finish(_)) {
+            out.push_sql("locked_until = now() + ");
+            out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
+            out.push_sql(" * interval '1 millisecond'");
+        }
+        out.push_sql(" WHERE account_id = ");
+        out.push_bind_param::<SqlUuid, _>(&lock.account_id)?;
+        out.push_sql(" AND id = ");
+        out.push_bind_param::<SqlUuid, _>(&lock.key_id)?;
+        out.push_sql(" AND lock_token = ");
+        out.push_bind_param::<SqlUuid, _>(lock.token())?;
+        self.writes.walk_requirement(out.reborrow())?;
+        out.push_sql(" RETURNING account_id, id)");
+        Ok(())
+    }
 }

@@ -9,7 +9,6 @@ use diesel::sql_types::{BigInt, Bool, Bytea, Jsonb, Nullable, SmallInt, Text, Un
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::phase::PhaseWrites;
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
@@ -170,15 +169,14 @@ impl KeyLock {
         self.recovery_point
     }
 
-    /// The key row's `transition` as the `fence` of a phase's statement (see [`super::atomic_phase`]):
-    /// an `UPDATE` of the row only while it still carries our token, returning its `account_id`
-    /// and `id`, or nothing once the lock went stale and another request took the key over.
-    pub(super) fn fence<'a, W>(&'a self, transition: &'a Transition, writes: &'a W) -> Fence<'a, W> {
-        let status = match transition {
-            Transition::Finish(response) => response.status as i16,
-            _ => 0,
-        };
-        Fence { lock: self, transition, writes, lease_ms: millis(self.lease), status }
+    /// The token that fences every write of the lock's holder.
+    pub(super) fn token(&self) -> &Uuid {
+        &self.token
+    }
+
+    /// How long a lease lasts, from each statement that renews it.
+    pub(super) fn lease(&self) -> Duration {
+        self.lease
     }
 
     /// Whether the key row still carries our token: asked only when a phase wrote nothing, to
@@ -229,57 +227,7 @@ impl KeyLock {
     }
 }
 
-/// A phase's key-row transition, fenced by the lock: see [`KeyLock::fence`].
-pub(super) struct Fence<'a, W> {
-    lock: &'a KeyLock,
-    transition: &'a Transition,
-    /// The phase's writes, whose requirement the fence adds to its own.
-    writes: &'a W,
-    lease_ms: i64,
-    /// The response's status, as stored (with [`Transition::Finish`]).
-    status: i16,
-}
-
-impl<W: PhaseWrites> QueryFragment<Pg> for Fence<'_, W> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        let lock = self.lock;
-        out.push_sql("fence AS (UPDATE idempotency_keys SET ");
-        match self.transition {
-            Transition::Stay => {}
-            Transition::Advance(point) => {
-                out.push_sql("recovery_point = ");
-                out.push_bind_param::<Text, _>(point)?;
-                out.push_sql(", ");
-            }
-            Transition::Finish(response) => {
-                out.push_sql("recovery_point = 'finished', finished_at = now(), response_status = ");
-                out.push_bind_param::<SmallInt, _>(&self.status)?;
-                out.push_sql(", response_body = ");
-                out.push_bind_param::<Bytea, _>(&response.body)?;
-                // Unlocked; and a key a worker gave up on may still be finished by its client's retry.
-                out.push_sql(
-                    ", locked_until = NULL, lock_token = NULL, needs_attention_at = NULL, attention_reason = NULL",
-                );
-            }
-        }
-        if !matches!(self.transition, Transition::Finish(_)) {
-            out.push_sql("locked_until = now() + ");
-            out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
-            out.push_sql(" * interval '1 millisecond'");
-        }
-        out.push_sql(" WHERE account_id = ");
-        out.push_bind_param::<SqlUuid, _>(&lock.account_id)?;
-        out.push_sql(" AND id = ");
-        out.push_bind_param::<SqlUuid, _>(&lock.key_id)?;
-        out.push_sql(" AND lock_token = ");
-        out.push_bind_param::<SqlUuid, _>(&lock.token)?;
-        self.writes.walk_requirement(out.reborrow())?;
-        out.push_sql(" RETURNING account_id, id)");
-        Ok(())
-    }
-}
-
-fn millis(duration: Duration) -> i64 {
+pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 

@@ -18,7 +18,7 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     let env =
         [("PAYMENTS_DATA_DIR", data), ("PAYMENTS_BIND", "127.0.0.1:0"), ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0")];
 
-    let mut serve = Process::start(&["serve"], &env, payments::commands::serve::LISTENING).await;
+    let mut serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
     let printed = |text: &'static str| {
         let mut stdout = serve.stdout.clone();
         async move { stdout.wait_for(|lines| lines.iter().any(|line| line.contains(text))).await.is_ok() }
@@ -81,7 +81,7 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     assert!(!data_dir.join("data/postmaster.pid").exists(), "the cluster stopped with the service");
 
     // The data survives a restart: the payment is replayed, not made again.
-    let mut serve = Process::start(&["serve"], &env, payments::commands::serve::LISTENING).await;
+    let mut serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
     let replay = http
         .post(format!("{}/v1/payments", serve.url))
         .bearer_auth("sk_test_demo")

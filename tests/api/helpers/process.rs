@@ -60,14 +60,14 @@ impl Process {
             vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url), ("PAYMENTS_BIND", "127.0.0.1:0")];
         all.extend_from_slice(env);
         let args: Vec<&str> = ["serve"].iter().chain(args).copied().collect();
-        Process::start(&args, &all, payments::commands::serve::LISTENING).await
+        Process::start(&args, &all, payments::startup::LISTENING).await
     }
 
     /// `payments <args>` (a `serve` of some kind) with exactly these variables, once it listens.
     pub async fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Process {
         let mut all = vec![("PAYMENTS_BIND", "127.0.0.1:0")];
         all.extend_from_slice(env);
-        Process::start(args, &all, payments::commands::serve::LISTENING).await
+        Process::start(args, &all, payments::startup::LISTENING).await
     }
 
     /// `payments worker` against `database_url`, with these extra variables.
