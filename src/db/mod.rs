@@ -8,11 +8,9 @@
 pub mod cluster;
 pub mod embedded;
 pub mod migrate;
-mod prepared;
 pub mod schema;
 mod text_enum;
 
-pub use prepared::{Prepare, Prepared};
 pub(crate) use text_enum::text_enum;
 
 use std::future::Future;
@@ -92,7 +90,8 @@ pub async fn connect(pool: &Pool) -> Result<PooledConnection, StoreError> {
 }
 
 /// Runs one unit of database work within [`OPERATION_TIMEOUT`]. Dropping a transaction's future
-/// leaves its connection marked broken, so the pool discards it and the server rolls back.
+/// leaves its connection marked broken, so the pool discards it and the server rolls back; a
+/// single statement's does not (see [`discard`]).
 pub async fn bounded<T, E: From<StoreError>>(work: impl Future<Output = Result<T, E>>) -> Result<T, E> {
     match tokio::time::timeout(OPERATION_TIMEOUT, work).await {
         Ok(result) => result,

@@ -75,12 +75,7 @@ where
                 tracing::warn!(%error, attempt, "phase conflicted with a concurrent transaction; running it again");
                 attempt += 1;
             }
-            Err(error) => {
-                if let StoreError::Unavailable(_) = error {
-                    db::discard(conn);
-                }
-                return Err(error.into());
-            }
+            Err(error) => return Err(error.into()),
         }
     }
 }

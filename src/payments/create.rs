@@ -38,7 +38,7 @@ use uuid::Uuid;
 use super::model::{ChargeOutcome, NewPayment, Payment, PaymentStatus};
 use super::request::PaymentRequest;
 use super::view::{PaymentView, expired_key_response, final_response};
-use super::writes;
+use super::writes::{self, PaymentChange};
 use crate::audit::{Actor, AuditRecord};
 use crate::db::{self, PooledConnection, StoreError};
 use crate::faults::{Fault, FaultPoint, fault_at};
@@ -317,7 +317,7 @@ impl<'a> Driver<'a> {
     async fn follow_charge_to(&mut self, payment: &Payment, answered: &str) -> Result<(), CreateError> {
         let data = json!({ "from": payment.gateway, "to": answered });
         let audit = audit(payment.account_id, payment.id, self.actor, "payment.gateway_changed", data);
-        let writes = writes::MoveGateway { payment_id: payment.id, gateway: answered, audit };
+        let writes = writes::ChangePayment { payment_id: payment.id, change: PaymentChange::Gateway(answered), audit };
         let conn = connection(&mut self.conn, self.state).await?;
         let _: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
         Ok(())
@@ -340,7 +340,7 @@ impl<'a> Driver<'a> {
         let data = json!({ "status": changes.status, "gateway_charge_id": changes.gateway_charge_id,
                            "failure_code": changes.failure_code });
         let audit = audit(self.lock.account_id, payment_id, self.actor, "payment.charge_recorded", data);
-        let writes = writes::RecordCharge { payment_id, changes, audit };
+        let writes = writes::ChangePayment { payment_id, change: PaymentChange::Outcome(changes), audit };
         let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
         let conn = connection(&mut self.conn, self.state).await?;
         self.payment = Some(atomic_phase(conn, &mut self.lock, transition, writes).await?);

@@ -69,69 +69,54 @@ impl QueryFragment<Pg> for Start<'_> {
 
 impl PhaseWrites for Start<'_> {}
 
-/// `charge_created`: the gateway's definitive answer on the payment, and its audit record.
-pub struct RecordCharge<'a> {
+/// A change to the payment, and its audit record: `charge_created`'s outcome, or (staying at
+/// `started`) the gateway that answered its charge request when this process's idea of its
+/// gateway was out of date.
+pub struct ChangePayment<'a> {
     pub payment_id: Uuid,
-    pub changes: ChargeChanges<'a>,
+    pub change: PaymentChange<'a>,
     pub audit: AuditRecord<'a>,
 }
 
-impl QueryFragment<Pg> for RecordCharge<'_> {
+/// What [`ChangePayment`] sets.
+pub enum PaymentChange<'a> {
+    Outcome(ChargeChanges<'a>),
+    Gateway(&'a str),
+}
+
+impl QueryFragment<Pg> for ChangePayment<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        let changes = &self.changes;
-        out.push_sql("recorded AS (UPDATE payments SET status = ");
-        out.push_bind_param::<Text, _>(&changes.status)?;
-        out.push_sql(", gateway_charge_id = ");
-        out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id)?;
-        out.push_sql(", failure_code = ");
-        out.push_bind_param::<Nullable<Text>, _>(&changes.failure_code)?;
-        out.push_sql(", failure_message = ");
-        out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)?;
+        out.push_sql("changed AS (UPDATE payments SET ");
+        match &self.change {
+            PaymentChange::Outcome(changes) => {
+                out.push_sql("status = ");
+                out.push_bind_param::<Text, _>(&changes.status)?;
+                out.push_sql(", gateway_charge_id = ");
+                out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id)?;
+                out.push_sql(", failure_code = ");
+                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_code)?;
+                out.push_sql(", failure_message = ");
+                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)?;
+            }
+            PaymentChange::Gateway(gateway) => {
+                out.push_sql("gateway = ");
+                out.push_bind_param::<Text, _>(*gateway)?;
+            }
+        }
         out.push_sql(", updated_at = now()");
         walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
         out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING ");
         out.push_sql(PAYMENT);
         out.push_sql("), ");
-        self.audit.walk_written_after("recorded", out.reborrow())?;
+        self.audit.walk_written_after("changed", out.reborrow())?;
         out.push_sql(" SELECT ");
         out.push_sql(PAYMENT);
-        out.push_sql(" FROM recorded");
+        out.push_sql(" FROM changed");
         Ok(())
     }
 }
 
-impl PhaseWrites for RecordCharge<'_> {
-    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
-    }
-}
-
-/// A `started` payment moved to the gateway that answered its charge request (this process's
-/// idea of its gateway was out of date), and its audit record.
-pub struct MoveGateway<'a> {
-    pub payment_id: Uuid,
-    pub gateway: &'a str,
-    pub audit: AuditRecord<'a>,
-}
-
-impl QueryFragment<Pg> for MoveGateway<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("moved AS (UPDATE payments SET gateway = ");
-        out.push_bind_param::<Text, _>(self.gateway)?;
-        out.push_sql(", updated_at = now()");
-        walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
-        out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING ");
-        out.push_sql(PAYMENT);
-        out.push_sql("), ");
-        self.audit.walk_written_after("moved", out.reborrow())?;
-        out.push_sql(" SELECT ");
-        out.push_sql(PAYMENT);
-        out.push_sql(" FROM moved");
-        Ok(())
-    }
-}
-
-impl PhaseWrites for MoveGateway<'_> {
+impl PhaseWrites for ChangePayment<'_> {
     fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, RunQueryDsl};
 use payments::db::schema::{audit_records, staged_jobs};
 use payments::workers::{Outcome, Worker};
 use serde_json::{Value, json};
@@ -30,6 +30,17 @@ async fn app_delivering_to(receiver: &MockServer, max_attempts: u32) -> TestApp 
         })
         .spawn()
         .await
+}
+
+/// Stages `count` due events, as finished payments would.
+async fn stage_events(app: &TestApp, count: u32) {
+    app.run_sql(&format!(
+        "INSERT INTO staged_jobs (account_id, job_name, job_args)
+         SELECT '{}', 'payment.succeeded', jsonb_build_object('id', gen_random_uuid(), 'type', 'payment.succeeded')
+         FROM generate_series(1, {count})",
+        app.account_id
+    ))
+    .await;
 }
 
 async fn audited(app: &TestApp, action: &str) -> i64 {
@@ -200,13 +211,7 @@ async fn a_receiver_that_redirects_has_not_received_the_event() {
 async fn events_are_leased_delivered_and_settled_in_batches() {
     let receiver = receiver(200).await;
     let app = app_delivering_to(&receiver, 10).await;
-    app.run_sql(&format!(
-        "INSERT INTO staged_jobs (account_id, job_name, job_args)
-         SELECT '{}', 'payment.succeeded', jsonb_build_object('id', gen_random_uuid(), 'type', 'payment.succeeded')
-         FROM generate_series(1, 60)",
-        app.account_id
-    ))
-    .await;
+    stage_events(&app, 60).await;
     let outbox = app.workers().outbox;
 
     assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
@@ -230,16 +235,11 @@ async fn a_batch_is_leased_without_reading_the_whole_backlog() {
     // A backlog the planner does not know about: the statistics say the queue is empty, as a
     // queue's statistics mostly do.
     app.run_sql("ANALYZE staged_jobs").await;
-    app.run_sql(&format!(
-        "INSERT INTO staged_jobs (account_id, job_name, job_args)
-         SELECT '{}', 'payment.succeeded', jsonb_build_object('id', gen_random_uuid(), 'type', 'payment.succeeded')
-         FROM generate_series(1, 5000)",
-        app.account_id
-    ))
-    .await;
+    stage_events(&app, 5000).await;
 
+    // One transaction around the lease (which runs as a nested one) and the count of what it read.
     let mut conn = app.db().await;
-    conn.batch_execute("BEGIN").await.unwrap();
+    conn.begin_test_transaction().await.unwrap();
     let leased = payments::outbox::lease_due_events(&mut conn, Duration::from_secs(30), 50).await.unwrap();
     let read: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
         "pg_stat_get_xact_tuples_fetched('staged_jobs'::regclass) + \
@@ -248,7 +248,6 @@ async fn a_batch_is_leased_without_reading_the_whole_backlog() {
     .get_result(&mut conn)
     .await
     .unwrap();
-    conn.batch_execute("ROLLBACK").await.unwrap();
 
     assert_eq!(leased.len(), 50);
     assert!(read < 500, "leasing 50 of 5,000 events read {read} rows");
