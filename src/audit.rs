@@ -1,12 +1,16 @@
 //! The audit trail: one row for each thing that happened to a resource, committed in the same
 //! transaction as the change itself, so the trail can never disagree with the data.
 
+use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::AstPass;
-use diesel::sql_types::{Jsonb, Text, Uuid as SqlUuid};
+use diesel::sql_types::{Array, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
 use uuid::Uuid;
 
+use crate::db::schema::audit_records;
 use crate::db::{WrittenAfter, text_enum};
 
 text_enum! {
@@ -29,13 +33,17 @@ pub struct AuditRecord<'a> {
     pub resource_id: Uuid,
     pub actor: Actor,
     pub data: serde_json::Value,
+    /// The [`RequestId`](crate::request_id::RequestId) of the request that caused it (or of the
+    /// worker run that took the request over).
+    pub request_id: Option<&'a str>,
 }
 
 impl WrittenAfter for AuditRecord<'_> {
     /// The CTE `audited`.
     fn walk_written_after<'b>(&'b self, source: &'static str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql(
-            "audited AS (INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data) SELECT ",
+            "audited AS (INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, \
+             request_id) SELECT ",
         );
         out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
         out.push_sql(", ");
@@ -48,9 +56,43 @@ impl WrittenAfter for AuditRecord<'_> {
         out.push_bind_param::<Text, _>(&self.actor)?;
         out.push_sql(", ");
         out.push_bind_param::<Jsonb, _>(&self.data)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Nullable<Text>, _>(&self.request_id)?;
         out.push_sql(" FROM ");
         out.push_sql(source);
         out.push_sql(")");
         Ok(())
     }
+}
+
+/// An audit record as read back: what happened, when, by whom, on which request.
+#[derive(Debug, QueryableByName, Serialize)]
+#[diesel(table_name = audit_records, check_for_backend(diesel::pg::Pg))]
+pub struct AuditEntry {
+    #[serde(rename = "at")]
+    pub created_at: DateTime<Utc>,
+    pub action: String,
+    pub actor: String,
+    pub request_id: Option<String>,
+    pub data: serde_json::Value,
+}
+
+/// What the account's audit trail holds about the resources `(type, id)`, in the order it
+/// happened (records are numbered as they are written).
+pub async fn trail(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    resources: &[(&str, Uuid)],
+) -> QueryResult<Vec<AuditEntry>> {
+    let (types, ids): (Vec<&str>, Vec<Uuid>) = resources.iter().copied().unzip();
+    diesel::sql_query(
+        "SELECT created_at, action, actor, request_id, data FROM audit_records
+         WHERE account_id = $1 AND (resource_type, resource_id) IN (SELECT * FROM unnest($2::text[], $3::uuid[]))
+         ORDER BY id",
+    )
+    .bind::<SqlUuid, _>(account_id)
+    .bind::<Array<Text>, _>(types)
+    .bind::<Array<SqlUuid>, _>(ids)
+    .load(conn)
+    .await
 }

@@ -153,6 +153,9 @@ pub struct WorkerCommandArgs {
     /// Unset, in embedded mode: the in-process mock of the `serve` that runs the cluster.
     #[arg(long, env = "GATEWAY_URL")]
     pub gateway_url: Option<Url>,
+    /// Serve `GET /metrics` at this address (such as `0.0.0.0:9091`); unset, no listener.
+    #[arg(long, env = "PAYMENTS_METRICS_BIND")]
+    pub metrics_bind: Option<String>,
     #[command(flatten)]
     pub protocol: ProtocolArgs,
     #[command(flatten)]

@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use crate::request_id::RequestId;
+
 /// The media type of every error body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -20,6 +22,7 @@ pub enum ProblemType {
     PayloadTooLarge,
     UnsupportedMediaType,
     PaymentNotFound,
+    IdempotencyKeyNotFound,
     RouteNotFound,
     MethodNotAllowed,
     IdempotencyKeyReused,
@@ -36,7 +39,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 20] = [
+    pub const ALL: [ProblemType; 21] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -45,6 +48,7 @@ impl ProblemType {
         ProblemType::PayloadTooLarge,
         ProblemType::UnsupportedMediaType,
         ProblemType::PaymentNotFound,
+        ProblemType::IdempotencyKeyNotFound,
         ProblemType::RouteNotFound,
         ProblemType::MethodNotAllowed,
         ProblemType::IdempotencyKeyReused,
@@ -71,6 +75,7 @@ impl ProblemType {
             PayloadTooLarge => ("payload-too-large", "The request body is too large", 413),
             UnsupportedMediaType => ("unsupported-media-type", "The request body must be JSON", 415),
             PaymentNotFound => ("payment-not-found", "No such payment", 404),
+            IdempotencyKeyNotFound => ("idempotency-key-not-found", "No such idempotency key", 404),
             RouteNotFound => ("route-not-found", "No such endpoint", 404),
             MethodNotAllowed => ("method-not-allowed", "Method not allowed on this endpoint", 405),
             IdempotencyKeyReused => {
@@ -106,8 +111,9 @@ impl ProblemType {
     }
 }
 
-/// A problem details body, with extension members `X` (such as the failed `payment` of a 402)
-/// after the standard four.
+/// A problem details body: the standard four members, then `request_id` (the request that got
+/// this answer, to quote to support), then extension members `X` (such as the failed `payment` of
+/// a 402).
 #[derive(Debug, Serialize)]
 pub struct Problem<X = ()> {
     #[serde(rename = "type")]
@@ -115,6 +121,8 @@ pub struct Problem<X = ()> {
     title: &'static str,
     status: u16,
     detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_id: Option<RequestId>,
     #[serde(flatten)]
     extensions: X,
 }
@@ -126,14 +134,20 @@ impl Problem {
             title: kind.title(),
             status: kind.status(),
             detail: detail.into(),
+            request_id: None,
             extensions: (),
         }
     }
 
     /// The same problem, with extension members.
     pub fn with<X: Serialize>(self, extensions: X) -> Problem<X> {
-        let Problem { type_uri, title, status, detail, .. } = self;
-        Problem { type_uri, title, status, detail, extensions }
+        let Problem { type_uri, title, status, detail, request_id, .. } = self;
+        Problem { type_uri, title, status, detail, request_id, extensions }
+    }
+
+    /// The same problem, as the answer to the request `id`.
+    pub fn of_request(self, id: Option<&RequestId>) -> Problem {
+        Problem { request_id: id.cloned(), ..self }
     }
 }
 

@@ -5,6 +5,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
+use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 
 use crate::http;
@@ -28,17 +29,19 @@ impl Application {
     pub fn build(state: Arc<AppState>, listener: TcpListener, workers: usize) -> std::io::Result<Application> {
         let addr = listener.local_addr()?;
         let state = web::Data::from(state);
-        let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(http::configure))
-            .listen(listener)?
-            .workers(workers)
-            // Signals are ours to handle: on SIGTERM we stop the server first and then what it
-            // depends on (the embedded cluster, the in-process gateway), in that order.
-            .disable_signals()
-            // A client that hangs up gets its handler dropped at once; its request goes on in a
-            // task of its own (see `create_payment`), so nothing is left half-done.
-            .h1_allow_half_closed(false)
-            .shutdown_timeout(SHUTDOWN_GRACE_SECS)
-            .run();
+        let server = HttpServer::new(move || {
+            App::new().app_data(state.clone()).wrap(from_fn(http::observe)).configure(http::configure)
+        })
+        .listen(listener)?
+        .workers(workers)
+        // Signals are ours to handle: on SIGTERM we stop the server first and then what it
+        // depends on (the embedded cluster, the in-process gateway), in that order.
+        .disable_signals()
+        // A client that hangs up gets its handler dropped at once; its request goes on in a
+        // task of its own (see `create_payment`), so nothing is left half-done.
+        .h1_allow_half_closed(false)
+        .shutdown_timeout(SHUTDOWN_GRACE_SECS)
+        .run();
         Ok(Application { server, addr })
     }
 
@@ -56,6 +59,19 @@ impl Application {
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         self.server.await
     }
+}
+
+/// A server of `GET /metrics` alone, for a process with no API (`payments worker`), on one thread.
+pub fn metrics_server(state: Arc<AppState>, listener: TcpListener) -> std::io::Result<Server> {
+    let state = web::Data::from(state);
+    let server =
+        HttpServer::new(move || App::new().app_data(state.clone()).route("/metrics", web::get().to(http::metrics)))
+            .listen(listener)?
+            .workers(1)
+            .disable_signals()
+            .shutdown_timeout(1)
+            .run();
+    Ok(server)
 }
 
 /// Installs the SIGINT and SIGTERM handlers at once (call it before announcing readiness, so that

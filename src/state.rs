@@ -1,10 +1,13 @@
 //! What every handler and worker of a process shares.
 
+use std::sync::Arc;
+
 use crate::accounts::ApiKeyCache;
 use crate::config::Settings;
 use crate::db::Pool;
 use crate::gateway::GatewayClient;
 use crate::idempotency::ReplayCache;
+use crate::metrics::Metrics;
 
 /// How much memory a process gives finished answers kept for replays: at about 600 bytes a
 /// payment, the seven thousand or so most recent, which is where retries land (within seconds or
@@ -20,10 +23,20 @@ pub struct AppState {
     pub settings: Settings,
     pub replays: ReplayCache,
     pub api_keys: ApiKeyCache,
+    /// What this process counts, served at `GET /metrics`.
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
     pub fn new(db: Pool, gateway: GatewayClient, settings: Settings) -> AppState {
-        AppState { db, gateway, settings, replays: ReplayCache::new(REPLAY_CACHE_BYTES), api_keys: ApiKeyCache::new() }
+        let metrics = Arc::new(Metrics::new());
+        AppState {
+            db,
+            gateway: gateway.observed_by(metrics.clone()),
+            settings,
+            replays: ReplayCache::new(REPLAY_CACHE_BYTES),
+            api_keys: ApiKeyCache::new(),
+            metrics,
+        }
     }
 }

@@ -1,7 +1,10 @@
 //! `payments worker`: the background workers alone, with no HTTP. Any number may run beside any
 //! number of `serve` processes on one database.
 
+use std::net::TcpListener;
 use std::sync::Arc;
+
+use anyhow::Context;
 
 use tokio::sync::watch;
 
@@ -10,7 +13,7 @@ use crate::config::WorkerCommandArgs;
 use crate::db;
 use crate::db::embedded::Sharing;
 use crate::gateway::GatewayClient;
-use crate::startup::{exit_on_second_signal, shutdown_signal};
+use crate::startup::{exit_on_second_signal, metrics_server, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
 
@@ -19,6 +22,9 @@ const POOL_SIZE: u32 = 4;
 
 /// The line `worker` prints once its workers run.
 pub const RUNNING: &str = "payments worker running";
+
+/// The line `worker` prints, before [`RUNNING`], with its metrics' address when it serves them.
+pub const METRICS_AT: &str = "metrics:";
 
 pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;
@@ -41,8 +47,22 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
         GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     ));
+    let metrics = match &args.metrics_bind {
+        Some(bind) => {
+            let listener = TcpListener::bind(bind).with_context(|| format!("cannot serve metrics on {bind}"))?;
+            let addr = listener.local_addr()?;
+            let server = metrics_server(state.clone(), listener)?;
+            let handle = server.handle();
+            tokio::spawn(server);
+            Some((addr, handle))
+        }
+        None => None,
+    };
     let (stop, stopped) = watch::channel(false);
     let mut running = tokio::spawn(Workers::new(state, &args.workers.settings())?.run(stopped));
+    if let Some((addr, _)) = &metrics {
+        println!("{METRICS_AT} http://{addr}/metrics");
+    }
     println!("{RUNNING} (completer, reaper, outbox; gateway {gateway_url})");
 
     tokio::select! {
@@ -52,6 +72,9 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     exit_on_second_signal()?;
     let _ = stop.send(true);
     let _ = running.await;
+    if let Some((_, handle)) = metrics {
+        handle.stop(true).await;
+    }
     if let Some(embedded) = embedded {
         embedded.stop().await?;
     }

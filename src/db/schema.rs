@@ -19,6 +19,7 @@ diesel::table! {
         actor -> Text,
         data -> Jsonb,
         created_at -> Timestamptz,
+        request_id -> Nullable<Text>,
     }
 }
 

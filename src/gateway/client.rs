@@ -1,13 +1,14 @@
 //! Our client for a Stripe-like payment gateway.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use reqwest::{RequestBuilder, Url};
 use serde::Deserialize;
 
 use super::answers::{charge_outcome, look_up_outcome, recordable};
 use super::charge::{Charge, ChargeRequest, GatewayError};
+use crate::metrics::{GatewayOperation, GatewayOutcome, Metrics};
 
 /// The header in which a gateway that knows who it is names itself on every answer (the mock
 /// does). An answer from another gateway than the one a payment is charged through is never
@@ -35,6 +36,8 @@ pub struct GatewayClient {
     url_identity: Arc<str>,
     /// The gateway's identity as last learnt (see [`GatewayClient::id`]).
     id: Arc<Mutex<Option<Arc<str>>>>,
+    /// Where look-ups and charges are counted, once the client belongs to an application.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl GatewayClient {
@@ -62,7 +65,13 @@ impl GatewayClient {
             charges_url: base_url.join("v1/charges")?,
             url_identity: identity.as_str().into(),
             id: Arc::default(),
+            metrics: None,
         })
+    }
+
+    /// The same client, counting its look-ups and charges in `metrics`.
+    pub fn observed_by(self, metrics: Arc<Metrics>) -> GatewayClient {
+        GatewayClient { metrics: Some(metrics), ..self }
     }
 
     /// Which gateway this is, as the gateway itself says (`GET /v1/account`: the account our
@@ -118,8 +127,19 @@ impl GatewayClient {
     ) -> Result<Option<Charge>, GatewayError> {
         let mut url = self.charges_url.clone();
         url.query_pairs_mut().append_pair("idempotency_key", idempotency_key);
-        let (status, body) = self.send(at, self.http.get(url)).await?;
-        look_up_outcome(status, &body, idempotency_key, request)
+        let started = Instant::now();
+        let found = async {
+            let (status, body) = self.send(at, self.http.get(url)).await?;
+            look_up_outcome(status, &body, idempotency_key, request)
+        }
+        .await;
+        let outcome = match &found {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(None),
+            Err(error) => Err(Some(error)),
+        };
+        self.count(GatewayOperation::Lookup, outcome, started);
+        found
     }
 
     /// Asks the gateway `at` to charge, under `idempotency_key` (see [`downstream_key`]).
@@ -131,9 +151,31 @@ impl GatewayClient {
         request: &ChargeRequest<'_>,
     ) -> Result<Charge, GatewayError> {
         let post = self.http.post(self.charges_url.clone()).header("Idempotency-Key", idempotency_key).json(request);
-        let (status, body) = self.send(at, post).await?;
-        tracing::Span::current().record("gateway.status", status);
-        charge_outcome(status, &body)
+        let started = Instant::now();
+        let charged = async {
+            let (status, body) = self.send(at, post).await?;
+            tracing::Span::current().record("gateway.status", status);
+            charge_outcome(status, &body)
+        }
+        .await;
+        self.count(GatewayOperation::Charge, charged.as_ref().map(|_| ()).map_err(Some), started);
+        charged
+    }
+
+    /// Counts a call that began at `started` and succeeded (`Ok`), found nothing (`Err(None)`), or
+    /// failed.
+    fn count(&self, operation: GatewayOperation, result: Result<(), Option<&GatewayError>>, started: Instant) {
+        let Some(metrics) = &self.metrics else { return };
+        let outcome = match result {
+            Ok(()) => GatewayOutcome::Succeeded,
+            Err(None) => GatewayOutcome::NotFound,
+            Err(Some(GatewayError::Declined { .. } | GatewayError::UnknownSource { .. })) => GatewayOutcome::Declined,
+            Err(Some(GatewayError::Rejected { .. })) => GatewayOutcome::Rejected,
+            Err(Some(GatewayError::Unavailable(_) | GatewayError::Timeout | GatewayError::OtherGateway { .. })) => {
+                GatewayOutcome::Indeterminate
+            }
+        };
+        metrics.gateway_call(operation, outcome, started.elapsed());
     }
 
     /// Sends a request meant for the gateway `at`, and returns the answer's status and body, if it

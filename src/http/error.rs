@@ -13,6 +13,7 @@ use crate::db::StoreError;
 use crate::idempotency::{KeyError, PhaseError};
 use crate::payments::{CreateError, ValidationError};
 use crate::problem::{PROBLEM_JSON, Problem, ProblemType};
+use crate::request_id::RequestId;
 
 /// Seconds a client should wait before retrying a request that is in flight: requests finish in
 /// milliseconds unless their gateway call is slow.
@@ -40,6 +41,8 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("There is no payment with this id in your account.")]
     PaymentNotFound,
+    #[error("Your account has used no request with this idempotency key, or its record and its payment are gone.")]
+    IdempotencyKeyNotFound,
     #[error("There is no endpoint at this path; the API is described at /openapi.yaml.")]
     RouteNotFound,
     #[error("This endpoint does not support this method; it supports {allowed}.")]
@@ -88,6 +91,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
             ApiError::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
             ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
+            ApiError::IdempotencyKeyNotFound => ProblemType::IdempotencyKeyNotFound,
             ApiError::RouteNotFound => ProblemType::RouteNotFound,
             ApiError::MethodNotAllowed { .. } => ProblemType::MethodNotAllowed,
             ApiError::KeyReused => ProblemType::IdempotencyKeyReused,
@@ -115,10 +119,20 @@ impl ResponseError for ApiError {
         StatusCode::from_u16(self.problem_type().status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
+    /// The answer without the request's id: every error becomes a response through here, and
+    /// the request middleware renders it again with the id (see [`ApiError::response`]).
     fn error_response(&self) -> HttpResponse {
         if let ApiError::Internal(cause) = self {
             tracing::error!(%cause, "internal error");
         }
+        self.response(None)
+    }
+}
+
+impl ApiError {
+    /// The answer to the request `request_id`: a problem body, with `Retry-After` where a retry
+    /// is the way on, and the headers its status calls for.
+    pub fn response(&self, request_id: Option<&RequestId>) -> HttpResponse {
         let mut response = HttpResponse::build(self.status_code());
         response.content_type(PROBLEM_JSON);
         if let Some(seconds) = self.retry_after_secs() {
@@ -129,7 +143,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { allowed } => drop(response.insert_header((ALLOW, allowed.as_str()))),
             _ => {}
         }
-        response.body(Problem::new(self.problem_type(), self.to_string()).to_bytes())
+        response.body(Problem::new(self.problem_type(), self.to_string()).of_request(request_id).to_bytes())
     }
 }
 
@@ -206,5 +220,46 @@ impl From<PathError> for ApiError {
     /// A path segment that does not parse (a malformed payment id) names nothing that exists.
     fn from(_: PathError) -> Self {
         ApiError::PaymentNotFound
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One of each error, the two that no request can cause on purpose included.
+    fn every_error() -> Vec<ApiError> {
+        vec![
+            ApiError::Unauthorized,
+            ApiError::IdempotencyKey(KeyError::Missing),
+            ApiError::IdempotencyKey(KeyError::Empty),
+            ApiError::MalformedBody("bad".into()),
+            ApiError::InvalidRequest("bad".into()),
+            ApiError::PayloadTooLarge { limit: 1 },
+            ApiError::UnsupportedMediaType,
+            ApiError::PaymentNotFound,
+            ApiError::IdempotencyKeyNotFound,
+            ApiError::RouteNotFound,
+            ApiError::MethodNotAllowed { allowed: "GET".into() },
+            ApiError::KeyReused,
+            ApiError::InFlight,
+            ApiError::GatewayUnavailable,
+            ApiError::DatabaseUnavailable,
+            ApiError::TransactionConflict,
+            ApiError::Internal("a cause that is never sent".into()),
+        ]
+    }
+
+    #[actix_web::test]
+    async fn every_error_renders_as_a_problem_naming_its_request() {
+        let id = RequestId::generate();
+        for error in every_error() {
+            let response = error.response(Some(&id));
+            let body = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+            let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(problem["request_id"], id.as_str(), "{error:?}");
+            assert_eq!(problem["type"], error.problem_type().uri());
+            assert!(!problem.to_string().contains("never sent"));
+        }
     }
 }

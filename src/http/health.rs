@@ -1,4 +1,4 @@
-//! Health, readiness and the API description.
+//! Health, readiness, metrics and the API description.
 
 use actix_web::{HttpResponse, web};
 use diesel::IntoSql;
@@ -23,6 +23,13 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     let mut conn = db::connect(&state.db).await?;
     db::query(diesel::select(1.into_sql::<Integer>()).execute(&mut conn)).await?;
     Ok(HttpResponse::Ok().json(json!({ "status": "ready" })))
+}
+
+/// `GET /metrics`: what this process counted, and the system's state as the database has it, in
+/// the Prometheus text format.
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let text = state.metrics.render(&state.db).await;
+    HttpResponse::Ok().content_type(crate::metrics::CONTENT_TYPE).body(text)
 }
 
 /// `GET /openapi.yaml`

@@ -3,13 +3,16 @@
 pub mod error;
 mod extract;
 mod health;
+mod idempotency_keys;
+mod observe;
 mod payments;
 
 use actix_web::http::Method;
 use actix_web::{HttpResponse, Route, web};
 
 pub use error::ApiError;
-pub use health::OPENAPI_YAML;
+pub use health::{OPENAPI_YAML, metrics};
+pub use observe::observe;
 
 /// One endpoint: every route of the app is registered from [`ENDPOINTS`], which is also what the
 /// test comparing the app with `openapi.yaml` reads.
@@ -24,8 +27,14 @@ pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: Method::POST, path: "/v1/payments", route: || web::post().to(payments::create_payment) },
     Endpoint { method: Method::GET, path: "/v1/payments", route: || web::get().to(payments::list_payments) },
     Endpoint { method: Method::GET, path: "/v1/payments/{id}", route: || web::get().to(payments::get_payment) },
+    Endpoint {
+        method: Method::GET,
+        path: "/v1/idempotency_keys",
+        route: || web::get().to(idempotency_keys::key_story),
+    },
     Endpoint { method: Method::GET, path: "/healthz", route: || web::get().to(health::healthz) },
     Endpoint { method: Method::GET, path: "/readyz", route: || web::get().to(health::readyz) },
+    Endpoint { method: Method::GET, path: "/metrics", route: || web::get().to(health::metrics) },
     Endpoint { method: Method::GET, path: "/openapi.yaml", route: || web::get().to(health::openapi) },
 ];
 

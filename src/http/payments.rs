@@ -3,6 +3,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::error::ApiError;
@@ -11,6 +12,7 @@ use crate::db;
 use crate::idempotency::StoredResponse;
 use crate::payments::{self, CreatePaymentBody, Payment, PaymentList, PaymentView};
 use crate::problem::PROBLEM_JSON;
+use crate::request_id::RequestId;
 use crate::state::AppState;
 
 /// The header that marks a stored answer replayed for a retry (as Stripe sends it).
@@ -26,16 +28,18 @@ pub async fn create_payment(
     account: AuthenticatedAccount,
     key: IdempotencyKeyHeader,
     fault: FaultRequest,
+    request_id: RequestId,
     body: web::Json<CreatePaymentBody>,
 ) -> Result<HttpResponse, ApiError> {
     let request = body.into_inner().validate()?;
     let state = state.into_inner();
     // The protocol runs in a task of its own: a client that hangs up drops this handler, and must
     // not take a half-done request down with it (its key would stay locked until the lock went
-    // stale). The task finishes the request either way, and a retry gets the stored answer.
-    let created =
-        tokio::spawn(async move { payments::create_payment(&state, account.id, key.0, request, fault.0).await })
-            .await??;
+    // stale). The task finishes the request either way, and a retry gets the stored answer. It
+    // logs in the request's span.
+    let create =
+        async move { payments::create_payment(&state, account.id, key.0, request, fault.0, &request_id).await };
+    let created = tokio::spawn(create.in_current_span()).await??;
     Ok(stored_response(created.response, created.replayed))
 }
 

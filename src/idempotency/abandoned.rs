@@ -12,6 +12,7 @@ use uuid::Uuid;
 use super::store::{Lease, since_boot};
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
 use crate::db::{self, StoreError};
+use crate::request_id::RequestId;
 
 /// However many attempts a key has had, the completer never waits longer than this between two.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
@@ -50,11 +51,13 @@ struct AbandonedRow {
 /// untouched for its backoff (`backoff` doubled per earlier attempt, counted from the end of the
 /// last run, at most an hour). Our lease on it lasts `lease`.
 /// `FOR UPDATE SKIP LOCKED`: concurrent workers take different keys, and none takes a key while a
-/// request is committing a phase on it. The claim and its audit record are one statement.
+/// request is committing a phase on it. The claim and its audit record are one statement; `run`
+/// is the id of the worker's run, which every record it writes about the key carries.
 pub async fn claim_abandoned(
     conn: &mut AsyncPgConnection,
     lease: Duration,
     backoff: Duration,
+    run: &RequestId,
 ) -> Result<Option<Abandoned>, StoreError> {
     let claim = diesel::sql_query(
         "WITH claimed AS (
@@ -73,16 +76,17 @@ pub async fn claim_abandoned(
              RETURNING k.account_id, k.id, k.idempotency_key, k.recovery_point, k.lock_token,
                        k.request_params, k.completer_attempts
          ), audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT account_id, 'idempotency_key.taken_over', 'idempotency_key', id, 'completer',
-                    jsonb_build_object('attempt', completer_attempts, 'recovery_point', recovery_point)
+                    jsonb_build_object('attempt', completer_attempts, 'recovery_point', recovery_point), $4
              FROM claimed
          )
          SELECT * FROM claimed",
     )
     .bind::<BigInt, _>(millis(lease))
     .bind::<BigInt, _>(millis(backoff))
-    .bind::<BigInt, _>(millis(MAX_BACKOFF));
+    .bind::<BigInt, _>(millis(MAX_BACKOFF))
+    .bind::<Text, _>(run.as_str());
     let sent = since_boot();
     let row: Option<AbandonedRow> = db::query(async { claim.get_result(conn).await.optional() }).await?;
     Ok(row.map(|row| Abandoned {
@@ -105,6 +109,7 @@ pub async fn mark_needs_attention(
     conn: &mut AsyncPgConnection,
     key: &KeyLock,
     reason: &str,
+    run: &RequestId,
 ) -> Result<bool, StoreError> {
     let mark = diesel::sql_query(
         "WITH marked AS (
@@ -113,14 +118,15 @@ pub async fn mark_needs_attention(
                AND needs_attention_at IS NULL
              RETURNING account_id, id, completer_attempts
          )
-         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
          SELECT account_id, 'idempotency_key.needs_attention', 'idempotency_key', id, 'completer',
-                jsonb_build_object('attempts', completer_attempts, 'reason', $3::text)
+                jsonb_build_object('attempts', completer_attempts, 'reason', $3::text), $4
          FROM marked",
     )
     .bind::<SqlUuid, _>(key.account_id)
     .bind::<SqlUuid, _>(key.key_id)
-    .bind::<Text, _>(truncate(reason, 1000));
+    .bind::<Text, _>(truncate(reason, 1000))
+    .bind::<Text, _>(run.as_str());
     Ok(db::query(mark.execute(conn)).await? == 1)
 }
 

@@ -49,6 +49,17 @@ impl IdempotencyKey {
         }
     }
 
+    /// A key named as it is, unquoted (the `key` of `GET /v1/idempotency_keys`): the same rules
+    /// as a header's key, but a quote or a space at either end is part of it.
+    pub fn named(key: &str) -> Result<IdempotencyKey, KeyError> {
+        match key.len() {
+            0 => Err(KeyError::Empty),
+            n if n > MAX_KEY_LENGTH => Err(KeyError::TooLong),
+            _ if !key.bytes().all(is_printable_ascii) => Err(KeyError::NotPrintableAscii),
+            _ => Ok(IdempotencyKey(key.to_owned())),
+        }
+    }
+
     /// A key read back from the database, where only valid keys are stored (a `CHECK` holds them
     /// to the same rules). Not parsed again: a stored key may itself start with a quote.
     pub(crate) fn from_stored(key: String) -> IdempotencyKey {

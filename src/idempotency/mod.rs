@@ -27,6 +27,7 @@ mod reap;
 mod recovery_point;
 mod replays;
 mod store;
+mod story;
 
 pub use abandoned::{
     Abandoned, NeedsAttention, claim_abandoned, mark_needs_attention, needing_attention, retry_needing_attention,
@@ -38,3 +39,4 @@ pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Remembered, ReplayCache};
 pub use store::{Claim, KeyLock, LEASE_MARGIN, NewKey, StoredResponse, Transition, claim};
+pub use story::KeyRecord;

@@ -112,6 +112,7 @@ impl ReplayCache {
 mod tests {
     use super::*;
     use crate::idempotency::IdempotencyKey;
+    use crate::request_id::RequestId;
 
     #[test]
     fn the_cache_answers_like_the_claim_and_only_for_its_account() {
@@ -119,6 +120,7 @@ mod tests {
         let key = IdempotencyKey::parse(b"order-1").unwrap();
         let (body, other_body) = (serde_json::json!({ "amount": 1 }), serde_json::json!({ "amount": 2 }));
         let (account, other_account) = (Uuid::now_v7(), Uuid::now_v7());
+        let request_id = RequestId::generate();
         let new = |account_id, params| NewKey {
             account_id,
             key: &key,
@@ -126,6 +128,7 @@ mod tests {
             path: "/v1/payments",
             fingerprint: Fingerprint::of(params),
             params,
+            request_id: &request_id,
         };
         let answer = StoredResponse { status: 201, body: b"{\"id\":1}".to_vec() };
         cache.remember(&new(account, &body), &answer, Duration::from_secs(60));
@@ -144,6 +147,7 @@ mod tests {
         let cache = ReplayCache::new(max_bytes);
         let body = serde_json::json!({});
         let answer = StoredResponse { status: 201, body: vec![b'x'; 1024] };
+        let request_id = RequestId::generate();
         for n in 0..1000 {
             let key = IdempotencyKey::parse(format!("key-{n}").as_bytes()).unwrap();
             let new = NewKey {
@@ -153,6 +157,7 @@ mod tests {
                 path: "/v1/payments",
                 fingerprint: Fingerprint::of(&body),
                 params: &body,
+                request_id: &request_id,
             };
             cache.remember(&new, &answer, Duration::from_secs(60));
         }

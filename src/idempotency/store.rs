@@ -13,6 +13,7 @@ use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
 use crate::db::{self, StoreError};
+use crate::request_id::RequestId;
 
 /// What a driver keeps in hand when it checks that its lease covers something it is about to do:
 /// the database's clock, which decides when the lease is over, may run a little ahead of ours.
@@ -27,6 +28,8 @@ pub struct NewKey<'a> {
     pub fingerprint: Fingerprint,
     /// The validated request, stored so that a worker can re-drive it without its client.
     pub params: &'a serde_json::Value,
+    /// The request claiming the key: named in the audit record of a claim.
+    pub request_id: &'a RequestId,
 }
 
 /// What the claim found, in the order the protocol checks it.
@@ -101,7 +104,9 @@ pub enum Transition {
 /// - `taken` locks an existing row for us if it is the same request, unfinished, and unlocked or
 ///   its lease over. Its conditions are re-checked on the row's latest version under the row
 ///   lock, so of two requests racing for an expired lease exactly one takes it;
-/// - a replay never writes: a finished key skips `taken` altogether.
+/// - a replay never writes: a finished key skips `taken` altogether;
+/// - `audited` records a claim that took the key: `claimed` (new), `resumed` (unlocked: its last
+///   request stopped short and let go) or `taken_over` (its lease had run out: its driver died).
 ///
 /// `lease` is how long our lock lasts unless renewed: this process's lock timeout.
 pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Duration) -> Result<Claim, StoreError> {
@@ -205,23 +210,30 @@ impl KeyLock {
     /// records who gave it up and why, in one statement. The key's last run ends now, so a
     /// worker's backoff counts from here. Fenced: it does nothing if another request has taken the
     /// key over meanwhile.
-    pub async fn release(&self, conn: &mut AsyncPgConnection, actor: Actor, reason: &str) -> Result<(), StoreError> {
+    pub async fn release(
+        &self,
+        conn: &mut AsyncPgConnection,
+        actor: Actor,
+        reason: &str,
+        request_id: &RequestId,
+    ) -> Result<(), StoreError> {
         let release = diesel::sql_query(
             "WITH released AS (
                  UPDATE idempotency_keys SET locked_until = NULL, lock_token = NULL, last_run_at = now()
                  WHERE account_id = $1 AND id = $2 AND lock_token = $3
                  RETURNING account_id, id, recovery_point
              )
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT account_id, 'idempotency_key.released', 'idempotency_key', id, $4,
-                    jsonb_build_object('recovery_point', recovery_point, 'reason', $5::text)
+                    jsonb_build_object('recovery_point', recovery_point, 'reason', $5::text), $6
              FROM released",
         )
         .bind::<SqlUuid, _>(self.account_id)
         .bind::<SqlUuid, _>(self.key_id)
         .bind::<SqlUuid, _>(self.token)
         .bind::<Text, _>(actor.as_str())
-        .bind::<Text, _>(reason.chars().take(1000).collect::<String>());
+        .bind::<Text, _>(reason.chars().take(1000).collect::<String>())
+        .bind::<Text, _>(request_id.as_str());
         db::query(release.execute(conn)).await?;
         Ok(())
     }
@@ -296,6 +308,15 @@ const CLAIM_SQL: &str = "
       AND k.recovery_point <> 'finished'
       AND (k.locked_until IS NULL OR k.locked_until < now())
     RETURNING k.*
+), audited AS (
+    INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+    SELECT n.account_id, 'idempotency_key.claimed', 'idempotency_key', n.id, 'api', '{}', i.request_id
+    FROM inserted n, input i
+    UNION ALL
+    SELECT t.account_id,
+           CASE WHEN e.locked_until IS NULL THEN 'idempotency_key.resumed' ELSE 'idempotency_key.taken_over' END,
+           'idempotency_key', t.id, 'api', jsonb_build_object('recovery_point', t.recovery_point), i.request_id
+    FROM taken t, existing e, input i
 )
 SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body,
        NULL::uuid AS expired_payment_id, NULL::bigint AS finished_ms_ago
@@ -319,7 +340,7 @@ impl QueryFragment<Pg> for ClaimQuery<'_> {
         let new = self.new;
         out.push_sql(
             "WITH input (account_id, idempotency_key, key_id, method, path, fingerprint, params, \
-             token, lease_ms) AS (VALUES (",
+             token, lease_ms, request_id) AS (VALUES (",
         );
         out.push_bind_param::<SqlUuid, _>(&new.account_id)?;
         out.push_sql(", ");
@@ -338,6 +359,8 @@ impl QueryFragment<Pg> for ClaimQuery<'_> {
         out.push_bind_param::<SqlUuid, _>(&self.token)?;
         out.push_sql(", ");
         out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(new.request_id.as_str())?;
         out.push_sql(")");
         out.push_sql(CLAIM_SQL);
         Ok(())

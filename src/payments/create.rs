@@ -47,7 +47,9 @@ use crate::idempotency::{
     Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, RecoveryPoint,
     Remembered, StoredResponse, Transition, atomic_phase, claim,
 };
+use crate::metrics::{KeyOutcome, Unfinished};
 use crate::outbox::StagedEvent;
+use crate::request_id::RequestId;
 use crate::state::AppState;
 
 /// The method and path a payment key is bound to: a key used on another endpoint is a mismatch.
@@ -92,7 +94,22 @@ impl From<StoreError> for CreateError {
     }
 }
 
-/// Creates a payment, or answers for the one this key already made.
+impl CreateError {
+    /// Why a request that held its key stopped short of `finished`.
+    fn unfinished(&self) -> Unfinished {
+        match self {
+            CreateError::GatewayIndeterminate(_) | CreateError::WrongGateway { .. } | CreateError::LeaseRunningOut => {
+                Unfinished::UnknownOutcome
+            }
+            CreateError::Phase(PhaseError::LockLost) | CreateError::InFlight => Unfinished::LockLost,
+            CreateError::Phase(PhaseError::Store(_)) => Unfinished::Database,
+            CreateError::Phase(PhaseError::Inconsistent(_)) | CreateError::KeyReused => Unfinished::Internal,
+        }
+    }
+}
+
+/// Creates a payment, or answers for the one this key already made. `request_id` names the HTTP
+/// request in the audit records it writes and in the problem it may store.
 #[tracing::instrument(name = "payments.create", skip_all, fields(account.id = %account_id, idempotency_key.id, payment.id))]
 pub async fn create_payment(
     state: &AppState,
@@ -100,7 +117,9 @@ pub async fn create_payment(
     key: IdempotencyKey,
     request: PaymentRequest,
     fault: Option<Fault>,
+    request_id: &RequestId,
 ) -> Result<Created, CreateError> {
+    let metrics = &state.metrics;
     let params = request.to_params();
     let new_key = NewKey {
         account_id,
@@ -109,50 +128,80 @@ pub async fn create_payment(
         path: PATH,
         fingerprint: Fingerprint::of(&params),
         params: &params,
+        request_id,
     };
     // A finished key's answer may be in memory: answered from there, with no database at all.
     match state.replays.recall(&new_key) {
-        Some(Remembered::Replay(response)) => return Ok(Created { response, replayed: true }),
-        Some(Remembered::Mismatch) => return Err(CreateError::KeyReused),
+        Some(Remembered::Replay(response)) => {
+            metrics.key(KeyOutcome::Replayed);
+            return Ok(Created { response, replayed: true });
+        }
+        Some(Remembered::Mismatch) => {
+            metrics.key(KeyOutcome::KeyReused);
+            return Err(CreateError::KeyReused);
+        }
         None => {}
     }
     let mut conn = db::connect(&state.db).await?;
     let retention = state.settings.key_retention;
     let lock = match claim(&mut conn, &new_key, state.settings.lock_timeout).await? {
-        Claim::Mismatch => return Err(CreateError::KeyReused),
+        Claim::Mismatch => {
+            metrics.key(KeyOutcome::KeyReused);
+            return Err(CreateError::KeyReused);
+        }
         Claim::Replay { response, finished_ago } => {
+            metrics.key(KeyOutcome::Replayed);
             state.replays.remember(&new_key, &response, retention.saturating_sub(finished_ago));
             return Ok(Created { response, replayed: true });
         }
-        Claim::InFlight => return Err(CreateError::InFlight),
+        Claim::InFlight => {
+            metrics.key(KeyOutcome::InFlight);
+            return Err(CreateError::InFlight);
+        }
         Claim::Expired { payment_id } => {
+            metrics.key(KeyOutcome::Expired);
             let payment = db::query(Payment::find(&mut conn, account_id, payment_id)).await?;
             let payment = payment.ok_or_else(|| PhaseError::Inconsistent(format!("payment {payment_id} vanished")))?;
-            return Ok(Created { response: expired_key_response(&payment), replayed: false });
+            return Ok(Created { response: expired_key_response(&payment, request_id), replayed: false });
         }
         Claim::Acquired(lock) => lock,
     };
+    metrics.key(if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
-    let driver = Driver::new(state, lock, key.clone(), request, Actor::Api);
+    let driver = Driver::new(state, lock, key.clone(), request, Actor::Api, request_id.clone());
     let driver = Driver { conn: Some(conn), fault, ..driver };
-    let response = driver.run().await?;
+    let response = driver.run().await.inspect_err(|error| metrics.unfinished(error.unfinished()))?;
     state.replays.remember(&new_key, &response, retention);
     Ok(Created { response, replayed: false })
 }
 
 /// Finishes a request that a worker took over from its vanished client: the same phases, from
-/// the key's recovery point, with the request stored on the key.
+/// the key's recovery point, with the request stored on the key. `run` names the worker's run in
+/// the audit records it writes and in the problem it may store.
 #[tracing::instrument(name = "payments.complete", skip_all, fields(idempotency_key.id = %abandoned.lock.key_id, attempt = abandoned.attempts, payment.id))]
-pub async fn complete_abandoned(state: &AppState, abandoned: Abandoned) -> Result<StoredResponse, CreateError> {
+pub async fn complete_abandoned(
+    state: &AppState,
+    abandoned: Abandoned,
+    run: &RequestId,
+) -> Result<StoredResponse, CreateError> {
     let Abandoned { lock, key, params, .. } = abandoned;
     match serde_json::from_value::<PaymentRequest>(params) {
-        Ok(request) => Driver::new(state, lock, key, request, Actor::Completer).run().await,
+        Ok(request) => Driver::new(state, lock, key, request, Actor::Completer, run.clone()).run().await,
         Err(error) => {
             let error = PhaseError::Inconsistent(format!("the stored request does not read as a payment: {error}"));
-            release(state, &lock, Actor::Completer, &error.to_string()).await;
+            release(state, &lock, Actor::Completer, &error.to_string(), run).await;
             Err(error.into())
         }
     }
+}
+
+/// Which gateway call gave the definitive answer: the charge request, or (for a resumed key) the
+/// look-up that found what an earlier run did, which is then adopted.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum AnsweredBy {
+    Charge,
+    LookUp,
 }
 
 /// Drives one claimed key from its recovery point to `finished`.
@@ -163,6 +212,8 @@ struct Driver<'a> {
     request: PaymentRequest,
     /// Who drives the request: the API for its client, or a worker.
     actor: Actor,
+    /// The HTTP request, or the worker's run, that drives the key now.
+    request_id: RequestId,
     /// Held across consecutive database phases, returned to the pool before the gateway call.
     conn: Option<PooledConnection>,
     fault: Option<Fault>,
@@ -172,8 +223,15 @@ struct Driver<'a> {
 }
 
 impl<'a> Driver<'a> {
-    fn new(state: &'a AppState, lock: KeyLock, key: IdempotencyKey, request: PaymentRequest, actor: Actor) -> Self {
-        Driver { state, lock, key, request, actor, conn: None, fault: None, payment: None, response: None }
+    fn new(
+        state: &'a AppState,
+        lock: KeyLock,
+        key: IdempotencyKey,
+        request: PaymentRequest,
+        actor: Actor,
+        request_id: RequestId,
+    ) -> Self {
+        Driver { state, lock, key, request, actor, request_id, conn: None, fault: None, payment: None, response: None }
     }
 
     /// Runs the protocol. If it stops short of `finished`, the key is unlocked where it stands, so
@@ -195,9 +253,9 @@ impl<'a> Driver<'a> {
                 RecoveryPoint::Started => {
                     let payment = self.start().await?;
                     fault_at(self.fault, FaultPoint::AfterStarted);
-                    let outcome = self.charge(&payment).await?;
+                    let (outcome, answered_by) = self.charge(&payment).await?;
                     fault_at(self.fault, FaultPoint::AfterCharge);
-                    self.record_charge(payment.id, outcome).await?;
+                    self.record_charge(payment.id, outcome, answered_by).await?;
                 }
                 RecoveryPoint::ChargeCreated => {
                     fault_at(self.fault, FaultPoint::AfterChargeCreated);
@@ -227,9 +285,10 @@ impl<'a> Driver<'a> {
             metadata: json!(self.request.metadata),
             gateway: &gateway,
         };
-        let data = json!({ "amount": new.amount, "currency": new.currency, "gateway": new.gateway });
-        let writes =
-            writes::Start { payment: &new, audit: audit(new.account_id, new.id, self.actor, "payment.created", data) };
+        let data = json!({ "recovery_point": RecoveryPoint::Started, "amount": new.amount, "currency": new.currency,
+                           "gateway": new.gateway });
+        let audit = audit(new.account_id, new.id, self.actor, "payment.created", data, &self.request_id);
+        let writes = writes::Start { payment: &new, audit };
         let conn = connection(&mut self.conn, self.state).await?;
         let payment: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
         tracing::Span::current().record("payment.id", payment.id.to_string());
@@ -239,7 +298,7 @@ impl<'a> Driver<'a> {
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled
     /// connection is held while the gateway takes its time. Only at the payment's own gateway, and
     /// only while the lease surely outlasts the call.
-    async fn charge(&mut self, payment: &Payment) -> Result<ChargeOutcome, CreateError> {
+    async fn charge(&mut self, payment: &Payment) -> Result<(ChargeOutcome, AnsweredBy), CreateError> {
         self.conn = None;
         let gateway = &self.state.gateway;
         let at = self.payments_gateway(payment).await?;
@@ -261,10 +320,10 @@ impl<'a> Driver<'a> {
             }
             false => Ok(None),
         };
-        let answer = match found {
+        let (answer, answered_by) = match found {
             Ok(Some(charge)) => {
                 tracing::info!(gateway.charge_id = %charge.id, "adopting the charge an earlier run made");
-                Ok(charge)
+                (Ok(charge), AnsweredBy::LookUp)
             }
             Ok(None) => {
                 self.check_lease_outlasts_a_call()?;
@@ -272,20 +331,21 @@ impl<'a> Driver<'a> {
                 if let Err(GatewayError::OtherGateway { answered }) = &answer {
                     self.follow_charge_to(payment, answered).await?;
                 }
-                answer
+                (answer, AnsweredBy::Charge)
             }
-            Err(error) => Err(error),
+            Err(error) => (Err(error), AnsweredBy::LookUp),
         };
-        match answer {
-            Ok(charge) => Ok(ChargeOutcome::Succeeded { charge_id: charge.id }),
-            Err(GatewayError::Declined { code, message }) => Ok(ChargeOutcome::Declined { code, message }),
-            Err(GatewayError::UnknownSource { message }) => Ok(ChargeOutcome::UnknownSource { message }),
+        let outcome = match answer {
+            Ok(charge) => ChargeOutcome::Succeeded { charge_id: charge.id },
+            Err(GatewayError::Declined { code, message }) => ChargeOutcome::Declined { code, message },
+            Err(GatewayError::UnknownSource { message }) => ChargeOutcome::UnknownSource { message },
             Err(GatewayError::Rejected { status, message }) => {
                 tracing::error!(gateway.status = status, %message, "the gateway rejected a charge request");
-                Ok(ChargeOutcome::Rejected { message })
+                ChargeOutcome::Rejected { message }
             }
-            Err(error) => Err(indeterminate(error)),
-        }
+            Err(error) => return Err(indeterminate(error)),
+        };
+        Ok((outcome, answered_by))
     }
 
     /// The gateway the payment is charged through, if it is this process's: only there may it be
@@ -316,7 +376,8 @@ impl<'a> Driver<'a> {
     /// the payment's gateway, so that the retry reconciles there.
     async fn follow_charge_to(&mut self, payment: &Payment, answered: &str) -> Result<(), CreateError> {
         let data = json!({ "from": payment.gateway, "to": answered });
-        let audit = audit(payment.account_id, payment.id, self.actor, "payment.gateway_changed", data);
+        let audit =
+            audit(payment.account_id, payment.id, self.actor, "payment.gateway_changed", data, &self.request_id);
         let writes = writes::ChangePayment { payment_id: payment.id, change: PaymentChange::Gateway(answered), audit };
         let conn = connection(&mut self.conn, self.state).await?;
         let _: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
@@ -335,11 +396,18 @@ impl<'a> Driver<'a> {
     }
 
     /// `charge_created`: the gateway's definitive answer, recorded on the payment.
-    async fn record_charge(&mut self, payment_id: Uuid, outcome: ChargeOutcome) -> Result<(), CreateError> {
+    async fn record_charge(
+        &mut self,
+        payment_id: Uuid,
+        outcome: ChargeOutcome,
+        answered_by: AnsweredBy,
+    ) -> Result<(), CreateError> {
         let changes = outcome.changes();
-        let data = json!({ "status": changes.status, "gateway_charge_id": changes.gateway_charge_id,
-                           "failure_code": changes.failure_code });
-        let audit = audit(self.lock.account_id, payment_id, self.actor, "payment.charge_recorded", data);
+        let data = json!({ "recovery_point": RecoveryPoint::ChargeCreated, "status": changes.status,
+                           "gateway_charge_id": changes.gateway_charge_id, "failure_code": changes.failure_code,
+                           "answered_by": answered_by });
+        let account_id = self.lock.account_id;
+        let audit = audit(account_id, payment_id, self.actor, "payment.charge_recorded", data, &self.request_id);
         let writes = writes::ChangePayment { payment_id, change: PaymentChange::Outcome(changes), audit };
         let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
         let conn = connection(&mut self.conn, self.state).await?;
@@ -355,19 +423,23 @@ impl<'a> Driver<'a> {
         // holder may change it, and the phase below writes nothing if the lock was lost meanwhile.
         let payment = match self.payment.take() {
             Some(payment) => payment,
-            None => db::query(Payment::find_by_key(conn, account_id, key_id)).await?,
+            None => db::query(Payment::find_by_key(conn, account_id, key_id))
+                .await?
+                .ok_or_else(|| PhaseError::Inconsistent(format!("key {key_id} is past `started` without a payment")))?,
         };
-        let response = final_response(&payment)?;
+        let response = final_response(&payment, &self.request_id)?;
         let event = match payment.status {
             PaymentStatus::Succeeded => "payment.succeeded",
             _ => "payment.failed",
         };
         let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
-        let data = json!({ "response_status": response.status });
-        let audit = audit(account_id, payment.id, self.actor, "payment.finished", data);
+        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
+        let audit = audit(account_id, payment.id, self.actor, "payment.finished", data, &self.request_id);
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
         let transition = Transition::Finish(response.clone());
         let _: Payment = atomic_phase(conn, &mut self.lock, transition, writes).await?;
+        let failure = payment.failure().map_or("none", |failure| failure.as_str());
+        self.state.metrics.payment_finished(payment.status.as_str(), failure);
         self.response = Some(response);
         Ok(())
     }
@@ -380,16 +452,16 @@ impl<'a> Driver<'a> {
             db::discard(conn);
         }
         self.conn = None;
-        release(self.state, &self.lock, self.actor, reason).await;
+        release(self.state, &self.lock, self.actor, reason, &self.request_id).await;
     }
 }
 
 /// Unlocks a key where it stands, so a retry resumes at once (best effort: if even this fails,
 /// the lock goes stale after the lock timeout and the key is taken over then).
-async fn release(state: &AppState, lock: &KeyLock, actor: Actor, reason: &str) {
+async fn release(state: &AppState, lock: &KeyLock, actor: Actor, reason: &str, request_id: &RequestId) {
     let result = async {
         let mut conn = db::connect(&state.db).await?;
-        lock.release(&mut conn, actor, reason).await
+        lock.release(&mut conn, actor, reason, request_id).await
     }
     .await;
     if let Err(error) = result {
@@ -413,6 +485,14 @@ async fn connection<'c>(
     Ok(slot.as_mut().expect("checked out above"))
 }
 
-fn audit(account_id: Uuid, payment_id: Uuid, actor: Actor, action: &str, data: serde_json::Value) -> AuditRecord<'_> {
-    AuditRecord { account_id, action, resource_type: "payment", resource_id: payment_id, actor, data }
+fn audit<'a>(
+    account_id: Uuid,
+    payment_id: Uuid,
+    actor: Actor,
+    action: &'a str,
+    data: serde_json::Value,
+    request_id: &'a RequestId,
+) -> AuditRecord<'a> {
+    let request_id = Some(request_id.as_str());
+    AuditRecord { account_id, action, resource_type: "payment", resource_id: payment_id, actor, data, request_id }
 }

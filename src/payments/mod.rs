@@ -3,10 +3,12 @@
 pub mod create;
 mod model;
 mod request;
+mod story;
 mod view;
 mod writes;
 
 pub use create::{CreateError, Created, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, ValidationError};
+pub use story::KeyStory;
 pub use view::{PaymentList, PaymentView};

@@ -101,7 +101,39 @@ impl ChargeOutcome {
     }
 }
 
+/// Why a failed payment failed, as its answer and the metrics tell failures apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The card was declined (402).
+    Declined,
+    /// The gateway knows no payment method by the `source` (402).
+    UnknownSource,
+    /// The gateway refused the charge for a reason other than the card (502).
+    GatewayRejected,
+}
+
+impl Failure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Declined => "card_declined",
+            Failure::UnknownSource => "unknown_source",
+            Failure::GatewayRejected => "gateway_rejected",
+        }
+    }
+}
+
 impl Payment {
+    /// Why the payment failed; none unless it did. Any failure code but ours is the gateway's
+    /// decline code.
+    pub fn failure(&self) -> Option<Failure> {
+        match (self.status, self.failure_code.as_deref()) {
+            (PaymentStatus::Failed, Some(GATEWAY_REJECTED)) => Some(Failure::GatewayRejected),
+            (PaymentStatus::Failed, Some(UNKNOWN_SOURCE)) => Some(Failure::UnknownSource),
+            (PaymentStatus::Failed, _) => Some(Failure::Declined),
+            (PaymentStatus::Pending | PaymentStatus::Succeeded, _) => None,
+        }
+    }
+
     /// The account's payment with this id, if any.
     pub async fn find(conn: &mut AsyncPgConnection, account_id: Uuid, id: Uuid) -> QueryResult<Option<Payment>> {
         payments::table
@@ -113,14 +145,34 @@ impl Payment {
             .optional()
     }
 
-    /// The payment created under a key row.
-    pub async fn find_by_key(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> QueryResult<Payment> {
+    /// The payment created under a key row, if it got that far.
+    pub async fn find_by_key(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key_id: Uuid,
+    ) -> QueryResult<Option<Payment>> {
         payments::table
             .filter(payments::account_id.eq(account_id))
             .filter(payments::idempotency_key_id.eq(key_id))
             .select(Payment::as_select())
             .get_result(conn)
             .await
+            .optional()
+    }
+
+    /// The payment the client's `key` made, if any: found even after the key's row is reaped.
+    pub async fn find_by_client_key(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key: &str,
+    ) -> QueryResult<Option<Payment>> {
+        payments::table
+            .filter(payments::account_id.eq(account_id))
+            .filter(payments::idempotency_key.eq(key))
+            .select(Payment::as_select())
+            .get_result(conn)
+            .await
+            .optional()
     }
 
     /// Where the account's payment `id` stands in creation order, for paging past it; none if the

@@ -4,9 +4,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::model::{GATEWAY_REJECTED, Payment, PaymentStatus, UNKNOWN_SOURCE};
+use super::model::{Failure, Payment, PaymentStatus};
 use crate::idempotency::{PhaseError, StoredResponse};
 use crate::problem::{Problem, ProblemType};
+use crate::request_id::RequestId;
 
 /// A payment in API responses.
 #[derive(Debug, Serialize)]
@@ -65,7 +66,7 @@ struct PaymentMember<'a> {
 /// The answer to a late retry whose key was reaped, whatever its body: 410, never a second charge.
 /// It names the payment the key made (its current state), so the client can fetch it. Made anew
 /// for each such retry, never stored: there is no key row left to store it on.
-pub fn expired_key_response(payment: &Payment) -> StoredResponse {
+pub fn expired_key_response(payment: &Payment, request_id: &RequestId) -> StoredResponse {
     let detail = format!(
         "This Idempotency-Key made payment {} on {}, and its stored response has expired. Nothing was charged \
          now; GET /v1/payments/{} shows the payment.",
@@ -73,17 +74,19 @@ pub fn expired_key_response(payment: &Payment) -> StoredResponse {
         payment.created_at.format("%Y-%m-%d %H:%M:%S UTC"),
         payment.id
     );
-    let problem =
-        Problem::new(ProblemType::IdempotencyKeyExpired, detail).with(PaymentMember { payment: payment.into() });
+    let problem = Problem::new(ProblemType::IdempotencyKeyExpired, detail)
+        .of_request(Some(request_id))
+        .with(PaymentMember { payment: payment.into() });
     StoredResponse { status: problem.status(), body: problem.to_bytes() }
 }
 
 /// The definitive answer to the request that created `payment`: 201 with the payment; 402 for a
 /// decline or a source the gateway does not know, and 502 for any other rejection, each a problem
-/// that embeds the failed payment.
-pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
+/// that embeds the failed payment and names the request that finished it (`request_id`; a replay
+/// sends the same bytes, so the id stays that request's).
+pub fn final_response(payment: &Payment, request_id: &RequestId) -> Result<StoredResponse, PhaseError> {
     let view = PaymentView::from(payment);
-    let problem = match payment.status {
+    let failure = match payment.status {
         PaymentStatus::Succeeded => {
             let body = serde_json::to_vec(&view).expect("a payment always serialises");
             return Ok(StoredResponse { status: 201, body });
@@ -91,16 +94,19 @@ pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
         PaymentStatus::Pending => {
             return Err(PhaseError::Inconsistent(format!("payment {} is still pending", payment.id)));
         }
-        PaymentStatus::Failed if payment.failure_code.as_deref() == Some(GATEWAY_REJECTED) => Problem::new(
+        PaymentStatus::Failed => payment.failure().unwrap_or(Failure::Declined),
+    };
+    let problem = match failure {
+        Failure::GatewayRejected => Problem::new(
             ProblemType::GatewayRejected,
             "The payment gateway refused the charge for a reason other than the card; nothing was charged.",
         ),
-        PaymentStatus::Failed if payment.failure_code.as_deref() == Some(UNKNOWN_SOURCE) => Problem::new(
+        Failure::UnknownSource => Problem::new(
             ProblemType::UnknownSource,
             "The payment gateway knows no payment method by this source; nothing was charged. Check the `source` \
              and pay with a new Idempotency-Key.",
         ),
-        PaymentStatus::Failed => Problem::new(
+        Failure::Declined => Problem::new(
             ProblemType::CardDeclined,
             format!(
                 "{} ({})",
@@ -109,6 +115,6 @@ pub fn final_response(payment: &Payment) -> Result<StoredResponse, PhaseError> {
             ),
         ),
     };
-    let problem = problem.with(PaymentMember { payment: view });
+    let problem = problem.of_request(Some(request_id)).with(PaymentMember { payment: view });
     Ok(StoredResponse { status: problem.status(), body: problem.to_bytes() })
 }

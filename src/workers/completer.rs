@@ -3,11 +3,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::{Outcome, Worker};
 use crate::config::WorkerSettings;
 use crate::db;
 use crate::idempotency::{claim_abandoned, mark_needs_attention};
+use crate::metrics::CompleterOutcome;
 use crate::payments::complete_abandoned;
+use crate::request_id::RequestId;
 use crate::state::AppState;
 
 /// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
@@ -28,20 +32,32 @@ impl Worker for Completer {
     const NAME: &'static str = "completer";
 
     async fn run_once(&self) -> anyhow::Result<Outcome> {
+        // A run is named like a request: its id is in its log lines and its audit records.
+        let run = RequestId::generate();
+        self.complete_one(&run).instrument(tracing::info_span!("completer.run", request_id = %run)).await
+    }
+}
+
+impl Completer {
+    async fn complete_one(&self, run: &RequestId) -> anyhow::Result<Outcome> {
+        let metrics = &self.state.metrics;
         let mut conn = db::connect(&self.state.db).await?;
-        let Some(abandoned) = claim_abandoned(&mut conn, self.state.settings.lock_timeout, self.backoff).await? else {
+        let lease = self.state.settings.lock_timeout;
+        let Some(abandoned) = claim_abandoned(&mut conn, lease, self.backoff, run).await? else {
             return Ok(Outcome::Idle);
         };
         drop(conn);
         let (lock, attempt) = (abandoned.lock.clone(), abandoned.attempts);
         let key_id = lock.key_id;
-        match complete_abandoned(&self.state, abandoned).await {
+        match complete_abandoned(&self.state, abandoned, run).await {
             Ok(response) => {
+                metrics.completer_run(CompleterOutcome::Finished);
                 tracing::info!(%key_id, attempt, response.status = response.status, "finished an abandoned request");
             }
             Err(error) if attempt >= self.max_attempts => {
+                metrics.completer_run(CompleterOutcome::GaveUp);
                 let mut conn = db::connect(&self.state.db).await?;
-                if mark_needs_attention(&mut conn, &lock, &error.to_string()).await? {
+                if mark_needs_attention(&mut conn, &lock, &error.to_string(), run).await? {
                     tracing::error!(
                         %key_id, attempt, %error,
                         "gave up on an abandoned request: it needs attention (see `payments attention list`)"
@@ -49,6 +65,7 @@ impl Worker for Completer {
                 }
             }
             Err(error) => {
+                metrics.completer_run(CompleterOutcome::RetryLater);
                 tracing::warn!(%key_id, attempt, %error, "could not finish an abandoned request yet; it will be tried again");
             }
         }

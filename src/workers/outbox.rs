@@ -9,6 +9,7 @@ use reqwest::Url;
 use super::{Outcome, Worker};
 use crate::config::WorkerSettings;
 use crate::db;
+use crate::metrics::DeliveryOutcome;
 use crate::outbox::{LeasedEvent, Settlement, lease_due_events, settle_delivered, settle_failed};
 use crate::state::AppState;
 
@@ -107,10 +108,18 @@ impl Worker for Outbox {
                 Err(error) => failed.push((event, error)),
             }
         }
+        let metrics = &self.state.metrics;
         let mut conn = db::connect(&self.state.db).await?;
         settle_delivered(&mut conn, &delivered).await?;
+        metrics.deliveries(DeliveryOutcome::Delivered, delivered.len());
         for (event, error) in failed {
-            settle_failed(&mut conn, event, self.settlement(event, &error)).await?;
+            let settlement = self.settlement(event, &error);
+            let outcome = match settlement {
+                Settlement::Failed { .. } => DeliveryOutcome::Failed,
+                Settlement::DeadLettered { .. } => DeliveryOutcome::DeadLettered,
+            };
+            settle_failed(&mut conn, event, settlement).await?;
+            metrics.deliveries(outcome, 1);
         }
         Ok(Outcome::Worked)
     }

@@ -30,6 +30,7 @@ impl Worker for Reaper {
         let mut conn = db::connect(&self.state.db).await?;
         let reaped = reap_finished(&mut conn, self.state.settings.key_retention, BATCH).await?;
         if reaped > 0 {
+            self.state.metrics.reaped(reaped);
             tracing::info!(reaped, "reaped finished keys past their retention");
         }
         // A full batch means there may be more.

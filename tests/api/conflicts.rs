@@ -59,7 +59,7 @@ async fn a_phase_that_conflicts_once_runs_again_and_commits_once() {
         assert_eq!(result.expect("committed").id, lock.key_id, "{conflict:?}");
         assert_eq!(runs, 2);
         let audits: i64 = audit_records::table.count().get_result(&mut app.db().await).await.unwrap();
-        assert_eq!(audits, 1, "the failed run's writes rolled back");
+        assert_eq!(audits, 2, "the claim's record and the phase's, once: the failed run's writes rolled back");
         assert_eq!(lock.recovery_point(), RecoveryPoint::ChargeCreated);
         let row = app.key_row(request.key.as_str()).await.unwrap();
         assert_eq!(row.recovery_point, "charge_created", "committed once, by the run that succeeded");

@@ -30,8 +30,8 @@ async fn a_new_payment_is_charged_once_answered_201_and_stored() {
     assert!(row.locked_until.is_none() && row.lock_token.is_none());
     assert_eq!(row.response_status, Some(201));
     assert_eq!(app.gateway.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 0 });
-    // One key, one payment, an audit record per phase, one staged event.
-    assert_eq!(app.row_counts().await, (1, 1, 3, 1));
+    // One key, one payment, an audit record for the claim and one per phase, one staged event.
+    assert_eq!(app.row_counts().await, (1, 1, 4, 1));
 
     let fetched: Value =
         app.get(&format!("/v1/payments/{}", payment["id"].as_str().unwrap())).await.json().await.unwrap();

@@ -3,6 +3,7 @@
 mod cluster;
 mod db_proxy;
 mod gateway;
+mod metrics;
 mod process;
 mod seed;
 mod statements;
@@ -14,6 +15,7 @@ use std::time::Duration;
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
 pub use gateway::{ChargePerKey, GatewayControl, GatewayStats, charge_requests, listed_charge, mount_no_charges_found};
+pub use metrics::Scrape;
 pub use process::Process;
 pub use seed::{KeyRowId, Lock, audited_phase};
 pub use statements::{record_statements, statements};

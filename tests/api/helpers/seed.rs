@@ -7,6 +7,7 @@ use diesel_async::RunQueryDsl;
 use payments::db::schema::{idempotency_keys, payments as payments_table};
 use payments::idempotency::{Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, claim};
 use payments::payments::CreatePaymentBody;
+use payments::request_id::RequestId;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -59,6 +60,7 @@ pub struct KeyRequest {
     account_id: Uuid,
     pub key: IdempotencyKey,
     params: Value,
+    pub request_id: RequestId,
 }
 
 impl KeyRequest {
@@ -70,6 +72,7 @@ impl KeyRequest {
             path: "/v1/payments",
             fingerprint: Fingerprint::of(&self.params),
             params: &self.params,
+            request_id: &self.request_id,
         }
     }
 
@@ -87,7 +90,7 @@ impl TestApp {
     pub fn key_request(&self) -> KeyRequest {
         let key = IdempotencyKey::parse(super::new_key().as_bytes()).unwrap();
         let request = serde_json::from_value::<CreatePaymentBody>(super::payment_body()).unwrap().validate().unwrap();
-        KeyRequest { account_id: self.account_id, key, params: request.to_params() }
+        KeyRequest { account_id: self.account_id, key, params: request.to_params(), request_id: RequestId::generate() }
     }
 
     /// Inserts a key row for `body` at `recovery_point`, and returns its id.

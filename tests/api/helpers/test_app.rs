@@ -174,6 +174,22 @@ impl TestApp {
         request.send().await.expect("sending POST /v1/payments")
     }
 
+    /// `GET /metrics`.
+    pub async fn metrics(&self) -> super::Scrape {
+        super::Scrape::of(&format!("{}/metrics", self.address)).await
+    }
+
+    /// `GET /v1/idempotency_keys?key=KEY` with the account's API key.
+    pub async fn key_story(&self, key: &str) -> Response {
+        self.key_story_as(&self.api_key, key).await
+    }
+
+    /// `GET /v1/idempotency_keys?key=KEY` with another API key.
+    pub async fn key_story_as(&self, api_key: &str, key: &str) -> Response {
+        let url = reqwest::Url::parse_with_params(&format!("{}/v1/idempotency_keys", self.address), [("key", key)]);
+        self.http.get(url.unwrap()).bearer_auth(api_key).send().await.expect("GET /v1/idempotency_keys")
+    }
+
     /// `GET <path>` with the account's key.
     pub async fn get(&self, path: &str) -> Response {
         self.get_as(&self.api_key, path).await

@@ -1,0 +1,31 @@
+//! The idempotency keys endpoint: one key's whole story.
+
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::extract::AuthenticatedAccount;
+use crate::db;
+use crate::idempotency::IdempotencyKey;
+use crate::payments::KeyStory;
+use crate::state::AppState;
+
+/// The query of `GET /v1/idempotency_keys`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyQuery {
+    key: String,
+}
+
+/// `GET /v1/idempotency_keys?key=KEY`: where the caller's key stands, the payment it made, and
+/// its audit trail.
+pub async fn key_story(
+    state: web::Data<AppState>,
+    account: AuthenticatedAccount,
+    query: web::Query<KeyQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let key = IdempotencyKey::named(&query.key)?;
+    let mut conn = db::connect(&state.db).await?;
+    let story = KeyStory::find(&mut conn, account.id, &key).await?.ok_or(ApiError::IdempotencyKeyNotFound)?;
+    Ok(HttpResponse::Ok().json(story))
+}

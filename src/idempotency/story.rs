@@ -1,0 +1,48 @@
+//! A key as it stands now, for the key's story (`GET /v1/idempotency_keys?key=`).
+
+use chrono::{DateTime, Utc};
+use diesel::prelude::*;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{IdempotencyKey, RecoveryPoint};
+use crate::db::schema::idempotency_keys;
+
+/// A key row, as its story shows it: never its request's params or its stored body.
+#[derive(Debug, Queryable, Selectable, Serialize)]
+#[diesel(table_name = idempotency_keys, check_for_backend(diesel::pg::Pg))]
+pub struct KeyRecord {
+    pub id: Uuid,
+    #[serde(skip)]
+    pub account_id: Uuid,
+    pub recovery_point: RecoveryPoint,
+    /// When the holder's lease ends; none while nobody holds the key.
+    pub locked_until: Option<DateTime<Utc>>,
+    /// How many times the completer took the key over.
+    pub completer_attempts: i32,
+    pub needs_attention_at: Option<DateTime<Utc>>,
+    pub attention_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub last_run_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The stored answer's HTTP status, once finished.
+    pub response_status: Option<i16>,
+}
+
+impl KeyRecord {
+    /// The account's key row for `key`, if it has one (a key never used, or reaped, has none).
+    pub async fn find(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key: &IdempotencyKey,
+    ) -> QueryResult<Option<KeyRecord>> {
+        idempotency_keys::table
+            .filter(idempotency_keys::account_id.eq(account_id))
+            .filter(idempotency_keys::idempotency_key.eq(key.as_str()))
+            .select(KeyRecord::as_select())
+            .get_result(conn)
+            .await
+            .optional()
+    }
+}

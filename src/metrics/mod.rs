@@ -1,0 +1,296 @@
+//! What a process counts, served as `GET /metrics` in the Prometheus text format.
+//!
+//! Two kinds of figures:
+//! - **events this process saw**, counted as they happen (requests by idempotency outcome,
+//!   payments finished, gateway calls, HTTP requests, worker runs): sum them over processes;
+//! - **the state of the whole system**, read from PostgreSQL at each scrape ([`database`]:
+//!   unfinished keys, keys needing attention, the outbox's backlog) and from this process's pool
+//!   ([`pool`]): every process reports the same system-wide truth, so take one process's (or the
+//!   maximum), never the sum.
+//!
+//! Each [`AppState`](crate::state::AppState) has a registry of its own, so that several
+//! applications in one process (the tests) count apart. No label ever carries an account, a key or
+//! a raw path: label values come from the closed sets below.
+
+mod database;
+mod pool;
+
+use std::time::Duration;
+
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+
+use crate::db::Pool;
+
+/// The media type of the text format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Bucket bounds, in seconds, for HTTP requests and gateway calls alike: from a replay answered
+/// from memory (well under a millisecond) to a gateway call that runs into its timeout.
+const DURATION_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+
+/// How an `Idempotency-Key` request was taken in: the claim's verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyOutcome {
+    /// A new key: the request runs from the start.
+    Created,
+    /// An unfinished key taken up again (a retry after a crash, a timeout or an unknown outcome).
+    Resumed,
+    /// A finished key: its stored answer is sent again.
+    Replayed,
+    /// Another request holds the key (409).
+    InFlight,
+    /// The key was used with another request (422).
+    KeyReused,
+    /// The key's record was reaped; its payment remains (410).
+    Expired,
+}
+
+impl KeyOutcome {
+    fn as_str(self) -> &'static str {
+        match self {
+            KeyOutcome::Created => "created",
+            KeyOutcome::Resumed => "resumed",
+            KeyOutcome::Replayed => "replayed",
+            KeyOutcome::InFlight => "in_flight",
+            KeyOutcome::KeyReused => "key_reused",
+            KeyOutcome::Expired => "expired",
+        }
+    }
+}
+
+/// Why a request that held its key answered without finishing (the key waits for a retry or the
+/// completer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfinished {
+    /// The gateway gave no definitive answer, or could not be asked (503 `gateway-unavailable`).
+    UnknownOutcome,
+    /// Another driver took the key over meanwhile.
+    LockLost,
+    /// The database failed (503).
+    Database,
+    /// A broken invariant (500).
+    Internal,
+}
+
+impl Unfinished {
+    fn as_str(self) -> &'static str {
+        match self {
+            Unfinished::UnknownOutcome => "unknown_outcome",
+            Unfinished::LockLost => "lock_lost",
+            Unfinished::Database => "database",
+            Unfinished::Internal => "internal",
+        }
+    }
+}
+
+/// What a gateway call was for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayOperation {
+    Charge,
+    /// Looking a charge up by its key, before charging a resumed payment.
+    Lookup,
+}
+
+/// What a gateway call ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GatewayOutcome {
+    Succeeded,
+    /// A look-up that found no charge under the key.
+    NotFound,
+    /// The card was declined, or the source is unknown (402 to our client).
+    Declined,
+    /// Refused for another definitive reason (502 to our client).
+    Rejected,
+    /// No definitive answer: a timeout, a connection error, a 5xx, a 409 or 429.
+    Indeterminate,
+}
+
+/// How a completer run on an abandoned key ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompleterOutcome {
+    Finished,
+    /// Not yet; tried again after its backoff.
+    RetryLater,
+    /// Its last attempt failed: the key now needs a person.
+    GaveUp,
+}
+
+/// How an event's delivery ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    Delivered,
+    /// Failed; due again after its backoff.
+    Failed,
+    /// Failed for the last time.
+    DeadLettered,
+}
+
+/// A process's counters and histograms, and the registry that serves them.
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    unfinished: IntCounterVec,
+    payments: IntCounterVec,
+    gateway_requests: IntCounterVec,
+    gateway_duration: HistogramVec,
+    http_requests: IntCounterVec,
+    http_duration: HistogramVec,
+    completer_runs: IntCounterVec,
+    reaped: IntCounter,
+    deliveries: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let counter = IntCounterVec::new(Opts::new(name, help), labels).expect("a valid counter");
+            registry.register(Box::new(counter.clone())).expect("registered once");
+            counter
+        };
+        let histogram = |name: &str, help: &str, labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(DURATION_BUCKETS.to_vec());
+            let histogram = HistogramVec::new(opts, labels).expect("a valid histogram");
+            registry.register(Box::new(histogram.clone())).expect("registered once");
+            histogram
+        };
+        let metrics = Metrics {
+            requests: counter(
+                "idempotency_requests_total",
+                "Requests with an Idempotency-Key, by how their key was taken in.",
+                &["outcome"],
+            ),
+            unfinished: counter(
+                "idempotency_requests_unfinished_total",
+                "Requests that held their key but answered without finishing it, by why.",
+                &["reason"],
+            ),
+            payments: counter(
+                "payments_total",
+                "Payments finished (their final answer stored), by status and failure reason.",
+                &["status", "reason"],
+            ),
+            gateway_requests: counter(
+                "gateway_requests_total",
+                "Calls to the payment gateway, by operation and outcome.",
+                &["operation", "outcome"],
+            ),
+            gateway_duration: histogram(
+                "gateway_request_duration_seconds",
+                "How long calls to the payment gateway took.",
+                &["operation"],
+            ),
+            http_requests: counter(
+                "http_requests_total",
+                "HTTP requests answered, by method, route template and status.",
+                &["method", "route", "status"],
+            ),
+            http_duration: histogram(
+                "http_request_duration_seconds",
+                "How long HTTP requests took to answer, by method and route template.",
+                &["method", "route"],
+            ),
+            completer_runs: counter(
+                "completer_runs_total",
+                "Abandoned keys the completer took over, by how the run ended.",
+                &["outcome"],
+            ),
+            reaped: IntCounter::new("reaper_keys_reaped_total", "Finished keys deleted after their retention.")
+                .expect("a valid counter"),
+            deliveries: counter(
+                "outbox_deliveries_total",
+                "Event deliveries to the webhook (or to the log), by outcome.",
+                &["outcome"],
+            ),
+            registry,
+        };
+        metrics.registry.register(Box::new(metrics.reaped.clone())).expect("registered once");
+        metrics
+    }
+
+    pub fn key(&self, outcome: KeyOutcome) {
+        self.requests.with_label_values(&[outcome.as_str()]).inc();
+    }
+
+    pub fn unfinished(&self, reason: Unfinished) {
+        self.unfinished.with_label_values(&[reason.as_str()]).inc();
+    }
+
+    /// A payment's final answer was stored: `reason` is `none` for a success, else why it failed.
+    pub fn payment_finished(&self, status: &str, reason: &str) {
+        self.payments.with_label_values(&[status, reason]).inc();
+    }
+
+    pub fn gateway_call(&self, operation: GatewayOperation, outcome: GatewayOutcome, took: Duration) {
+        let operation = match operation {
+            GatewayOperation::Charge => "charge",
+            GatewayOperation::Lookup => "lookup",
+        };
+        let outcome = match outcome {
+            GatewayOutcome::Succeeded => "succeeded",
+            GatewayOutcome::NotFound => "not_found",
+            GatewayOutcome::Declined => "declined",
+            GatewayOutcome::Rejected => "rejected",
+            GatewayOutcome::Indeterminate => "indeterminate",
+        };
+        self.gateway_requests.with_label_values(&[operation, outcome]).inc();
+        self.gateway_duration.with_label_values(&[operation]).observe(took.as_secs_f64());
+    }
+
+    /// An HTTP request answered. `route` is the route's template (`/v1/payments/{id}`), never the
+    /// raw path.
+    pub fn http_request(&self, method: &str, route: &str, status: &str, took: Duration) {
+        self.http_requests.with_label_values(&[method, route, status]).inc();
+        self.http_duration.with_label_values(&[method, route]).observe(took.as_secs_f64());
+    }
+
+    pub fn completer_run(&self, outcome: CompleterOutcome) {
+        let outcome = match outcome {
+            CompleterOutcome::Finished => "finished",
+            CompleterOutcome::RetryLater => "retry_later",
+            CompleterOutcome::GaveUp => "gave_up",
+        };
+        self.completer_runs.with_label_values(&[outcome]).inc();
+    }
+
+    pub fn reaped(&self, keys: usize) {
+        self.reaped.inc_by(keys as u64);
+    }
+
+    pub fn deliveries(&self, outcome: DeliveryOutcome, events: usize) {
+        let outcome = match outcome {
+            DeliveryOutcome::Delivered => "delivered",
+            DeliveryOutcome::Failed => "failed",
+            DeliveryOutcome::DeadLettered => "dead_lettered",
+        };
+        self.deliveries.with_label_values(&[outcome]).inc_by(events as u64);
+    }
+
+    /// Everything, in the text format: this process's counters, its pool, and the system's state
+    /// as the database has it now (left out, and said so in the log, if it cannot be read).
+    pub async fn render(&self, pool: &Pool) -> String {
+        let mut families = self.registry.gather();
+        families.extend(pool::gather(pool));
+        match database::gather(pool).await {
+            Ok(state) => families.extend(state),
+            Err(error) => tracing::warn!(%error, "metrics: could not read the system's state from the database"),
+        }
+        families.sort_by(|a, b| a.name().cmp(b.name()));
+        let mut text = Vec::new();
+        TextEncoder::new().encode(&families, &mut text).expect("the text format encodes any family");
+        String::from_utf8(text).expect("the text format is UTF-8")
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}

@@ -1,0 +1,128 @@
+//! A payment key's whole story: where the key stands, the payment it made, and every step of its
+//! audit trail, for a person (or support) to follow one request through its recovery points.
+
+use chrono::{DateTime, Utc};
+use diesel_async::AsyncPgConnection;
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::model::Payment;
+use super::view::PaymentView;
+use crate::audit::{self, AuditEntry};
+use crate::db::{self, StoreError};
+use crate::idempotency::{IdempotencyKey, KeyRecord, RecoveryPoint};
+
+/// The story of one key of an account.
+#[derive(Debug, Serialize)]
+pub struct KeyStory {
+    object: &'static str,
+    key: String,
+    /// The key row's id, as audit records name it.
+    id: Uuid,
+    recovery_point: RecoveryPoint,
+    /// Whether a driver holds the key now (a lease that ran out holds nothing: the next request or
+    /// the completer takes the key over).
+    locked: bool,
+    locked_until: Option<DateTime<Utc>>,
+    completer_attempts: i32,
+    needs_attention: bool,
+    attention_reason: Option<String>,
+    needs_attention_at: Option<DateTime<Utc>>,
+    created_at: Option<DateTime<Utc>>,
+    last_run_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    /// The key's record was deleted after its retention: only its payment and its trail remain.
+    reaped: bool,
+    /// The HTTP status of the stored answer.
+    response_status: Option<i16>,
+    /// The payment the key made, as the API shows payments.
+    #[serde(serialize_with = "as_view")]
+    payment: Option<Payment>,
+    /// Every audit record about the key and its payment, oldest first.
+    trail: Vec<AuditEntry>,
+}
+
+fn as_view<S: serde::Serializer>(payment: &Option<Payment>, serializer: S) -> Result<S::Ok, S::Error> {
+    payment.as_ref().map(PaymentView::from).serialize(serializer)
+}
+
+impl KeyStory {
+    /// The story of the account's `key`, if the account ever used it (a reaped key's too, as long
+    /// as its payment remains). Another account's key is none of this account's business: none.
+    pub async fn find(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key: &IdempotencyKey,
+    ) -> Result<Option<KeyStory>, StoreError> {
+        let record = db::query(KeyRecord::find(conn, account_id, key)).await?;
+        let payment = match &record {
+            Some(record) => db::query(Payment::find_by_key(conn, account_id, record.id)).await?,
+            // The key row is gone; its payment remembers the key and the row it was made under.
+            None => db::query(Payment::find_by_client_key(conn, account_id, key.as_str())).await?,
+        };
+        let key_id = record.as_ref().map(|record| record.id).or(payment.as_ref().and_then(|p| p.idempotency_key_id));
+        let Some(key_id) = key_id else { return Ok(None) };
+        let mut resources = vec![("idempotency_key", key_id)];
+        resources.extend(payment.as_ref().map(|payment| ("payment", payment.id)));
+        let trail = db::query(audit::trail(conn, account_id, &resources)).await?;
+        Ok(Some(KeyStory::new(key, key_id, record, payment, trail)))
+    }
+
+    fn new(
+        key: &IdempotencyKey,
+        id: Uuid,
+        record: Option<KeyRecord>,
+        payment: Option<Payment>,
+        trail: Vec<AuditEntry>,
+    ) -> KeyStory {
+        let at = |action: &str| trail.iter().find(|entry| entry.action == action).map(|entry| entry.created_at);
+        let story = KeyStory {
+            object: "idempotency_key",
+            key: key.as_str().to_owned(),
+            id,
+            recovery_point: RecoveryPoint::Finished,
+            locked: false,
+            locked_until: None,
+            completer_attempts: 0,
+            needs_attention: false,
+            attention_reason: None,
+            needs_attention_at: None,
+            created_at: None,
+            last_run_at: None,
+            finished_at: None,
+            reaped: false,
+            response_status: None,
+            payment: None,
+            trail: Vec::new(),
+        };
+        let story = match record {
+            Some(record) => KeyStory {
+                recovery_point: record.recovery_point,
+                locked: record.locked_until.is_some_and(|until| until > Utc::now()),
+                locked_until: record.locked_until,
+                completer_attempts: record.completer_attempts,
+                needs_attention: record.needs_attention_at.is_some(),
+                attention_reason: record.attention_reason,
+                needs_attention_at: record.needs_attention_at,
+                created_at: Some(record.created_at),
+                last_run_at: Some(record.last_run_at),
+                finished_at: record.finished_at,
+                response_status: record.response_status,
+                ..story
+            },
+            // Reaped: only finished keys are, and what the row said is in the trail.
+            None => {
+                let reaped = trail.iter().find(|entry| entry.action == "idempotency_key.reaped");
+                let status = reaped.and_then(|entry| entry.data["response_status"].as_i64());
+                KeyStory {
+                    reaped: true,
+                    created_at: at("idempotency_key.claimed").or(payment.as_ref().map(|p| p.created_at)),
+                    finished_at: at("payment.finished"),
+                    response_status: status.and_then(|status| i16::try_from(status).ok()),
+                    ..story
+                }
+            }
+        };
+        KeyStory { payment, trail, ..story }
+    }
+}

@@ -1,0 +1,200 @@
+//! `GET /metrics`: each counter moves when its event happens, labels come from closed sets (route
+//! templates, never raw paths), and the system's state is read from the database.
+
+use std::time::Duration;
+
+use payments::workers::Worker;
+use reqwest::StatusCode;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::helpers::{Lock, Process, Scrape, TestApp, TestDatabase, new_key, payment_body};
+
+const REQUESTS: &str = "idempotency_requests_total";
+
+/// `idempotency_requests_total{outcome}` now.
+fn requests(scrape: &Scrape, outcome: &str) -> f64 {
+    scrape.count(REQUESTS, &[("outcome", outcome)])
+}
+
+#[tokio::test]
+async fn each_way_a_key_is_taken_in_is_counted_once() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let before = app.metrics().await;
+    let outcomes = ["created", "replayed", "key_reused", "in_flight", "resumed", "expired"];
+    for outcome in outcomes {
+        assert_eq!(requests(&before, outcome), 0.0, "{outcome}");
+    }
+
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+    let scrape = app.metrics().await;
+    assert_eq!(requests(&scrape, "created"), 1.0);
+    assert_eq!(scrape.count("payments_total", &[("status", "succeeded"), ("reason", "none")]), 1.0);
+
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+    assert_eq!(requests(&app.metrics().await, "replayed"), 1.0);
+
+    let other_body = json!({ "amount": 1, "currency": "usd", "source": "tok_visa" });
+    assert_eq!(app.post_payment(&key, &other_body).await.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(requests(&app.metrics().await, "key_reused"), 1.0);
+
+    let held = new_key();
+    app.seed_key(&held, &payment_body(), "started", Lock::Live).await;
+    assert_eq!(app.post_payment(&held, &payment_body()).await.status(), StatusCode::CONFLICT);
+    assert_eq!(requests(&app.metrics().await, "in_flight"), 1.0);
+
+    let crashed = new_key();
+    app.seed_key(&crashed, &payment_body(), "started", Lock::Free).await;
+    assert_eq!(app.post_payment(&crashed, &payment_body()).await.status(), StatusCode::CREATED);
+    assert_eq!(requests(&app.metrics().await, "resumed"), 1.0);
+
+    // A payment whose key's record was reaped: its payment remembers the key.
+    let reaped = new_key();
+    app.seed_payment(Uuid::now_v7(), &reaped, "succeeded", Some("ch_long_ago")).await;
+    assert_eq!(app.post_payment(&reaped, &payment_body()).await.status(), StatusCode::GONE);
+
+    let after = app.metrics().await;
+    let counted: Vec<f64> = outcomes.iter().map(|outcome| requests(&after, outcome)).collect();
+    assert_eq!(counted, [1.0; 6], "{outcomes:?}");
+}
+
+#[tokio::test]
+async fn gateway_calls_are_counted_by_operation_and_outcome_and_timed() {
+    let app = TestApp::spawn().await;
+    let calls = |scrape: &Scrape, operation: &str, outcome: &str| {
+        scrape.count("gateway_requests_total", &[("operation", operation), ("outcome", outcome)])
+    };
+
+    let declined = json!({ "amount": 1000, "currency": "usd", "source": "tok_chargeDeclined" });
+    assert_eq!(app.post_payment(&new_key(), &declined).await.status(), StatusCode::PAYMENT_REQUIRED);
+    let unknown = json!({ "amount": 1000, "currency": "usd", "source": "card_123" });
+    assert_eq!(app.post_payment(&new_key(), &unknown).await.status(), StatusCode::PAYMENT_REQUIRED);
+    // The gateway charges, then fails to answer: an unknown outcome, then a retry that finds the
+    // charge by its key.
+    let key = new_key();
+    app.gateway.fault("error_after", 1).await;
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let scrape = app.metrics().await;
+    assert_eq!(calls(&scrape, "charge", "declined"), 2.0, "a decline, and a source the gateway does not know");
+    assert_eq!(calls(&scrape, "charge", "indeterminate"), 1.0);
+    assert_eq!(scrape.count("idempotency_requests_unfinished_total", &[("reason", "unknown_outcome")]), 1.0);
+    assert_eq!(scrape.count("payments_total", &[("status", "failed"), ("reason", "card_declined")]), 1.0);
+    assert_eq!(scrape.count("payments_total", &[("status", "failed"), ("reason", "unknown_source")]), 1.0);
+
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+    let scrape = app.metrics().await;
+    assert_eq!(calls(&scrape, "lookup", "succeeded"), 1.0, "the retry found the charge");
+    assert_eq!(calls(&scrape, "charge", "succeeded"), 0.0, "and did not charge again");
+    let timed = scrape.count("gateway_request_duration_seconds_count", &[("operation", "charge")]);
+    assert_eq!(timed, 3.0, "every charge request is timed");
+    assert_eq!(scrape.count("gateway_request_duration_seconds_count", &[("operation", "lookup")]), 1.0);
+}
+
+#[tokio::test]
+async fn http_requests_are_counted_by_route_template_never_by_raw_path() {
+    let app = TestApp::spawn().await;
+    let id = Uuid::now_v7();
+    assert_eq!(app.get(&format!("/v1/payments/{id}")).await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(app.get("/no/such/thing").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
+
+    let scrape = app.metrics().await;
+    let http = |method: &str, route: &str, status: &str| {
+        scrape.count("http_requests_total", &[("method", method), ("route", route), ("status", status)])
+    };
+    assert_eq!(http("GET", "/v1/payments/{id}", "404"), 1.0);
+    assert_eq!(http("GET", "unmatched", "404"), 1.0);
+    assert_eq!(http("POST", "/v1/payments", "201"), 1.0);
+    let timed = [("method", "POST"), ("route", "/v1/payments")];
+    assert_eq!(scrape.count("http_request_duration_seconds_count", &timed), 1.0);
+    assert!(!scrape.0.contains(&id.to_string()) && !scrape.0.contains("/no/such"), "no raw path is a label");
+    assert!(!scrape.0.contains(&app.account_id.to_string()), "no account is a label");
+}
+
+#[tokio::test]
+async fn the_workers_runs_are_counted_and_the_systems_state_is_read_from_the_database() {
+    let app = TestApp::builder()
+        .key_retention(Duration::ZERO)
+        .workers(|w| w.completer_backoff = Duration::ZERO)
+        .spawn()
+        .await;
+    let workers = app.workers();
+    let unfinished =
+        |scrape: &Scrape, point: &str| scrape.get("idempotency_keys_unfinished", &[("recovery_point", point)]);
+
+    // A client that gave up after an unknown outcome: its key waits at `started`.
+    app.gateway.fault("error_before", 1).await;
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let stuck = new_key();
+    let stuck_id = app.seed_key(&stuck, &payment_body(), "charge_created", Lock::Live).await;
+    app.run_sql(&format!(
+        "UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = 'gave up', locked_until = NULL, \
+         lock_token = NULL WHERE id = '{stuck_id}'"
+    ))
+    .await;
+    let scrape = app.metrics().await;
+    assert_eq!(unfinished(&scrape, "started"), Some(1.0));
+    assert_eq!(unfinished(&scrape, "charge_created"), Some(0.0), "one needing attention is counted apart");
+    assert_eq!(scrape.get("idempotency_keys_needing_attention", &[]), Some(1.0));
+    assert_eq!(scrape.get("outbox_events_pending", &[]), Some(0.0));
+    assert_eq!(scrape.get("outbox_oldest_event_age_seconds", &[]), Some(0.0));
+
+    workers.completer.run_once().await.unwrap();
+    let scrape = app.metrics().await;
+    assert_eq!(scrape.count("completer_runs_total", &[("outcome", "finished")]), 1.0);
+    assert_eq!(unfinished(&scrape, "started"), Some(0.0));
+    assert_eq!(scrape.get("outbox_events_pending", &[]), Some(1.0));
+    assert!(scrape.get("outbox_oldest_event_age_seconds", &[]).unwrap() > 0.0);
+
+    workers.outbox.run_once().await.unwrap();
+    workers.reaper.run_once().await.unwrap();
+    let scrape = app.metrics().await;
+    assert_eq!(scrape.count("outbox_deliveries_total", &[("outcome", "delivered")]), 1.0);
+    assert_eq!(scrape.get("outbox_events_pending", &[]), Some(0.0));
+    assert_eq!(scrape.count("reaper_keys_reaped_total", &[]), 1.0);
+}
+
+#[tokio::test]
+async fn the_pool_reports_its_connections_and_checkouts() {
+    let app = TestApp::spawn().await;
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
+
+    let scrape = app.metrics().await;
+    let idle = scrape.get("db_pool_connections", &[("state", "idle")]).unwrap();
+    let in_use = scrape.get("db_pool_connections", &[("state", "in_use")]).unwrap();
+    assert!(idle + in_use >= 1.0, "idle {idle}, in use {in_use}");
+    // One for the claim and `started`, one after the gateway call.
+    assert!(scrape.count("db_pool_checkouts_total", &[("result", "direct")]) >= 2.0);
+    assert_eq!(scrape.get("db_pool_checkouts_total", &[("result", "timed_out")]), Some(0.0));
+    assert!(scrape.get("db_pool_checkout_wait_seconds_total", &[]).is_some());
+}
+
+#[tokio::test]
+async fn a_scrape_without_the_database_still_answers_with_what_the_process_counted() {
+    // Nothing listens on the database's address.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let app = TestApp::builder().database_url(format!("postgres://postgres@{closed}/nothing")).spawn().await;
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    let scrape = app.metrics().await;
+    assert_eq!(scrape.count("http_requests_total", &[("route", "/v1/payments"), ("status", "503")]), 1.0);
+    assert!(scrape.count("db_pool_checkouts_total", &[("result", "timed_out")]) >= 1.0);
+    assert_eq!(scrape.get("idempotency_keys_needing_attention", &[]), None, "not read, so not reported");
+}
+
+#[tokio::test]
+async fn the_worker_process_serves_its_metrics_on_its_own_listener() {
+    let database = TestDatabase::create().await;
+    let gateway = Process::gateway().await;
+    let worker = Process::start(
+        &["worker"],
+        &[("DATABASE_URL", &database.url), ("GATEWAY_URL", &gateway.url), ("PAYMENTS_METRICS_BIND", "127.0.0.1:0")],
+        payments::commands::worker::METRICS_AT,
+    )
+    .await;
+
+    let scrape = Scrape::of(&worker.url).await;
+    assert_eq!(scrape.get("idempotency_keys_needing_attention", &[]), Some(0.0));
+    assert!(scrape.get("db_pool_connections", &[("state", "idle")]).is_some());
+}
