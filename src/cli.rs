@@ -3,7 +3,9 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
-use crate::config::{CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, WorkerCommandArgs};
+use crate::config::{
+    CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, StatsArgs, WorkerCommandArgs,
+};
 use crate::telemetry::LogFormat;
 
 /// A reference payment API: idempotency keys, atomic phases and recovery points on PostgreSQL.
@@ -35,6 +37,9 @@ pub enum Command {
     /// Keys the completer gave up on.
     #[command(subcommand)]
     Attention(AttentionCommand),
+    /// Each account's requests by how their idempotency key was taken in, and the share that
+    /// repeated a key: a client that retries far more than others is broken, or being replayed.
+    Stats(StatsArgs),
     /// Measure the service under load: new payments, replays and concurrent duplicates, against a
     /// deployment of its own (or --url), and optionally against the reference workloads.
     Bench(BenchArgs),

@@ -68,6 +68,17 @@ pub struct DatabaseArgs {
     pub data_dir: PathBuf,
 }
 
+/// `payments stats`.
+#[derive(Clone, Args)]
+pub struct StatsArgs {
+    /// Over the last this many hours (the current one included). Counts reach the database within
+    /// ten seconds of each request.
+    #[arg(long, default_value_t = 24)]
+    pub hours: i64,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
 /// The protocol's knobs.
 #[derive(Debug, Clone, Args)]
 pub struct ProtocolArgs {

@@ -16,6 +16,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Attention(AttentionCommand::Retry { key_id, database }) => {
             commands::attention::retry(database, &key_id).await
         }
+        Command::Stats(args) => commands::stats::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await,
         Command::BenchEndpoint(args) => commands::bench::endpoint(args).await,
     }

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod gateway;
 pub mod migrate;
 pub mod serve;
+pub mod stats;
 pub mod worker;
 
 use std::path::{Path, PathBuf};

@@ -15,6 +15,7 @@ use crate::db;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
 use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
+use crate::metrics;
 use crate::startup::{Application, LISTENING, exit_on_second_signal, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
@@ -68,6 +69,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (addr, handle) = (app.addr(), app.handle());
     let mut server = tokio::spawn(app.run_until_stopped());
     let (stop_workers, workers_stop) = watch::channel(false);
+    // The per-account request counts go to the database every few seconds, and once more at the end.
+    let flusher = {
+        let (state, stop) = (state.clone(), workers_stop.clone());
+        tokio::spawn(async move { metrics::flush_until_stopped(&state.metrics, &state.db, stop).await })
+    };
     let mut workers = match args.no_workers {
         true => None,
         false => Some(tokio::spawn(Workers::new(state, &args.workers.settings())?.run(workers_stop))),
@@ -120,6 +126,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(workers) = workers {
         let _ = workers.await;
     }
+    let _ = flusher.await;
     if let Some(mock) = mock {
         mock.stop().await;
     }

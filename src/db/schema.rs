@@ -47,6 +47,19 @@ diesel::table! {
 }
 
 diesel::table! {
+    key_request_counts (account_id, hour) {
+        account_id -> Uuid,
+        hour -> Timestamptz,
+        created -> Int8,
+        resumed -> Int8,
+        replayed -> Int8,
+        in_flight -> Int8,
+        key_reused -> Int8,
+        expired -> Int8,
+    }
+}
+
+diesel::table! {
     payments (account_id, id) {
         id -> Uuid,
         account_id -> Uuid,
@@ -86,4 +99,11 @@ diesel::joinable!(idempotency_keys -> accounts (account_id));
 diesel::joinable!(payments -> accounts (account_id));
 diesel::joinable!(staged_jobs -> accounts (account_id));
 
-diesel::allow_tables_to_appear_in_same_query!(accounts, audit_records, idempotency_keys, payments, staged_jobs,);
+diesel::allow_tables_to_appear_in_same_query!(
+    accounts,
+    audit_records,
+    idempotency_keys,
+    key_request_counts,
+    payments,
+    staged_jobs,
+);

@@ -14,12 +14,18 @@
 
 mod database;
 mod pool;
+mod tally;
+
+pub use tally::{AccountRequests, FLUSH_INTERVAL, flush_until_stopped, per_account};
 
 use std::time::Duration;
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
-use crate::db::Pool;
+use uuid::Uuid;
+
+use crate::db::{Pool, StoreError};
+use tally::Tally;
 
 /// The media type of the text format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -139,6 +145,8 @@ pub struct Metrics {
     completer_runs: IntCounterVec,
     reaped: IntCounter,
     deliveries: IntCounterVec,
+    /// Each account's requests by outcome since the last flush (see [`tally`]).
+    tally: Tally,
 }
 
 impl Metrics {
@@ -203,14 +211,22 @@ impl Metrics {
                 "Event deliveries to the webhook (or to the log), by outcome.",
                 &["outcome"],
             ),
+            tally: Tally::default(),
             registry,
         };
         metrics.registry.register(Box::new(metrics.reaped.clone())).expect("registered once");
         metrics
     }
 
-    pub fn key(&self, outcome: KeyOutcome) {
+    /// A request of `account_id` was taken in: counted here, and in the account's tally.
+    pub fn key(&self, account_id: Uuid, outcome: KeyOutcome) {
         self.requests.with_label_values(&[outcome.as_str()]).inc();
+        self.tally.count(account_id, outcome);
+    }
+
+    /// Adds the per-account tallies to the database (`payments stats` reads them there).
+    pub async fn flush_tally(&self, pool: &Pool) -> Result<(), StoreError> {
+        self.tally.flush(pool).await
     }
 
     pub fn unfinished(&self, reason: Unfinished) {

@@ -133,11 +133,11 @@ pub async fn create_payment(
     // A finished key's answer may be in memory: answered from there, with no database at all.
     match state.replays.recall(&new_key) {
         Some(Remembered::Replay(response)) => {
-            metrics.key(KeyOutcome::Replayed);
+            metrics.key(account_id, KeyOutcome::Replayed);
             return Ok(Created { response, replayed: true });
         }
         Some(Remembered::Mismatch) => {
-            metrics.key(KeyOutcome::KeyReused);
+            metrics.key(account_id, KeyOutcome::KeyReused);
             return Err(CreateError::KeyReused);
         }
         None => {}
@@ -146,27 +146,27 @@ pub async fn create_payment(
     let retention = state.settings.key_retention;
     let lock = match claim(&mut conn, &new_key, state.settings.lock_timeout).await? {
         Claim::Mismatch => {
-            metrics.key(KeyOutcome::KeyReused);
+            metrics.key(account_id, KeyOutcome::KeyReused);
             return Err(CreateError::KeyReused);
         }
         Claim::Replay { response, finished_ago } => {
-            metrics.key(KeyOutcome::Replayed);
+            metrics.key(account_id, KeyOutcome::Replayed);
             state.replays.remember(&new_key, &response, retention.saturating_sub(finished_ago));
             return Ok(Created { response, replayed: true });
         }
         Claim::InFlight => {
-            metrics.key(KeyOutcome::InFlight);
+            metrics.key(account_id, KeyOutcome::InFlight);
             return Err(CreateError::InFlight);
         }
         Claim::Expired { payment_id } => {
-            metrics.key(KeyOutcome::Expired);
+            metrics.key(account_id, KeyOutcome::Expired);
             let payment = db::query(Payment::find(&mut conn, account_id, payment_id)).await?;
             let payment = payment.ok_or_else(|| PhaseError::Inconsistent(format!("payment {payment_id} vanished")))?;
             return Ok(Created { response: expired_key_response(&payment, request_id), replayed: false });
         }
         Claim::Acquired(lock) => lock,
     };
-    metrics.key(if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
+    metrics.key(account_id, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
     let driver = Driver::new(state, lock, key.clone(), request, Actor::Api, request_id.clone());
     let driver = Driver { conn: Some(conn), fault, ..driver };

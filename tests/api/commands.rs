@@ -137,3 +137,40 @@ async fn serve_moves_its_mock_off_a_taken_usual_address_and_says_so() {
     drop(serve);
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+#[tokio::test]
+async fn stats_show_which_account_repeats_its_keys_most() {
+    let app = TestApp::spawn().await;
+    let other_key = app.create_account("quiet").await;
+    // This account: one payment, replayed twice, and a request while another holds a key.
+    let key = new_key();
+    for _ in 0..3 {
+        app.post_payment(&key, &payment_body()).await;
+    }
+    let held = new_key();
+    app.seed_key(&held, &payment_body(), "started", Lock::Live).await;
+    app.post_payment(&held, &payment_body()).await;
+    // The other: one payment, asked once.
+    let response = app
+        .http
+        .post(format!("{}/v1/payments", app.address))
+        .bearer_auth(&other_key)
+        .header("Idempotency-Key", new_key())
+        .json(&payment_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    app.flush_request_counts().await;
+    app.flush_request_counts().await; // nothing new: adds nothing
+
+    let stats = payments(&["stats", "--hours", "1"], &[("DATABASE_URL", app.database.url.as_str())]).await;
+    assert!(stats.status.success(), "{}", String::from_utf8_lossy(&stats.stderr));
+    let stats = String::from_utf8(stats.stdout).unwrap();
+    let rows: Vec<Vec<&str>> = stats.lines().skip(2).map(|line| line.split_whitespace().collect()).collect();
+    // requests, new, resumed, replayed, 409, 422, 410, repeated, account id, (name)
+    assert_eq!(rows[0][..8], ["4", "1", "0", "2", "1", "0", "0", "75.0%"], "{stats}");
+    assert_eq!(rows[0][8], app.account_id.to_string());
+    assert_eq!(rows[1][..8], ["1", "1", "0", "0", "0", "0", "0", "0.0%"], "{stats}");
+    assert_eq!(rows[1][9], "(quiet)");
+}

@@ -174,6 +174,11 @@ impl TestApp {
         request.send().await.expect("sending POST /v1/payments")
     }
 
+    /// Adds the app's per-account request counts to the database now (`serve` does every few seconds).
+    pub async fn flush_request_counts(&self) {
+        self.state.metrics.flush_tally(&self.state.db).await.unwrap();
+    }
+
     /// `GET /metrics`.
     pub async fn metrics(&self) -> super::Scrape {
         super::Scrape::of(&format!("{}/metrics", self.address)).await
