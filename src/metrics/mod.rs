@@ -53,6 +53,15 @@ pub enum KeyOutcome {
 }
 
 impl KeyOutcome {
+    const ALL: [KeyOutcome; 6] = [
+        KeyOutcome::Created,
+        KeyOutcome::Resumed,
+        KeyOutcome::Replayed,
+        KeyOutcome::InFlight,
+        KeyOutcome::KeyReused,
+        KeyOutcome::Expired,
+    ];
+
     fn as_str(self) -> &'static str {
         match self {
             KeyOutcome::Created => "created",
@@ -80,6 +89,9 @@ pub enum Unfinished {
 }
 
 impl Unfinished {
+    const ALL: [Unfinished; 4] =
+        [Unfinished::UnknownOutcome, Unfinished::LockLost, Unfinished::Database, Unfinished::Internal];
+
     fn as_str(self) -> &'static str {
         match self {
             Unfinished::UnknownOutcome => "unknown_outcome",
@@ -98,6 +110,17 @@ pub enum GatewayOperation {
     Lookup,
 }
 
+impl GatewayOperation {
+    const ALL: [GatewayOperation; 2] = [GatewayOperation::Charge, GatewayOperation::Lookup];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            GatewayOperation::Charge => "charge",
+            GatewayOperation::Lookup => "lookup",
+        }
+    }
+}
+
 /// What a gateway call ended with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatewayOutcome {
@@ -112,6 +135,26 @@ pub enum GatewayOutcome {
     Indeterminate,
 }
 
+impl GatewayOutcome {
+    const ALL: [GatewayOutcome; 5] = [
+        GatewayOutcome::Succeeded,
+        GatewayOutcome::NotFound,
+        GatewayOutcome::Declined,
+        GatewayOutcome::Rejected,
+        GatewayOutcome::Indeterminate,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            GatewayOutcome::Succeeded => "succeeded",
+            GatewayOutcome::NotFound => "not_found",
+            GatewayOutcome::Declined => "declined",
+            GatewayOutcome::Rejected => "rejected",
+            GatewayOutcome::Indeterminate => "indeterminate",
+        }
+    }
+}
+
 /// How a completer run on an abandoned key ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CompleterOutcome {
@@ -122,6 +165,19 @@ pub enum CompleterOutcome {
     GaveUp,
 }
 
+impl CompleterOutcome {
+    const ALL: [CompleterOutcome; 3] =
+        [CompleterOutcome::Finished, CompleterOutcome::RetryLater, CompleterOutcome::GaveUp];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            CompleterOutcome::Finished => "finished",
+            CompleterOutcome::RetryLater => "retry_later",
+            CompleterOutcome::GaveUp => "gave_up",
+        }
+    }
+}
+
 /// How an event's delivery ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryOutcome {
@@ -130,6 +186,19 @@ pub enum DeliveryOutcome {
     Failed,
     /// Failed for the last time.
     DeadLettered,
+}
+
+impl DeliveryOutcome {
+    const ALL: [DeliveryOutcome; 3] =
+        [DeliveryOutcome::Delivered, DeliveryOutcome::Failed, DeliveryOutcome::DeadLettered];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            DeliveryOutcome::Delivered => "delivered",
+            DeliveryOutcome::Failed => "failed",
+            DeliveryOutcome::DeadLettered => "dead_lettered",
+        }
+    }
 }
 
 /// A process's counters and histograms, and the registry that serves them.
@@ -215,6 +284,25 @@ impl Metrics {
             registry,
         };
         metrics.registry.register(Box::new(metrics.reaped.clone())).expect("registered once");
+        // Every series of a closed set is there from the start, at 0: an alert on a rate then
+        // sees the first event, and a dashboard shows a zero rather than nothing.
+        for outcome in KeyOutcome::ALL {
+            metrics.requests.with_label_values(&[outcome.as_str()]);
+        }
+        for reason in Unfinished::ALL {
+            metrics.unfinished.with_label_values(&[reason.as_str()]);
+        }
+        for operation in GatewayOperation::ALL {
+            for outcome in GatewayOutcome::ALL {
+                metrics.gateway_requests.with_label_values(&[operation.as_str(), outcome.as_str()]);
+            }
+        }
+        for outcome in CompleterOutcome::ALL {
+            metrics.completer_runs.with_label_values(&[outcome.as_str()]);
+        }
+        for outcome in DeliveryOutcome::ALL {
+            metrics.deliveries.with_label_values(&[outcome.as_str()]);
+        }
         metrics
     }
 
@@ -239,19 +327,8 @@ impl Metrics {
     }
 
     pub fn gateway_call(&self, operation: GatewayOperation, outcome: GatewayOutcome, took: Duration) {
-        let operation = match operation {
-            GatewayOperation::Charge => "charge",
-            GatewayOperation::Lookup => "lookup",
-        };
-        let outcome = match outcome {
-            GatewayOutcome::Succeeded => "succeeded",
-            GatewayOutcome::NotFound => "not_found",
-            GatewayOutcome::Declined => "declined",
-            GatewayOutcome::Rejected => "rejected",
-            GatewayOutcome::Indeterminate => "indeterminate",
-        };
-        self.gateway_requests.with_label_values(&[operation, outcome]).inc();
-        self.gateway_duration.with_label_values(&[operation]).observe(took.as_secs_f64());
+        self.gateway_requests.with_label_values(&[operation.as_str(), outcome.as_str()]).inc();
+        self.gateway_duration.with_label_values(&[operation.as_str()]).observe(took.as_secs_f64());
     }
 
     /// An HTTP request answered. `route` is the route's template (`/v1/payments/{id}`), never the
@@ -262,12 +339,7 @@ impl Metrics {
     }
 
     pub fn completer_run(&self, outcome: CompleterOutcome) {
-        let outcome = match outcome {
-            CompleterOutcome::Finished => "finished",
-            CompleterOutcome::RetryLater => "retry_later",
-            CompleterOutcome::GaveUp => "gave_up",
-        };
-        self.completer_runs.with_label_values(&[outcome]).inc();
+        self.completer_runs.with_label_values(&[outcome.as_str()]).inc();
     }
 
     pub fn reaped(&self, keys: usize) {
@@ -275,12 +347,7 @@ impl Metrics {
     }
 
     pub fn deliveries(&self, outcome: DeliveryOutcome, events: usize) {
-        let outcome = match outcome {
-            DeliveryOutcome::Delivered => "delivered",
-            DeliveryOutcome::Failed => "failed",
-            DeliveryOutcome::DeadLettered => "dead_lettered",
-        };
-        self.deliveries.with_label_values(&[outcome]).inc_by(events as u64);
+        self.deliveries.with_label_values(&[outcome.as_str()]).inc_by(events as u64);
     }
 
     /// Everything, in the text format: this process's counters, its pool, and the system's state
