@@ -64,13 +64,14 @@ impl Application {
 /// A server of `GET /metrics` alone, for a process with no API (`payments worker`), on one thread.
 pub fn metrics_server(state: Arc<AppState>, listener: TcpListener) -> std::io::Result<Server> {
     let state = web::Data::from(state);
-    let server =
-        HttpServer::new(move || App::new().app_data(state.clone()).route("/metrics", web::get().to(http::metrics)))
-            .listen(listener)?
-            .workers(1)
-            .disable_signals()
-            .shutdown_timeout(1)
-            .run();
+    let server = HttpServer::new(move || {
+        App::new().app_data(state.clone()).wrap(from_fn(http::observe)).route("/metrics", web::get().to(http::metrics))
+    })
+    .listen(listener)?
+    .workers(1)
+    .disable_signals()
+    .shutdown_timeout(1)
+    .run();
     Ok(server)
 }
 

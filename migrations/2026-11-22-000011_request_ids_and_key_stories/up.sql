@@ -10,3 +10,9 @@ ALTER TABLE audit_records ADD COLUMN request_id request_id;
 -- key. (Citus refuses `ON DELETE SET NULL` on a key that includes the distribution column, too.)
 -- Only the `started` phase writes it, from the fenced key row of the same statement.
 ALTER TABLE payments DROP CONSTRAINT payments_idempotency_key_fkey;
+-- Payments whose key rows were reaped before now lost the id; their reaping's audit record names it.
+UPDATE payments p SET idempotency_key_id = r.resource_id
+FROM audit_records r
+WHERE p.idempotency_key_id IS NULL
+  AND r.account_id = p.account_id AND r.resource_type = 'idempotency_key' AND r.action = 'idempotency_key.reaped'
+  AND r.data ->> 'idempotency_key' = p.idempotency_key;

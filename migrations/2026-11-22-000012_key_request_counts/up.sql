@@ -4,7 +4,8 @@
 -- tallies in memory and adds its tallies here every few seconds, one statement for all accounts.
 CREATE TABLE key_request_counts (
     account_id uuid        NOT NULL,
-    hour       timestamptz NOT NULL CHECK (date_trunc('hour', hour) = hour),
+    -- A whole hour in UTC, whatever the session's time zone.
+    hour       timestamptz NOT NULL CHECK (date_trunc('hour', hour, 'UTC') = hour),
     created    bigint      NOT NULL DEFAULT 0 CHECK (created >= 0),
     resumed    bigint      NOT NULL DEFAULT 0 CHECK (resumed >= 0),
     replayed   bigint      NOT NULL DEFAULT 0 CHECK (replayed >= 0),

@@ -5,13 +5,14 @@ use std::time::Instant;
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
+use actix_web::http::Method;
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::{Error, FromRequest, HttpMessage, HttpRequest, web};
 use tracing::Instrument;
 
 use super::error::ApiError;
-use crate::request_id::{INCOMING_REQUEST_ID_HEADER, REQUEST_ID_HEADER, RequestId};
+use crate::request_id::{INCOMING_REQUEST_ID_HEADER, RequestId};
 use crate::state::AppState;
 
 /// The `route` label of a request that matched no route: never its raw path, which a client
@@ -33,27 +34,39 @@ pub async fn observe(
         .unwrap_or_else(RequestId::generate);
     req.extensions_mut().insert(id.clone());
     let span = tracing::info_span!("request", request_id = %id, http.method = %req.method(), http.route = tracing::field::Empty);
-    let response = next.call(req).instrument(span.clone()).await?;
-
-    let mut response = response.map_into_boxed_body();
+    // Every route and the default service answer with a response, errors included; an `Err` here
+    // would come from actix itself, and goes on as it is (the request cannot be kept to answer it:
+    // routing needs to hold it alone).
+    let mut response = next.call(req).instrument(span.clone()).await?.map_into_boxed_body();
     // An error was rendered without the request's id (actix renders it where the id is not in
     // reach): render it again, with the id in its body.
     if let Some(error) = response.response().error().and_then(|error| error.as_error::<ApiError>()) {
         let rendered = error.response(Some(&id));
         response = response.into_response(rendered);
     }
-    let name = HeaderName::from_bytes(REQUEST_ID_HEADER.as_bytes()).expect("a valid header name");
     let value = HeaderValue::from_str(id.as_str()).expect("a request id is plain ASCII");
-    response.headers_mut().insert(name, value);
+    response.headers_mut().insert(HeaderName::from_static(REQUEST_ID), value);
 
     if let Some(state) = response.request().app_data::<web::Data<AppState>>() {
         let request = response.request();
         let route = request.match_pattern();
         let route = route.as_deref().unwrap_or(UNMATCHED);
         span.record("http.route", route);
-        state.metrics.http_request(request.method().as_str(), route, response.status().as_str(), started.elapsed());
+        let method = method_label(request.method());
+        state.metrics.http_request(method, route, response.status().as_str(), started.elapsed());
     }
     Ok(response)
+}
+
+/// [`crate::request_id::REQUEST_ID_HEADER`] as `HeaderName::from_static` wants it.
+const REQUEST_ID: &str = "request-id";
+
+/// The `method` label: a client may send any method name, and a label must come from a closed set.
+fn method_label(method: &Method) -> &'static str {
+    const KNOWN: [Method; 7] =
+        [Method::GET, Method::POST, Method::PUT, Method::DELETE, Method::PATCH, Method::HEAD, Method::OPTIONS];
+    let known = KNOWN.iter().find(|known| *known == method);
+    known.map_or("other", |known| known.as_str())
 }
 
 /// The id [`observe`] gave the request.
@@ -68,5 +81,21 @@ impl FromRequest for RequestId {
                 ApiError::Internal("the request has no id: the request middleware is not installed".into())
             }),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_is_written_as_named() {
+        assert!(REQUEST_ID.eq_ignore_ascii_case(crate::request_id::REQUEST_ID_HEADER));
+    }
+
+    #[test]
+    fn an_unknown_method_is_counted_as_other() {
+        assert_eq!(method_label(&Method::POST), "POST");
+        assert_eq!(method_label(&Method::from_bytes(b"FOO1").unwrap()), "other");
     }
 }

@@ -9,7 +9,7 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::store::{Lease, since_boot};
+use super::store::{Lease, Reason, since_boot};
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
 use crate::db::{self, StoreError};
 use crate::request_id::RequestId;
@@ -108,7 +108,7 @@ pub async fn claim_abandoned(
 pub async fn mark_needs_attention(
     conn: &mut AsyncPgConnection,
     key: &KeyLock,
-    reason: &str,
+    reason: Reason<'_>,
     run: &RequestId,
 ) -> Result<bool, StoreError> {
     let mark = diesel::sql_query(
@@ -120,13 +120,14 @@ pub async fn mark_needs_attention(
          )
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
          SELECT account_id, 'idempotency_key.needs_attention', 'idempotency_key', id, 'completer',
-                jsonb_build_object('attempts', completer_attempts, 'reason', $3::text), $4
+                jsonb_build_object('attempts', completer_attempts, 'reason_code', $5::text, 'reason', $3::text), $4
          FROM marked",
     )
     .bind::<SqlUuid, _>(key.account_id)
     .bind::<SqlUuid, _>(key.key_id)
-    .bind::<Text, _>(truncate(reason, 1000))
-    .bind::<Text, _>(run.as_str());
+    .bind::<Text, _>(truncate(reason.detail, 1000))
+    .bind::<Text, _>(run.as_str())
+    .bind::<Text, _>(reason.code);
     Ok(db::query(mark.execute(conn)).await? == 1)
 }
 

@@ -10,7 +10,7 @@ use crate::db::{self, StoreError};
 /// Deletes up to `batch` keys that finished more than `retention` ago, oldest first, with an
 /// audit record for each, in one statement; returns how many. The partial index on finished keys
 /// by age serves the scan, and `SKIP LOCKED` lets reapers run side by side. A payment outlives
-/// its key: the foreign key only clears the payment's link.
+/// its key, and keeps the key's id (for the key's story).
 pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, batch: i64) -> Result<usize, StoreError> {
     let retention_secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
     db::query(

@@ -135,6 +135,14 @@ pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Durati
     Err(StoreError::Unavailable("the key claim kept racing with concurrent inserts".into()))
 }
 
+/// Why a driver let a key go: a short code from a closed set, which the key's owner may see (the
+/// key's story), and the full error, for operators only (it may name servers or database errors).
+#[derive(Debug, Clone, Copy)]
+pub struct Reason<'a> {
+    pub code: &'a str,
+    pub detail: &'a str,
+}
+
 /// A lease as its taker knows it: its token, its length, and when the statement that took it was
 /// sent.
 pub(super) struct Lease {
@@ -214,7 +222,7 @@ impl KeyLock {
         &self,
         conn: &mut AsyncPgConnection,
         actor: Actor,
-        reason: &str,
+        reason: Reason<'_>,
         request_id: &RequestId,
     ) -> Result<(), StoreError> {
         let release = diesel::sql_query(
@@ -225,15 +233,17 @@ impl KeyLock {
              )
              INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT account_id, 'idempotency_key.released', 'idempotency_key', id, $4,
-                    jsonb_build_object('recovery_point', recovery_point, 'reason', $5::text), $6
+                    jsonb_build_object('recovery_point', recovery_point, 'reason_code', $7::text,
+                                       'reason', $5::text), $6
              FROM released",
         )
         .bind::<SqlUuid, _>(self.account_id)
         .bind::<SqlUuid, _>(self.key_id)
         .bind::<SqlUuid, _>(self.token)
         .bind::<Text, _>(actor.as_str())
-        .bind::<Text, _>(reason.chars().take(1000).collect::<String>())
-        .bind::<Text, _>(request_id.as_str());
+        .bind::<Text, _>(reason.detail.chars().take(1000).collect::<String>())
+        .bind::<Text, _>(request_id.as_str())
+        .bind::<Text, _>(reason.code);
         db::query(release.execute(conn)).await?;
         Ok(())
     }

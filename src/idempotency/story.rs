@@ -3,18 +3,17 @@
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use serde::Serialize;
 use uuid::Uuid;
 
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::db::schema::idempotency_keys;
 
-/// A key row, as its story shows it: never its request's params or its stored body.
-#[derive(Debug, Queryable, Selectable, Serialize)]
+/// A key row, as its story shows it: never its request's params, its stored body, or the text of
+/// the error it was given up on.
+#[derive(Debug, Queryable, Selectable)]
 #[diesel(table_name = idempotency_keys, check_for_backend(diesel::pg::Pg))]
 pub struct KeyRecord {
     pub id: Uuid,
-    #[serde(skip)]
     pub account_id: Uuid,
     pub recovery_point: RecoveryPoint,
     /// When the holder's lease ends; none while nobody holds the key.
@@ -22,7 +21,6 @@ pub struct KeyRecord {
     /// How many times the completer took the key over.
     pub completer_attempts: i32,
     pub needs_attention_at: Option<DateTime<Utc>>,
-    pub attention_reason: Option<String>,
     pub created_at: DateTime<Utc>,
     pub last_run_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,

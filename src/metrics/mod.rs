@@ -18,8 +18,9 @@ mod tally;
 
 pub use tally::{AccountRequests, FLUSH_INTERVAL, flush_until_stopped, per_account};
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use prometheus::proto::MetricFamily;
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
 
 use uuid::Uuid;
@@ -92,7 +93,7 @@ impl Unfinished {
     const ALL: [Unfinished; 4] =
         [Unfinished::UnknownOutcome, Unfinished::LockLost, Unfinished::Database, Unfinished::Internal];
 
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Unfinished::UnknownOutcome => "unknown_outcome",
             Unfinished::LockLost => "lock_lost",
@@ -216,6 +217,11 @@ pub struct Metrics {
     deliveries: IntCounterVec,
     /// Each account's requests by outcome since the last flush (see [`tally`]).
     tally: Tally,
+    /// The system's state as last read from the database, and when. However often `/metrics` is
+    /// asked (it is open to whoever reaches the port), one scrape at a time reads the database, so
+    /// scrapes can never hold more than one of the pool's connections; and scrapes that waited
+    /// for a read that began after they arrived take its figures instead of reading again.
+    state: tokio::sync::Mutex<Option<(Instant, Vec<MetricFamily>)>>,
 }
 
 impl Metrics {
@@ -281,6 +287,7 @@ impl Metrics {
                 &["outcome"],
             ),
             tally: Tally::default(),
+            state: tokio::sync::Mutex::default(),
             registry,
         };
         metrics.registry.register(Box::new(metrics.reaped.clone())).expect("registered once");
@@ -355,10 +362,24 @@ impl Metrics {
     pub async fn render(&self, pool: &Pool) -> String {
         let mut families = self.registry.gather();
         families.extend(pool::gather(pool));
-        match database::gather(pool).await {
-            Ok(state) => families.extend(state),
-            Err(error) => tracing::warn!(%error, "metrics: could not read the system's state from the database"),
+        let asked = Instant::now();
+        let mut state = self.state.lock().await;
+        match &*state {
+            Some((began, read)) if *began >= asked => families.extend(read.iter().cloned()),
+            _ => {
+                let began = Instant::now();
+                match database::gather(pool).await {
+                    Ok(read) => {
+                        families.extend(read.iter().cloned());
+                        *state = Some((began, read));
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "metrics: could not read the system's state from the database")
+                    }
+                }
+            }
         }
+        drop(state);
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut text = Vec::new();
         TextEncoder::new().encode(&families, &mut text).expect("the text format encodes any family");

@@ -68,7 +68,7 @@ async fn write(pool: &Pool, tallies: &HashMap<Uuid, Counts>) -> Result<(), Store
     let add = diesel::sql_query(
         "INSERT INTO key_request_counts AS c
              (account_id, hour, created, resumed, replayed, in_flight, key_reused, expired)
-         SELECT account_id, date_trunc('hour', now()), created, resumed, replayed, in_flight, key_reused, expired
+         SELECT account_id, date_trunc('hour', now(), 'UTC'), created, resumed, replayed, in_flight, key_reused, expired
          FROM unnest($1::uuid[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[])
               AS t (account_id, created, resumed, replayed, in_flight, key_reused, expired)
          -- Every process locks rows in the same order, so that two flushing at once never deadlock.

@@ -44,7 +44,7 @@ use crate::db::{self, PooledConnection, StoreError};
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, ChargeRequest, GatewayError};
 use crate::idempotency::{
-    Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, RecoveryPoint,
+    Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, Reason, RecoveryPoint,
     Remembered, StoredResponse, Transition, atomic_phase, claim,
 };
 use crate::metrics::{KeyOutcome, Unfinished};
@@ -96,7 +96,7 @@ impl From<StoreError> for CreateError {
 
 impl CreateError {
     /// Why a request that held its key stopped short of `finished`.
-    fn unfinished(&self) -> Unfinished {
+    pub fn unfinished(&self) -> Unfinished {
         match self {
             CreateError::GatewayIndeterminate(_) | CreateError::WrongGateway { .. } | CreateError::LeaseRunningOut => {
                 Unfinished::UnknownOutcome
@@ -189,7 +189,8 @@ pub async fn complete_abandoned(
         Ok(request) => Driver::new(state, lock, key, request, Actor::Completer, run.clone()).run().await,
         Err(error) => {
             let error = PhaseError::Inconsistent(format!("the stored request does not read as a payment: {error}"));
-            release(state, &lock, Actor::Completer, &error.to_string(), run).await;
+            let reason = Reason { code: Unfinished::Internal.as_str(), detail: &error.to_string() };
+            release(state, &lock, Actor::Completer, reason, run).await;
             Err(error.into())
         }
     }
@@ -241,7 +242,7 @@ impl<'a> Driver<'a> {
         if let Err(error) = &result
             && !matches!(error, CreateError::Phase(PhaseError::LockLost))
         {
-            self.release(&error.to_string()).await;
+            self.release(error).await;
         }
         result
     }
@@ -445,20 +446,21 @@ impl<'a> Driver<'a> {
     }
 
     /// Unlocks the key where it stands.
-    async fn release(&mut self, reason: &str) {
+    async fn release(&mut self, error: &CreateError) {
         // A connection that just failed may be broken, or still busy with a statement that timed
         // out: the pool drops it, and the release uses a fresh one.
         if let Some(conn) = self.conn.as_mut() {
             db::discard(conn);
         }
         self.conn = None;
+        let reason = Reason { code: error.unfinished().as_str(), detail: &error.to_string() };
         release(self.state, &self.lock, self.actor, reason, &self.request_id).await;
     }
 }
 
 /// Unlocks a key where it stands, so a retry resumes at once (best effort: if even this fails,
 /// the lock goes stale after the lock timeout and the key is taken over then).
-async fn release(state: &AppState, lock: &KeyLock, actor: Actor, reason: &str, request_id: &RequestId) {
+async fn release(state: &AppState, lock: &KeyLock, actor: Actor, reason: Reason<'_>, request_id: &RequestId) {
     let result = async {
         let mut conn = db::connect(&state.db).await?;
         lock.release(&mut conn, actor, reason, request_id).await

@@ -12,6 +12,23 @@ use crate::audit::{self, AuditEntry};
 use crate::db::{self, StoreError};
 use crate::idempotency::{IdempotencyKey, KeyRecord, RecoveryPoint};
 
+/// What of an audit record's data the key's owner sees: facts about the request, never an
+/// error's text or a gateway's identity, which may name servers or database errors (operators
+/// read those in `payments attention list`, the logs, or the audit table).
+const SHOWN: [&str; 11] = [
+    "recovery_point",
+    "reason_code",
+    "answered_by",
+    "status",
+    "gateway_charge_id",
+    "failure_code",
+    "response_status",
+    "amount",
+    "currency",
+    "attempt",
+    "attempts",
+];
+
 /// The story of one key of an account.
 #[derive(Debug, Serialize)]
 pub struct KeyStory {
@@ -26,6 +43,7 @@ pub struct KeyStory {
     locked_until: Option<DateTime<Utc>>,
     completer_attempts: i32,
     needs_attention: bool,
+    /// Why the completer gave up, as a code: `unknown_outcome`, `lock_lost`, `database`, `internal`.
     attention_reason: Option<String>,
     needs_attention_at: Option<DateTime<Utc>>,
     created_at: Option<DateTime<Utc>>,
@@ -73,8 +91,15 @@ impl KeyStory {
         id: Uuid,
         record: Option<KeyRecord>,
         payment: Option<Payment>,
-        trail: Vec<AuditEntry>,
+        mut trail: Vec<AuditEntry>,
     ) -> KeyStory {
+        for entry in &mut trail {
+            if let Some(data) = entry.data.as_object_mut() {
+                data.retain(|field, _| SHOWN.contains(&field.as_str()));
+            }
+        }
+        let gave_up = trail.iter().rev().find(|entry| entry.action == "idempotency_key.needs_attention");
+        let attention_code = gave_up.and_then(|entry| entry.data["reason_code"].as_str()).map(str::to_owned);
         let at = |action: &str| trail.iter().find(|entry| entry.action == action).map(|entry| entry.created_at);
         let story = KeyStory {
             object: "idempotency_key",
@@ -102,7 +127,7 @@ impl KeyStory {
                 locked_until: record.locked_until,
                 completer_attempts: record.completer_attempts,
                 needs_attention: record.needs_attention_at.is_some(),
-                attention_reason: record.attention_reason,
+                attention_reason: record.needs_attention_at.and(attention_code),
                 needs_attention_at: record.needs_attention_at,
                 created_at: Some(record.created_at),
                 last_run_at: Some(record.last_run_at),

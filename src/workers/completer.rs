@@ -8,7 +8,7 @@ use tracing::Instrument;
 use super::{Outcome, Worker};
 use crate::config::WorkerSettings;
 use crate::db;
-use crate::idempotency::{claim_abandoned, mark_needs_attention};
+use crate::idempotency::{Reason, claim_abandoned, mark_needs_attention};
 use crate::metrics::CompleterOutcome;
 use crate::payments::complete_abandoned;
 use crate::request_id::RequestId;
@@ -55,9 +55,10 @@ impl Completer {
                 tracing::info!(%key_id, attempt, response.status = response.status, "finished an abandoned request");
             }
             Err(error) if attempt >= self.max_attempts => {
-                metrics.completer_run(CompleterOutcome::GaveUp);
                 let mut conn = db::connect(&self.state.db).await?;
-                if mark_needs_attention(&mut conn, &lock, &error.to_string(), run).await? {
+                let reason = Reason { code: error.unfinished().as_str(), detail: &error.to_string() };
+                if mark_needs_attention(&mut conn, &lock, reason, run).await? {
+                    metrics.completer_run(CompleterOutcome::GaveUp);
                     tracing::error!(
                         %key_id, attempt, %error,
                         "gave up on an abandoned request: it needs attention (see `payments attention list`)"

@@ -9,7 +9,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments::audit::Actor;
 use payments::db::schema::audit_records;
-use payments::idempotency::{PhaseError, RecoveryPoint, Transition, atomic_phase};
+use payments::idempotency::{PhaseError, Reason, RecoveryPoint, Transition, atomic_phase};
 use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 
@@ -44,9 +44,11 @@ async fn a_request_whose_lock_was_taken_over_commits_nothing() {
     assert_eq!(row.lock_token, held_by_second.lock_token);
 
     // Its attempt to unlock is fenced too: the second holder keeps the key.
-    first.release(&mut conn, Actor::Api, "stalled", &request.request_id).await.unwrap();
+    let stalled = Reason { code: "lock_lost", detail: "stalled" };
+    first.release(&mut conn, Actor::Api, stalled, &request.request_id).await.unwrap();
     assert_eq!(app.key_row(key.as_str()).await.unwrap().lock_token, held_by_second.lock_token);
-    second.release(&mut conn, Actor::Api, "done with it", &request.request_id).await.unwrap();
+    let done = Reason { code: "internal", detail: "done with it" };
+    second.release(&mut conn, Actor::Api, done, &request.request_id).await.unwrap();
     assert!(app.key_row(key.as_str()).await.unwrap().lock_token.is_none());
 }
 

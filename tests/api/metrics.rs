@@ -98,6 +98,9 @@ async fn http_requests_are_counted_by_route_template_never_by_raw_path() {
     assert_eq!(app.get(&format!("/v1/payments/{id}")).await.status(), StatusCode::NOT_FOUND);
     assert_eq!(app.get("/no/such/thing").await.status(), StatusCode::NOT_FOUND);
     assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
+    let made_up = reqwest::Method::from_bytes(b"MADEUP1").unwrap();
+    let odd = app.http.request(made_up, format!("{}/v1/payments", app.address)).send().await.unwrap();
+    assert_eq!(odd.status(), StatusCode::METHOD_NOT_ALLOWED);
 
     let scrape = app.metrics().await;
     let http = |method: &str, route: &str, status: &str| {
@@ -110,6 +113,8 @@ async fn http_requests_are_counted_by_route_template_never_by_raw_path() {
     assert_eq!(scrape.count("http_request_duration_seconds_count", &timed), 1.0);
     assert!(!scrape.0.contains(&id.to_string()) && !scrape.0.contains("/no/such"), "no raw path is a label");
     assert!(!scrape.0.contains(&app.account_id.to_string()), "no account is a label");
+    assert_eq!(http("other", "/v1/payments", "405"), 1.0);
+    assert!(!scrape.0.contains("MADEUP1"), "nor a method a client made up");
 }
 
 #[tokio::test]
