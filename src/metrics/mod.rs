@@ -36,169 +36,104 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 const DURATION_BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
-/// How an `Idempotency-Key` request was taken in: the claim's verdict.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeyOutcome {
-    /// A new key: the request runs from the start.
-    Created,
-    /// An unfinished key taken up again (a retry after a crash, a timeout or an unknown outcome).
-    Resumed,
-    /// A finished key: its stored answer is sent again.
-    Replayed,
-    /// Another request holds the key (409).
-    InFlight,
-    /// The key was used with another request (422).
-    KeyReused,
-    /// The key's record was reaped; its payment remains (410).
-    Expired,
+/// Declares the values of a label: a closed set, each with its text, and all of them in order.
+macro_rules! label {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident { $( $(#[$variant_meta:meta])* $variant:ident = $text:literal, )+ }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name { $( $(#[$variant_meta])* $variant, )+ }
+
+        impl $name {
+            /// Every value, in the order declared.
+            pub const ALL: &'static [$name] = &[$( $name::$variant, )+];
+
+            /// The label's text.
+            pub fn as_str(self) -> &'static str {
+                match self { $( $name::$variant => $text, )+ }
+            }
+        }
+    };
 }
 
-impl KeyOutcome {
-    const ALL: [KeyOutcome; 6] = [
-        KeyOutcome::Created,
-        KeyOutcome::Resumed,
-        KeyOutcome::Replayed,
-        KeyOutcome::InFlight,
-        KeyOutcome::KeyReused,
-        KeyOutcome::Expired,
-    ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            KeyOutcome::Created => "created",
-            KeyOutcome::Resumed => "resumed",
-            KeyOutcome::Replayed => "replayed",
-            KeyOutcome::InFlight => "in_flight",
-            KeyOutcome::KeyReused => "key_reused",
-            KeyOutcome::Expired => "expired",
-        }
+label! {
+    /// How an `Idempotency-Key` request was taken in: the claim's verdict.
+    pub enum KeyOutcome {
+        /// A new key: the request runs from the start.
+        Created = "created",
+        /// An unfinished key taken up again (a retry after a crash, a timeout or an unknown outcome).
+        Resumed = "resumed",
+        /// A finished key: its stored answer is sent again.
+        Replayed = "replayed",
+        /// Another request holds the key (409).
+        InFlight = "in_flight",
+        /// The key was used with another request (422).
+        KeyReused = "key_reused",
+        /// The key's record was reaped; its payment remains (410).
+        Expired = "expired",
     }
 }
 
-/// Why a request that held its key answered without finishing (the key waits for a retry or the
-/// completer).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unfinished {
-    /// The gateway gave no definitive answer, or could not be asked (503 `gateway-unavailable`).
-    UnknownOutcome,
-    /// Another driver took the key over meanwhile.
-    LockLost,
-    /// The database failed (503).
-    Database,
-    /// A broken invariant (500).
-    Internal,
-}
-
-impl Unfinished {
-    const ALL: [Unfinished; 4] =
-        [Unfinished::UnknownOutcome, Unfinished::LockLost, Unfinished::Database, Unfinished::Internal];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unfinished::UnknownOutcome => "unknown_outcome",
-            Unfinished::LockLost => "lock_lost",
-            Unfinished::Database => "database",
-            Unfinished::Internal => "internal",
-        }
+label! {
+    /// Why a request that held its key answered without finishing (the key waits for a retry or
+    /// the completer).
+    pub enum Unfinished {
+        /// The gateway gave no definitive answer, or could not be asked (503 `gateway-unavailable`).
+        UnknownOutcome = "unknown_outcome",
+        /// Another driver took the key over meanwhile.
+        LockLost = "lock_lost",
+        /// The database failed (503).
+        Database = "database",
+        /// A broken invariant (500).
+        Internal = "internal",
     }
 }
 
-/// What a gateway call was for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GatewayOperation {
-    Charge,
-    /// Looking a charge up by its key, before charging a resumed payment.
-    Lookup,
-}
-
-impl GatewayOperation {
-    const ALL: [GatewayOperation; 2] = [GatewayOperation::Charge, GatewayOperation::Lookup];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            GatewayOperation::Charge => "charge",
-            GatewayOperation::Lookup => "lookup",
-        }
+label! {
+    /// What a gateway call was for.
+    pub enum GatewayOperation {
+        Charge = "charge",
+        /// Looking a charge up by its key, before charging a resumed payment.
+        Lookup = "lookup",
     }
 }
 
-/// What a gateway call ended with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GatewayOutcome {
-    Succeeded,
-    /// A look-up that found no charge under the key.
-    NotFound,
-    /// The card was declined, or the source is unknown (402 to our client).
-    Declined,
-    /// Refused for another definitive reason (502 to our client).
-    Rejected,
-    /// No definitive answer: a timeout, a connection error, a 5xx, a 409 or 429.
-    Indeterminate,
-}
-
-impl GatewayOutcome {
-    const ALL: [GatewayOutcome; 5] = [
-        GatewayOutcome::Succeeded,
-        GatewayOutcome::NotFound,
-        GatewayOutcome::Declined,
-        GatewayOutcome::Rejected,
-        GatewayOutcome::Indeterminate,
-    ];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            GatewayOutcome::Succeeded => "succeeded",
-            GatewayOutcome::NotFound => "not_found",
-            GatewayOutcome::Declined => "declined",
-            GatewayOutcome::Rejected => "rejected",
-            GatewayOutcome::Indeterminate => "indeterminate",
-        }
+label! {
+    /// What a gateway call ended with.
+    pub enum GatewayOutcome {
+        Succeeded = "succeeded",
+        /// A look-up that found no charge under the key.
+        NotFound = "not_found",
+        /// The card was declined, or the source is unknown (402 to our client).
+        Declined = "declined",
+        /// Refused for another definitive reason (502 to our client).
+        Rejected = "rejected",
+        /// No definitive answer: a timeout, a connection error, a 5xx, a 409 or 429.
+        Indeterminate = "indeterminate",
     }
 }
 
-/// How a completer run on an abandoned key ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CompleterOutcome {
-    Finished,
-    /// Not yet; tried again after its backoff.
-    RetryLater,
-    /// Its last attempt failed: the key now needs a person.
-    GaveUp,
-}
-
-impl CompleterOutcome {
-    const ALL: [CompleterOutcome; 3] =
-        [CompleterOutcome::Finished, CompleterOutcome::RetryLater, CompleterOutcome::GaveUp];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            CompleterOutcome::Finished => "finished",
-            CompleterOutcome::RetryLater => "retry_later",
-            CompleterOutcome::GaveUp => "gave_up",
-        }
+label! {
+    /// How a completer run on an abandoned key ended.
+    pub enum CompleterOutcome {
+        Finished = "finished",
+        /// Not yet; tried again after its backoff.
+        RetryLater = "retry_later",
+        /// Its last attempt failed: the key now needs a person.
+        GaveUp = "gave_up",
     }
 }
 
-/// How an event's delivery ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeliveryOutcome {
-    Delivered,
-    /// Failed; due again after its backoff.
-    Failed,
-    /// Failed for the last time.
-    DeadLettered,
-}
-
-impl DeliveryOutcome {
-    const ALL: [DeliveryOutcome; 3] =
-        [DeliveryOutcome::Delivered, DeliveryOutcome::Failed, DeliveryOutcome::DeadLettered];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            DeliveryOutcome::Delivered => "delivered",
-            DeliveryOutcome::Failed => "failed",
-            DeliveryOutcome::DeadLettered => "dead_lettered",
-        }
+label! {
+    /// How an event's delivery ended.
+    pub enum DeliveryOutcome {
+        Delivered = "delivered",
+        /// Failed; due again after its backoff.
+        Failed = "failed",
+        /// Failed for the last time.
+        DeadLettered = "dead_lettered",
     }
 }
 
@@ -293,21 +228,21 @@ impl Metrics {
         metrics.registry.register(Box::new(metrics.reaped.clone())).expect("registered once");
         // Every series of a closed set is there from the start, at 0: an alert on a rate then
         // sees the first event, and a dashboard shows a zero rather than nothing.
-        for outcome in KeyOutcome::ALL {
+        for &outcome in KeyOutcome::ALL {
             metrics.requests.with_label_values(&[outcome.as_str()]);
         }
-        for reason in Unfinished::ALL {
+        for &reason in Unfinished::ALL {
             metrics.unfinished.with_label_values(&[reason.as_str()]);
         }
-        for operation in GatewayOperation::ALL {
-            for outcome in GatewayOutcome::ALL {
+        for &operation in GatewayOperation::ALL {
+            for &outcome in GatewayOutcome::ALL {
                 metrics.gateway_requests.with_label_values(&[operation.as_str(), outcome.as_str()]);
             }
         }
-        for outcome in CompleterOutcome::ALL {
+        for &outcome in CompleterOutcome::ALL {
             metrics.completer_runs.with_label_values(&[outcome.as_str()]);
         }
-        for outcome in DeliveryOutcome::ALL {
+        for &outcome in DeliveryOutcome::ALL {
             metrics.deliveries.with_label_values(&[outcome.as_str()]);
         }
         metrics

@@ -17,18 +17,12 @@ use crate::db::{self, Pool, StoreError};
 /// How often a process adds its tallies to the database: what a crash can lose of them.
 pub const FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Counts per [`KeyOutcome`], in the order of the table's columns.
+/// Counts per [`KeyOutcome`], in the order of [`KeyOutcome::ALL`], which is the order of the
+/// table's columns.
 type Counts = [i64; 6];
 
 fn column(outcome: KeyOutcome) -> usize {
-    match outcome {
-        KeyOutcome::Created => 0,
-        KeyOutcome::Resumed => 1,
-        KeyOutcome::Replayed => 2,
-        KeyOutcome::InFlight => 3,
-        KeyOutcome::KeyReused => 4,
-        KeyOutcome::Expired => 5,
-    }
+    KeyOutcome::ALL.iter().position(|known| *known == outcome).expect("every outcome is in ALL")
 }
 
 /// The tallies since the last flush.
