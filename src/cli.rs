@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
+use crate::commands::pay::PayArgs;
 use crate::config::{
     CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, StatsArgs, WorkerCommandArgs,
 };
@@ -40,6 +41,10 @@ pub enum Command {
     /// Each account's requests by how their idempotency key was taken in, and the share that
     /// repeated a key: a client that retries far more than others is broken, or being replayed.
     Stats(StatsArgs),
+    /// Make one payment through the reference client: one idempotency key for all its attempts,
+    /// retries with backoff on what may succeed next time, never on a definitive answer. Exit
+    /// codes: 0 paid, 3 declined, 4 rejected, 5 gave up (the key is printed, to resume with --key).
+    Pay(PayArgs),
     /// Measure the service under load: new payments, replays and concurrent duplicates, against a
     /// deployment of its own (or --url), and optionally against the reference workloads.
     Bench(BenchArgs),

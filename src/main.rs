@@ -1,23 +1,28 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 use payments::cli::{AccountsCommand, AttentionCommand, Cli, Command};
 use payments::commands;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     payments::telemetry::init(cli.log_format);
+    // Most commands succeed or fail; `pay` says with their exit code how a run ended.
+    let done = |()| ExitCode::SUCCESS;
     match cli.command {
-        Command::Serve(args) => commands::serve::run(args).await,
-        Command::Worker(args) => commands::worker::run(args).await,
-        Command::Gateway(args) => commands::gateway::run(args).await,
-        Command::Migrate(args) => commands::migrate::run(args).await,
-        Command::Accounts(AccountsCommand::Create(args)) => commands::accounts::create(args).await,
-        Command::Attention(AttentionCommand::List(database)) => commands::attention::list(database).await,
+        Command::Serve(args) => commands::serve::run(args).await.map(done),
+        Command::Worker(args) => commands::worker::run(args).await.map(done),
+        Command::Gateway(args) => commands::gateway::run(args).await.map(done),
+        Command::Migrate(args) => commands::migrate::run(args).await.map(done),
+        Command::Accounts(AccountsCommand::Create(args)) => commands::accounts::create(args).await.map(done),
+        Command::Attention(AttentionCommand::List(database)) => commands::attention::list(database).await.map(done),
         Command::Attention(AttentionCommand::Retry { key_id, database }) => {
-            commands::attention::retry(database, &key_id).await
+            commands::attention::retry(database, &key_id).await.map(done)
         }
-        Command::Stats(args) => commands::stats::run(args).await,
-        Command::Bench(args) => commands::bench::run(args).await,
-        Command::BenchEndpoint(args) => commands::bench::endpoint(args).await,
+        Command::Stats(args) => commands::stats::run(args).await.map(done),
+        Command::Pay(args) => commands::pay::run(args).await,
+        Command::Bench(args) => commands::bench::run(args).await.map(done),
+        Command::BenchEndpoint(args) => commands::bench::endpoint(args).await.map(done),
     }
 }

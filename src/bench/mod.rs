@@ -18,15 +18,12 @@
 //!
 //! It prints its results as tables on stdout and, with `--json`, writes them as one object.
 
-mod child;
 mod database;
 pub mod endpoint;
 mod load;
 mod procfs;
-mod progress;
 mod reference;
 mod report;
-mod webhook;
 mod world;
 
 use std::path::PathBuf;
@@ -37,10 +34,10 @@ use std::time::Duration;
 use anyhow::Context;
 use reqwest::Url;
 
+use crate::lab::progress::Progress;
 use database::{BacklogSampler, Counters, Probe, drain};
 use load::{Driver, Finished};
 use procfs::{Watched, rss_kib};
-use progress::Progress;
 use reference::{BareEndpoint, Pgbench};
 use report::{
     BareCpu, BareReport, Before, Cost, LoadReport, Machine, Outbox, Ratios, References, Report, ScenarioReport,

@@ -18,13 +18,14 @@ use anyhow::{Context, bail};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use super::child::{self, Child};
 use super::database::Probe;
 use super::load::{Driver, Load, Scenario};
 use super::procfs::{Watched, reaped_children_cpu_us};
-use super::progress::Progress;
-use super::world::{World, execute};
+use super::world::World;
 use crate::db::cluster::server_binaries;
+use crate::lab::child::{self, Child};
+use crate::lab::execute;
+use crate::lab::progress::Progress;
 
 /// The reference database, beside the service's.
 const DATABASE: &str = "payments_reference";

@@ -8,21 +8,21 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use reqwest::Url;
 
-use super::child::{self, Child, payments};
-use super::webhook::WebhookSink;
-use crate::db::cluster::{Cluster, Durability};
+use crate::db::cluster::Cluster;
+use crate::lab::child::{Child, payments};
+use crate::lab::webhook::WebhookSink;
+use crate::lab::{OwnDatabase, Scratch};
 use crate::startup::LISTENING;
-
-/// The service's database in the benchmark's own cluster.
-const DATABASE: &str = "payments";
 
 /// What the benchmark's own cluster runs with beyond the usual: statement counts, `BEGIN` and
 /// `COMMIT` included. Nothing that trades durability for speed: fsync and synchronous_commit stay on.
 const SERVER_SETTINGS: &[&str] =
     &["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=on"];
+
+/// The benchmark's scratch directories: `/tmp/payments-bench-<pid>`.
+const SCRATCH_PREFIX: &str = "payments-bench-";
 
 /// The processes whose CPU time the report can show.
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,23 +57,13 @@ struct Own {
 impl World {
     /// Starts a deployment of the benchmark's own.
     pub async fn start() -> anyhow::Result<World> {
-        let scratch = Scratch::create()?;
-        let root = scratch.0.join("pg");
-        let cluster = tokio::task::spawn_blocking(move || {
-            Cluster::start_with_settings(&root, Durability::Durable, SERVER_SETTINGS)
-        })
-        .await??;
-        execute(&cluster.url("postgres"), &format!("CREATE DATABASE {DATABASE}")).await?;
-        let database_url = cluster.url(DATABASE);
-        let with_database = [("DATABASE_URL", database_url.as_str())];
-        child::output("payments migrate", payments(&["migrate"], &with_database)?).await?;
-        let created =
-            child::output("payments accounts create", payments(&["accounts", "create", "bench"], &with_database)?);
-        let api_key = created.await?.lines().last().context("no API key printed")?.trim().to_owned();
+        let scratch = Scratch::create(SCRATCH_PREFIX)?;
+        let OwnDatabase { cluster, url: database_url, api_key } =
+            OwnDatabase::start(&scratch.path().join("pg"), SERVER_SETTINGS, "bench").await?;
 
         let quiet = [("RUST_LOG", "warn")];
         let gateway = payments(&["gateway", "--bind", "127.0.0.1:0"], &quiet)?;
-        let log = scratch.0.join("gateway.log");
+        let log = scratch.path().join("gateway.log");
         let gateway = Child::start("payments gateway", gateway, &log, "payments gateway listening on").await?;
         let webhook = WebhookSink::start()?;
         let env = [
@@ -84,16 +74,17 @@ impl World {
             // Logging every request would cost more than some of what is measured.
             ("RUST_LOG", "warn"),
         ];
-        let log = scratch.0.join("serve.log");
+        let log = scratch.path().join("serve.log");
         let serve = Child::start("payments serve", payments(&["serve"], &env)?, &log, LISTENING).await?;
 
-        let pids = Pids { api: serve.pid(), gateway: gateway.pid(), postgres: postmaster_pid(&scratch.0.join("pg")) };
+        let pids =
+            Pids { api: serve.pid(), gateway: gateway.pid(), postgres: postmaster_pid(&scratch.path().join("pg")) };
         Ok(World {
             api_url: serve.address.parse().context("the address serve printed")?,
             api_key,
             database_url: Some(database_url),
             pids,
-            scratch: scratch.0.clone(),
+            scratch: scratch.path().to_owned(),
             own: Some(Own { serve, gateway, webhook, cluster: Some(cluster) }),
             _scratch: scratch,
         })
@@ -101,8 +92,16 @@ impl World {
 
     /// A running deployment.
     pub fn existing(api_url: Url, api_key: String, database_url: Option<String>, pids: Pids) -> anyhow::Result<World> {
-        let scratch = Scratch::create()?;
-        Ok(World { api_url, api_key, database_url, pids, scratch: scratch.0.clone(), own: None, _scratch: scratch })
+        let scratch = Scratch::create(SCRATCH_PREFIX)?;
+        Ok(World {
+            api_url,
+            api_key,
+            database_url,
+            pids,
+            scratch: scratch.path().to_owned(),
+            own: None,
+            _scratch: scratch,
+        })
     }
 
     /// Events the service's outbox delivered to the benchmark's webhook so far (own deployment).
@@ -140,45 +139,8 @@ impl World {
     }
 }
 
-/// Runs one statement on `url`.
-pub async fn execute(url: &str, sql: &str) -> anyhow::Result<()> {
-    let mut conn = AsyncPgConnection::establish(url).await?;
-    diesel::sql_query(sql).execute(&mut conn).await.with_context(|| format!("running {sql}"))?;
-    Ok(())
-}
-
 /// The postmaster's pid, from the first line of `postmaster.pid`.
 fn postmaster_pid(root: &Path) -> Option<u32> {
     let contents = std::fs::read_to_string(root.join("data/postmaster.pid")).ok()?;
     contents.lines().next()?.trim().parse().ok()
-}
-
-/// The benchmark's directory under the system's temporary directory, removed when dropped. A
-/// benchmark that was killed leaves its directory behind (its cluster stops by itself: see
-/// [`crate::db::cluster`]), and the next run removes it.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn create() -> anyhow::Result<Scratch> {
-        const PREFIX: &str = "payments-bench-";
-        for entry in std::fs::read_dir(std::env::temp_dir())?.flatten() {
-            let name = entry.file_name();
-            let Some(pid) = name.to_str().and_then(|name| name.strip_prefix(PREFIX)) else { continue };
-            let alive = pid
-                .parse::<i32>()
-                .is_ok_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
-            if !alive {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-        let dir = std::env::temp_dir().join(format!("{PREFIX}{}", std::process::id()));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        Ok(Scratch(dir))
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }

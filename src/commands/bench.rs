@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::Args;
 use reqwest::Url;
 
+use super::parse_duration;
 use crate::bench::{self, Deployment, Plan, Scenario};
 
 /// Concurrent requests in flight, as in the reference workloads (`pgbench -c 32`, `wrk -c32`).
@@ -99,38 +100,4 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 pub async fn endpoint(args: BenchEndpointArgs) -> anyhow::Result<()> {
     bench::endpoint::serve(&args.bind, args.workers).await
-}
-
-/// `10s`, `1500ms`, `2m`; a bare number is seconds.
-fn parse_duration(value: &str) -> Result<Duration, String> {
-    let split = value.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(value.len());
-    let (number, unit) = value.split_at(split);
-    let number: f64 = number.parse().map_err(|_| format!("{value:?} is not a duration such as 10s or 500ms"))?;
-    let seconds = match unit {
-        "" | "s" => number,
-        "ms" => number / 1000.0,
-        "m" => number * 60.0,
-        _ => return Err(format!("{value:?}: the unit is ms, s or m")),
-    };
-    match seconds > 0.0 && seconds.is_finite() {
-        true => Ok(Duration::from_secs_f64(seconds)),
-        false => Err(format!("{value:?} is not a positive duration")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_take_a_unit_or_mean_seconds() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("ten").is_err());
-        assert!(parse_duration("10h").is_err());
-    }
 }

@@ -29,7 +29,10 @@ async fn a_new_payment_is_charged_once_answered_201_and_stored() {
     assert_eq!(row.recovery_point, "finished");
     assert!(row.locked_until.is_none() && row.lock_token.is_none());
     assert_eq!(row.response_status, Some(201));
-    assert_eq!(app.gateway.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 0 });
+    assert_eq!(
+        app.gateway.stats().await,
+        GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 0, faults: 0 }
+    );
     // One key, one payment, an audit record for the claim and one per phase, one staged event.
     assert_eq!(app.row_counts().await, (1, 1, 4, 1));
 
@@ -60,7 +63,10 @@ async fn a_declined_card_is_answered_402_with_the_failed_payment_and_stored() {
     assert!(problem["payment"]["gateway_charge_id"].is_null());
     let row = app.key_row(&key).await.unwrap();
     assert_eq!((row.recovery_point.as_str(), row.response_status), ("finished", Some(402)));
-    assert_eq!(app.gateway.stats().await, GatewayStats { charges: 0, declined: 1, requests: 1, look_ups: 0 });
+    assert_eq!(
+        app.gateway.stats().await,
+        GatewayStats { charges: 0, declined: 1, requests: 1, look_ups: 0, faults: 0 }
+    );
 }
 
 #[tokio::test]

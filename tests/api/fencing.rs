@@ -116,5 +116,5 @@ async fn a_driver_paused_past_its_lease_makes_no_gateway_call_when_it_wakes() {
     let woken = stalled.await.unwrap().unwrap();
 
     assert_eq!(woken.status(), StatusCode::SERVICE_UNAVAILABLE, "it stops without calling");
-    assert_eq!(control.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 1 });
+    assert_eq!(control.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 1, faults: 0 });
 }

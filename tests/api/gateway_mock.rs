@@ -85,6 +85,12 @@ impl Gw {
         (count("charges"), count("declined"), count("requests"))
     }
 
+    /// Charge requests that were given a failure.
+    async fn faults(&self) -> u64 {
+        let (_, stats) = self.get("/_control/stats").await;
+        stats["faults"].as_u64().expect("a count")
+    }
+
     async fn stop(self) {
         // Close the pooled connections first so shutdown need not wait on them.
         drop(self.client);
@@ -247,6 +253,7 @@ async fn error_before_processes_nothing() {
     let retry = gw.charge("k", &body(5, "tok_visa")).await;
     assert_eq!((retry.status(), replayed(&retry)), (StatusCode::OK, false));
     assert_eq!(gw.stats().await, (1, 0, 2));
+    assert_eq!(gw.faults().await, 1);
     gw.stop().await;
 }
 

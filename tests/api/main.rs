@@ -20,6 +20,7 @@ mod many_instances;
 mod metrics;
 mod openapi;
 mod outbox;
+mod pay;
 mod reaper;
 mod replay;
 mod request_id;

@@ -35,6 +35,11 @@ impl Fault {
             Fault::Latency(_) => "latency",
         }
     }
+
+    /// Whether the request fails (rather than being served, slowly or not).
+    pub(super) fn is_failure(self) -> bool {
+        RANDOM_FAULTS.contains(&self)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

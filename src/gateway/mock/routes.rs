@@ -38,8 +38,13 @@ impl AppState {
 
     /// Counts an incoming charge request and draws its fault.
     fn arrive(&self) -> Fault {
-        lock(&self.ledger).count_request();
-        lock(&self.faults).draw(&mut rand::rng())
+        let fault = lock(&self.faults).draw(&mut rand::rng());
+        let mut ledger = lock(&self.ledger);
+        ledger.count_request();
+        if fault.is_failure() {
+            ledger.count_fault();
+        }
+        fault
     }
 }
 

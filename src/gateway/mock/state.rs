@@ -117,6 +117,8 @@ pub(super) struct Stats {
     requests: u64,
     /// Every look-up by key (`GET /v1/charges?idempotency_key=`) received.
     look_ups: u64,
+    /// Charge requests that got a failure injected (`error_before`, `error_after`, `timeout_after`).
+    faults: u64,
 }
 
 #[derive(Debug)]
@@ -140,6 +142,11 @@ impl Ledger {
     /// Counts one `POST /v1/charges`, whatever becomes of it.
     pub(super) fn count_request(&mut self) {
         self.stats.requests += 1;
+    }
+
+    /// Counts one charge request that gets a failure injected.
+    pub(super) fn count_fault(&mut self) {
+        self.stats.faults += 1;
     }
 
     /// Counts one look-up by key.

@@ -34,6 +34,7 @@ pub struct GatewayStats {
     pub declined: u64,
     pub requests: u64,
     pub look_ups: u64,
+    pub faults: u64,
 }
 
 pub struct GatewayControl {

@@ -83,6 +83,12 @@ impl Progress {
     }
 }
 
+impl Default for Progress {
+    fn default() -> Progress {
+        Progress::new()
+    }
+}
+
 impl Phase<'_> {
     /// What the phase is doing now, beside its bar.
     pub fn set_message(&self, message: String) {

@@ -1,0 +1,117 @@
+//! When to try again, and how long to wait first.
+//!
+//! A retry waits a random time between zero and an exponentially growing ceiling ("full
+//! jitter"): clients that failed together do not come back together, so a server that is
+//! recovering is not hit by every client at the same instant. The ceiling is capped, so a long
+//! outage is polled at a steady pace, and the whole request stops at a deadline or after a number
+//! of attempts, whichever comes first. The server's `Retry-After` is a floor: the client never
+//! comes back sooner than it was asked to.
+
+use std::time::{Duration, SystemTime};
+
+use rand::Rng;
+
+/// Attempts of one request, the first included.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+
+/// How long one request may take, all its attempts and waits included. It outlasts a server's
+/// lock on a key whose request was cut short (90 s by default), after which a retry takes over.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(120);
+
+/// The ceiling of the first wait; it doubles after each failed attempt.
+pub const DEFAULT_BASE_DELAY: Duration = Duration::from_millis(500);
+
+/// The ceiling never grows past this.
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(20);
+
+/// How long one attempt may take before it is given up and retried. A payment request takes
+/// milliseconds, but up to a few gateway calls when the gateway is slow (10 s each by default).
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How hard to try.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub deadline: Duration,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    pub attempt_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> RetryPolicy {
+        RetryPolicy {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            deadline: DEFAULT_DEADLINE,
+            base_delay: DEFAULT_BASE_DELAY,
+            max_delay: DEFAULT_MAX_DELAY,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// A single attempt: what a client that gives up at the first failure does.
+    pub fn once() -> RetryPolicy {
+        RetryPolicy { max_attempts: 1, ..RetryPolicy::default() }
+    }
+
+    /// The wait after failed attempt `attempt` (1 for the first), at least `retry_after`.
+    pub fn delay(&self, attempt: u32, retry_after: Option<Duration>, rng: &mut impl Rng) -> Duration {
+        let doublings = attempt.saturating_sub(1).min(31);
+        let ceiling = self.base_delay.saturating_mul(1 << doublings).min(self.max_delay);
+        let jittered = ceiling.mul_f64(rng.random::<f64>());
+        jittered.max(retry_after.unwrap_or_default())
+    }
+}
+
+/// A `Retry-After` value: seconds, or an HTTP date (RFC 9110, section 10.2.3). A date in the past
+/// means no wait; anything unreadable is ignored.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_are_jittered_below_a_doubling_capped_ceiling() {
+        let policy = RetryPolicy {
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_millis(1_000),
+            ..RetryPolicy::default()
+        };
+        let mut rng = rand::rng();
+        for (attempt, ceiling_ms) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 1_000), (40, 1_000)] {
+            let waits: Vec<Duration> = (0..200).map(|_| policy.delay(attempt, None, &mut rng)).collect();
+            assert!(waits.iter().all(|wait| *wait <= Duration::from_millis(ceiling_ms)), "attempt {attempt}");
+            // Full jitter: spread over the whole range, not bunched at the ceiling.
+            assert!(waits.iter().any(|wait| *wait < Duration::from_millis(ceiling_ms / 2)), "attempt {attempt}");
+        }
+    }
+
+    #[test]
+    fn retry_after_is_a_floor() {
+        let policy = RetryPolicy { max_delay: Duration::from_millis(100), ..RetryPolicy::default() };
+        let mut rng = rand::rng();
+        for _ in 0..100 {
+            assert!(policy.delay(1, Some(Duration::from_secs(2)), &mut rng) == Duration::from_secs(2));
+        }
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date() {
+        let now = httpdate::parse_http_date("Sun, 22 Nov 2026 10:00:00 GMT").unwrap();
+        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
+        assert_eq!(parse_retry_after("Sun, 22 Nov 2026 10:00:05 GMT", now), Some(Duration::from_secs(5)));
+        assert_eq!(parse_retry_after("Sun, 22 Nov 2026 09:00:00 GMT", now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(parse_retry_after("-1", now), None);
+    }
+}

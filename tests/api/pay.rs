@@ -1,0 +1,145 @@
+//! `payments pay` and the reference client under it, against the real service and its mock
+//! gateway with faults.
+
+use std::time::{Duration, Instant};
+
+use payments::client::{Client, NewPayment, Next, Outcome, RetryPolicy};
+use serde_json::Value;
+use tokio::process::Command;
+
+use crate::helpers::TestApp;
+
+/// What a run of `payments pay` printed, and how it ended.
+struct Paid {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Paid {
+    fn body(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|_| panic!("stdout is one JSON body: {}", self.stdout))
+    }
+
+    /// The attempt lines on stderr.
+    fn attempts(&self) -> Vec<&str> {
+        self.stderr.lines().filter(|line| line.starts_with("attempt ")).collect()
+    }
+}
+
+/// `payments pay` against `app`, for 1000 usd from `source`, with these extra flags.
+async fn pay(app: &TestApp, source: &str, flags: &[&str]) -> Paid {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    command
+        .args(["pay", "--amount", "1000", "--currency", "usd", "--source", source, "--url", &app.address])
+        .args(flags)
+        .env_remove("PAYMENTS_API_KEY")
+        .env("PAYMENTS_API_KEY", &app.api_key);
+    let output = command.output().await.expect("running payments pay");
+    Paid {
+        code: output.status.code().expect("exited"),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn a_charge_through_a_gateway_fault_ends_with_one_charge() {
+    for fault in ["error_after", "error_before"] {
+        let app = TestApp::spawn().await;
+        app.gateway.fault(fault, 1).await;
+        let paid = pay(&app, "tok_visa", &[]).await;
+        assert_eq!(paid.code, 0, "{fault}: {}", paid.stderr);
+        let attempts = paid.attempts();
+        assert_eq!(attempts.len(), 2, "{fault}: {}", paid.stderr);
+        assert!(attempts[0].starts_with("attempt 1: 503 gateway-unavailable, retrying in 2."), "{}", attempts[0]);
+        assert_eq!(attempts[1], "attempt 2: 201 Created");
+        assert_eq!(paid.body()["status"], "succeeded");
+        let stats = app.gateway.stats().await;
+        assert_eq!((stats.charges, stats.faults), (1, 1), "{fault}");
+        // The one payment in the account is the one the client was answered.
+        let list: Value = app.get("/v1/payments").await.json().await.unwrap();
+        assert_eq!(list["data"].as_array().unwrap().len(), 1);
+        assert_eq!(list["data"][0]["id"], paid.body()["id"]);
+    }
+}
+
+#[tokio::test]
+async fn a_decline_is_not_retried() {
+    let app = TestApp::spawn().await;
+    let paid = pay(&app, "tok_chargeDeclined", &[]).await;
+    assert_eq!(paid.code, 3, "{}", paid.stderr);
+    assert_eq!(paid.attempts(), ["attempt 1: 402 card-declined"]);
+    assert_eq!(paid.body()["payment"]["status"], "failed");
+    assert_eq!(app.gateway.stats().await.requests, 1);
+}
+
+#[tokio::test]
+async fn other_definitive_answers_are_not_retried_and_exit_rejected() {
+    let app = TestApp::spawn().await;
+    // 422: the key made another payment.
+    let paid = pay(&app, "tok_visa", &["--key", "k"]).await;
+    assert_eq!(paid.code, 0);
+    let reused = Command::new(env!("CARGO_BIN_EXE_payments"))
+        .args(["pay", "--amount", "5", "--currency", "usd", "--source", "tok_visa", "--key", "k"])
+        .args(["--url", &app.address, "--api-key", &app.api_key])
+        .env_remove("PAYMENTS_API_KEY")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(reused.status.code(), Some(4));
+    let stderr = String::from_utf8_lossy(&reused.stderr);
+    assert_eq!(stderr.trim(), "attempt 1: 422 idempotency-key-reused");
+    let unauthorized = pay(&app, "tok_visa", &["--api-key", "sk_wrong"]).await;
+    assert_eq!((unauthorized.code, unauthorized.attempts()), (4, vec!["attempt 1: 401 unauthorized"]));
+    assert_eq!(app.gateway.stats().await.requests, 1);
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let app = TestApp::spawn().await;
+    // Without the server's hint the waits would be 50 ms at most.
+    let policy = RetryPolicy {
+        base_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let client = Client::new(&[app.address.parse().unwrap()], &app.api_key, policy).unwrap();
+    app.gateway.fault("error_before", 2).await;
+    let payment = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
+    let mut ended = Vec::new();
+    let finished =
+        client.pay(&Client::new_key(), &payment, |attempt| ended.push((Instant::now(), attempt.clone()))).await;
+    assert!(matches!(finished.outcome, Outcome::Paid(_)), "{:?}", finished.outcome);
+    assert_eq!(ended.len(), 3);
+    for pair in ended.windows(2) {
+        let (ended_at, attempt) = &pair[0];
+        let answer = attempt.result.as_ref().expect("an answer");
+        assert_eq!(answer.retry_after, Some(Duration::from_secs(2)), "{attempt}");
+        assert_eq!(attempt.next, Next::RetryIn(Duration::from_secs(2)));
+        // The next attempt took milliseconds; the wait before it was the server's two seconds.
+        let (next_ended_at, _) = &pair[1];
+        assert!(*next_ended_at - *ended_at >= Duration::from_secs(2), "{attempt}");
+    }
+    assert_eq!(app.gateway.stats().await.charges, 1);
+}
+
+#[tokio::test]
+async fn giving_up_prints_the_key_and_resuming_with_it_finishes_the_same_payment() {
+    let app = TestApp::spawn().await;
+    // The charge is made, then the answer is lost: the one attempt allowed ends without knowing.
+    app.gateway.fault("error_after", 1).await;
+    let gave_up = pay(&app, "tok_visa", &["--max-attempts", "1"]).await;
+    assert_eq!(gave_up.code, 5, "{}", gave_up.stderr);
+    let key = gave_up.stderr.split("--key ").nth(1).and_then(|rest| rest.split_whitespace().next());
+    let key = key.unwrap_or_else(|| panic!("no key printed: {}", gave_up.stderr)).to_owned();
+    assert!(uuid::Uuid::parse_str(&key).is_ok_and(|uuid| uuid.get_version_num() == 4), "{key}");
+    assert_eq!(gave_up.body()["type"], "https://payments.example/problems/gateway-unavailable");
+
+    let resumed = pay(&app, "tok_visa", &["--key", &key]).await;
+    assert_eq!(resumed.code, 0, "{}", resumed.stderr);
+    assert_eq!(resumed.attempts(), ["attempt 1: 201 Created"]);
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(story["payment"]["id"], resumed.body()["id"]);
+    assert_eq!(app.gateway.stats().await.charges, 1);
+}
