@@ -3,6 +3,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
+use crate::commands::chaos::ChaosArgs;
 use crate::commands::pay::PayArgs;
 use crate::config::{
     CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, StatsArgs, WorkerCommandArgs,
@@ -45,6 +46,10 @@ pub enum Command {
     /// retries with backoff on what may succeed next time, never on a definitive answer. Exit
     /// codes: 0 paid, 3 declined, 4 rejected, 5 gave up (the key is printed, to resume with --key).
     Pay(PayArgs),
+    /// Watch the guarantees hold: many payments through the reference client while servers and
+    /// workers are killed, requests crash mid-way and the gateway fails; then check that nothing
+    /// was charged twice or lost. Exits 3 if an invariant is broken.
+    Chaos(ChaosArgs),
     /// Measure the service under load: new payments, replays and concurrent duplicates, against a
     /// deployment of its own (or --url), and optionally against the reference workloads.
     Bench(BenchArgs),

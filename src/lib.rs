@@ -10,6 +10,7 @@
 pub mod accounts;
 pub mod audit;
 pub mod bench;
+pub mod chaos;
 pub mod cli;
 pub mod client;
 pub mod commands;

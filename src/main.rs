@@ -8,7 +8,7 @@ use payments::commands;
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     payments::telemetry::init(cli.log_format);
-    // Most commands succeed or fail; `pay` says with their exit code how a run ended.
+    // Most commands succeed or fail; `pay` and `chaos` say with their exit code how a run ended.
     let done = |()| ExitCode::SUCCESS;
     match cli.command {
         Command::Serve(args) => commands::serve::run(args).await.map(done),
@@ -22,6 +22,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::Stats(args) => commands::stats::run(args).await.map(done),
         Command::Pay(args) => commands::pay::run(args).await,
+        Command::Chaos(args) => commands::chaos::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await.map(done),
         Command::BenchEndpoint(args) => commands::bench::endpoint(args).await.map(done),
     }

@@ -10,13 +10,15 @@
 //!   `5xx` (one marked `Idempotent-Replayed`, or `gateway-rejected`, which is stored), since the
 //!   same key gets the same answer again;
 //! - given several base URLs, it sends each attempt to the next one, so a retry goes around a
-//!   server that has gone down.
+//!   server that has gone down, and each payment starts where the last one did not.
 //!
 //! `payments pay` is this module on the command line; `payments chaos` drives it under faults.
 
 mod retry;
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -50,6 +52,8 @@ pub struct Client {
     endpoints: Vec<Url>,
     api_key: String,
     policy: RetryPolicy,
+    /// Where the next payment's first attempt goes (shared by clones).
+    next_endpoint: Arc<AtomicUsize>,
 }
 
 /// An answer the server gave to one attempt.
@@ -148,7 +152,12 @@ impl Client {
             .collect::<Result<Vec<_>, _>>()?;
         // Redirects are answers too: a payment is never re-sent somewhere it was not addressed to.
         let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
-        Ok(Client { http, endpoints, api_key: api_key.to_owned(), policy })
+        Ok(Client { http, endpoints, api_key: api_key.to_owned(), policy, next_endpoint: Arc::default() })
+    }
+
+    /// The same client with another policy (sharing its connections).
+    pub fn with_policy(&self, policy: RetryPolicy) -> Client {
+        Client { policy, ..self.clone() }
     }
 
     /// A new idempotency key: one per payment, kept for all its retries.
@@ -172,10 +181,11 @@ impl Client {
         mut observe: impl FnMut(&Attempt),
     ) -> Finished {
         let started = Instant::now();
+        let first_endpoint = self.next_endpoint.fetch_add(1, Ordering::Relaxed);
         let mut number = 0;
         loop {
             number += 1;
-            let endpoint = &self.endpoints[(number as usize - 1) % self.endpoints.len()];
+            let endpoint = &self.endpoints[(first_endpoint + number as usize - 1) % self.endpoints.len()];
             let left = self.policy.deadline.saturating_sub(started.elapsed());
             let headers = if number == 1 { first_attempt_headers } else { &[] };
             let result = self.send(endpoint, key, payment, headers, self.policy.attempt_timeout.min(left)).await;

@@ -3,6 +3,7 @@
 pub mod accounts;
 pub mod attention;
 pub mod bench;
+pub mod chaos;
 pub mod gateway;
 pub mod migrate;
 pub mod pay;

@@ -73,6 +73,16 @@ impl Child {
         self.child.id()
     }
 
+    /// Kills it with SIGKILL, as a crash would, and waits for it to be gone.
+    pub async fn kill(mut self) -> anyhow::Result<()> {
+        self.child.kill().await.with_context(|| format!("killing {}", self.name))
+    }
+
+    /// Whether it has exited by itself (aborted at a crash point, say).
+    pub fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Stops it cleanly: SIGTERM, then a wait; killed if it takes longer than [`STOP_TIMEOUT`].
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(pid) = self.child.id() {

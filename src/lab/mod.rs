@@ -85,6 +85,13 @@ impl Scratch {
     pub fn path(&self) -> &Path {
         &self.0
     }
+
+    /// Keeps the directory (and the logs in it) for someone to read: it is not removed.
+    pub fn keep(self) -> PathBuf {
+        let path = self.0.clone();
+        std::mem::forget(self);
+        path
+    }
 }
 
 impl Drop for Scratch {

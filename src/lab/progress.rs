@@ -72,6 +72,15 @@ impl Progress {
         Phase { progress: self, bar, ticker: Some(ticker) }
     }
 
+    /// A phase of `total` items; the caller moves the bar (see [`Phase::bar`]).
+    pub fn counted(&self, what: &str, total: u64) -> Phase<'_> {
+        let bar = self.bars.add(ProgressBar::new(total));
+        let template = "  {prefix:<24} [{bar:30}] {pos}/{len} {elapsed:>4} {msg}";
+        bar.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+        bar.set_prefix(what.to_owned());
+        Phase { progress: self, bar, ticker: None }
+    }
+
     /// A line above the bars (or on stderr, when they are not drawn).
     pub fn note(&self, line: &str) {
         match self.visible {
@@ -90,6 +99,11 @@ impl Default for Progress {
 }
 
 impl Phase<'_> {
+    /// The bar, for a task that moves it.
+    pub fn bar(&self) -> ProgressBar {
+        self.bar.clone()
+    }
+
     /// What the phase is doing now, beside its bar.
     pub fn set_message(&self, message: String) {
         self.bar.set_message(message);

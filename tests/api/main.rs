@@ -1,6 +1,7 @@
 //! The integration tests: one binary, so the crate links once and the run shares one cluster.
 
 mod bench;
+mod chaos;
 mod commands;
 mod completer;
 mod concurrency;

@@ -1,0 +1,276 @@
+//! `payments chaos`: watch the guarantees hold.
+//!
+//! It starts a deployment of its own (see [`world`]), or is pointed at one, and then, while many
+//! payments go through the reference client ([`load`]) over both servers:
+//! - the gateway fails a share of the charge requests (`error_before`, `error_after`,
+//!   `timeout_after`: each leaves the service unsure whether it charged);
+//! - every 1 to 3 s a random server or the worker is killed with SIGKILL, and started again;
+//! - some requests carry a crash point, and the server that takes them aborts there;
+//! - some clients walk away after one try, leaving their key to the workers.
+//!
+//! When the load ends the faults stop, the system settles, every key is asked for once more, and
+//! [`check`] holds what everyone saw against the database. The run prints what it did and each
+//! invariant, and fails if one is broken.
+
+mod check;
+mod load;
+mod report;
+mod world;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::Context;
+use rand::Rng;
+use reqwest::Url;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::client::Client;
+use crate::lab::progress::Progress;
+use check::{Outside, Stored};
+use load::Live;
+use report::{Did, Report};
+use world::{Fleet, World};
+
+pub use load::{Extent, Mix};
+
+/// The wait between two kills is drawn from this range.
+const KILL_EVERY: std::ops::Range<Duration> = Duration::from_secs(1)..Duration::from_secs(3);
+
+/// How often the fleet is checked for processes that aborted at a crash point.
+const RESTART_POLL: Duration = Duration::from_millis(100);
+
+/// How long the system may take to settle after the load: a key locked by a request that a
+/// crash cut short waits out the lock timeout (11 s) before a worker or a retry takes it over.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How often settling is polled.
+const SETTLE_POLL: Duration = Duration::from_millis(250);
+
+/// What to run.
+pub struct Plan {
+    pub extent: Extent,
+    pub clients: usize,
+    pub fault_rate: f64,
+    pub mix: Mix,
+    pub kills: bool,
+    pub deployment: Deployment,
+}
+
+/// What to disturb.
+pub enum Deployment {
+    Own,
+    /// A running deployment: driven and checked, never killed; no crash points (its servers may
+    /// not honour them) and no check of its events (its webhook is not the run's).
+    Existing {
+        urls: Vec<Url>,
+        api_key: String,
+        database_url: String,
+        gateway_url: Url,
+    },
+}
+
+/// What the run counted while it disturbed the fleet.
+#[derive(Debug, Default)]
+struct Disturbed {
+    kills: Mutex<BTreeMap<String, u64>>,
+    /// Processes that aborted by themselves (at a crash point) and were started again.
+    aborted: AtomicU64,
+}
+
+/// Runs the chaos and prints its report; whether every invariant held.
+pub async fn run(mut plan: Plan) -> anyhow::Result<bool> {
+    let progress = Progress::new();
+    let starting = progress.step("starting the world");
+    let mut world = match &plan.deployment {
+        Deployment::Own => World::start().await?,
+        Deployment::Existing { urls, api_key, database_url, gateway_url } => {
+            plan.mix.crash = 0.0;
+            World::existing(urls.clone(), api_key.clone(), database_url.clone(), gateway_url.clone())
+        }
+    };
+    let urls: Vec<String> = world.urls.iter().map(Url::to_string).collect();
+    starting.finish(&format!("servers at {}", urls.join(" and ")));
+    let outcome = disturb_and_check(&plan, &mut world, &progress).await;
+    let held = outcome.as_ref().is_ok_and(|report| report.held());
+    let stopping = progress.step("stopping");
+    let kept = world.stop(!held).await;
+    drop(stopping);
+    let report = outcome?;
+    println!("{}", report.table());
+    if let Some(logs) = kept? {
+        println!("The processes' logs are kept in {}", logs.display());
+    }
+    Ok(held)
+}
+
+async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) -> anyhow::Result<Report> {
+    let client = Client::new(&world.urls, &world.api_key, load::PERSISTENT)?;
+    let gateway = GatewayControl::new(&world.gateway_url);
+    let before = gateway.stats().await?;
+
+    // The storm.
+    gateway.random_faults(plan.fault_rate).await?;
+    let disturbed = Arc::new(Disturbed::default());
+    let (stop, stopped) = watch::channel(false);
+    let fleet = world.take_fleet().map(|fleet| tokio::spawn(disturb(fleet, plan.kills, stopped, disturbed.clone())));
+    let live = Arc::new(Live::default());
+    let started = Instant::now();
+    let phase = match plan.extent {
+        Extent::Keys(keys) => progress.counted("payments under chaos", keys),
+        Extent::For(duration) => progress.timed("payments under chaos", duration, None),
+    };
+    let ticker = tokio::spawn(show(plan.extent, live.clone(), disturbed.clone(), phase.bar()));
+    let mut runs = load::drive(&client, plan.mix, plan.extent, plan.clients, &live).await;
+    let load_took = started.elapsed();
+    ticker.abort();
+    let _ = stop.send(true);
+    if let Some(fleet) = fleet {
+        world.put_back(fleet.await??);
+    }
+    phase.finish(&format!("{} payments in {:.1} s", runs.len(), load_took.as_secs_f64()));
+
+    // The calm after it.
+    let settling = progress.step("settling");
+    let started = Instant::now();
+    gateway.clear_faults().await?;
+    let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
+    wait_for_settling(&world.database_url, &keys, &settling).await?;
+    let settled_in = started.elapsed();
+    let final_attempts = load::replay_all(&client, &mut runs, plan.clients).await;
+    let stored = Stored::read(&world.database_url, &keys).await?;
+    let events = match world.webhook() {
+        Some(webhook) => {
+            let finished = stored.finished_payments();
+            let deadline = Instant::now() + SETTLE_TIMEOUT;
+            while !webhook.payments().is_superset(&finished) && Instant::now() < deadline {
+                settling.set_message("waiting for the outbox's events".into());
+                tokio::time::sleep(SETTLE_POLL).await;
+            }
+            Some(webhook.payments())
+        }
+        None => None,
+    };
+    let settle_took = started.elapsed();
+    settling.finish(&format!(
+        "every key finished in {:.1} s; each asked once more, the events awaited: {:.1} s",
+        settled_in.as_secs_f64(),
+        settle_took.as_secs_f64()
+    ));
+
+    let after = gateway.stats().await?;
+    let outside = Outside { gateway_charges: after.charges - before.charges, events };
+    let verdicts = check::check(&runs, &stored, &outside);
+    let attempts = (live.attempts.load(Ordering::Relaxed), final_attempts);
+    let did = Did::of(&runs, attempts, &disturbed, before, after, load_took, settle_took);
+    Ok(Report { did, verdicts })
+}
+
+/// Kills a random member of the fleet every 1 to 3 s (with `kills`) and starts it again, and
+/// starts again any that aborted by itself, until told to stop; then hands the fleet back, all
+/// running.
+async fn disturb(
+    mut fleet: Fleet,
+    kills: bool,
+    mut stop: watch::Receiver<bool>,
+    disturbed: Arc<Disturbed>,
+) -> anyhow::Result<Fleet> {
+    let next_kill = || Instant::now() + rand::rng().random_range(KILL_EVERY);
+    let mut kill_at = next_kill();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tokio::time::sleep_until(kill_at), if kills => {
+                let name = fleet.kill_one().await?.to_owned();
+                *disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).entry(name).or_default() += 1;
+                kill_at = next_kill();
+            }
+            _ = tokio::time::sleep(RESTART_POLL) => {
+                disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+            }
+        }
+    }
+    disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+    Ok(fleet)
+}
+
+/// Keeps the progress line's counts up to date.
+async fn show(extent: Extent, live: Arc<Live>, disturbed: Arc<Disturbed>, bar: indicatif::ProgressBar) {
+    loop {
+        let keys = live.keys.load(Ordering::Relaxed);
+        let kills: u64 = disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).values().sum();
+        let aborted = disturbed.aborted.load(Ordering::Relaxed);
+        let attempts = live.attempts.load(Ordering::Relaxed);
+        match extent {
+            Extent::Keys(_) => bar.set_position(keys),
+            Extent::For(_) => {}
+        }
+        bar.set_message(format!(
+            "{keys} payments · {attempts} attempts · {kills} kills · {aborted} crashed at a crash point"
+        ));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until every key the database holds is finished and none needs attention.
+async fn wait_for_settling(
+    database_url: &str,
+    keys: &[String],
+    step: &crate::lab::progress::Phase<'_>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + SETTLE_TIMEOUT;
+    loop {
+        let unsettled = Stored::read(database_url, keys).await?.unsettled();
+        step.set_message(format!("{unsettled} keys not finished yet"));
+        if unsettled == 0 || Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(SETTLE_POLL).await;
+    }
+}
+
+/// The mock gateway's counters, as `GET /_control/stats` gives them.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub struct GatewayStats {
+    pub charges: u64,
+    pub requests: u64,
+    pub faults: u64,
+}
+
+/// The mock gateway's `/_control` endpoints.
+struct GatewayControl {
+    base: Url,
+    http: reqwest::Client,
+}
+
+impl GatewayControl {
+    fn new(base: &Url) -> GatewayControl {
+        GatewayControl { base: base.clone(), http: reqwest::Client::new() }
+    }
+
+    async fn stats(&self) -> anyhow::Result<GatewayStats> {
+        let response = self.http.get(self.base.join("_control/stats")?).send().await?;
+        response
+            .error_for_status()?
+            .json()
+            .await
+            .context("the gateway's /_control/stats (is it started with --control?)")
+    }
+
+    /// From now on, each charge request fails with probability `rate`.
+    async fn random_faults(&self, rate: f64) -> anyhow::Result<()> {
+        let plan = json!({ "mode": "random", "rate": rate, "count": u32::MAX });
+        self.http.post(self.base.join("_control/faults")?).json(&plan).send().await?.error_for_status()?;
+        Ok(())
+    }
+
+    async fn clear_faults(&self) -> anyhow::Result<()> {
+        self.http.delete(self.base.join("_control/faults")?).send().await?.error_for_status()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,205 @@
+//! The deployment a chaos run disturbs. Its own: a durable PostgreSQL cluster, `payments gateway`
+//! as a process of its own (it outlives every crash, and counts the charges), two `payments
+//! serve` and a `payments worker` on that database, and a webhook receiver. Or one it is pointed
+//! at, which it drives and checks but does not kill.
+//!
+//! The services run with fault injection on (so that requests can carry crash points) and with
+//! short timeouts, so that a request cut short by a crash is taken over in seconds, not minutes:
+//! the guarantees do not depend on the timeouts, only how long a run takes.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use rand::Rng;
+use reqwest::Url;
+
+use crate::commands::worker::RUNNING;
+use crate::lab::child::{Child, payments};
+use crate::lab::webhook::WebhookSink;
+use crate::lab::{OwnDatabase, Scratch};
+use crate::startup::LISTENING;
+
+/// The run's scratch directories: `/tmp/payments-chaos-<pid>`.
+const SCRATCH_PREFIX: &str = "payments-chaos-";
+
+/// What the services run with, beyond the database, gateway, webhook and address. The gateway
+/// timeout is short (an injected `timeout_after` costs this much), and the lock timeout the
+/// shortest the service accepts with it.
+const SERVICE_SETTINGS: &[(&str, &str)] = &[
+    ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
+    ("PAYMENTS_LOCK_TIMEOUT_MS", "11000"),
+    ("PAYMENTS_WORKER_INTERVAL_MS", "200"),
+    ("PAYMENTS_COMPLETER_BACKOFF_MS", "200"),
+    ("PAYMENTS_WEBHOOK_BACKOFF_MS", "200"),
+    ("RUST_LOG", "warn"),
+];
+
+/// The deployment, as the run sees it.
+pub struct World {
+    /// The servers' base URLs; the clients spread their attempts over them.
+    pub urls: Vec<Url>,
+    pub api_key: String,
+    pub database_url: String,
+    pub gateway_url: Url,
+    own: Option<Own>,
+}
+
+/// What a run started itself. Fields drop in order: the processes before the cluster they use,
+/// the scratch directory last.
+struct Own {
+    fleet: Option<Fleet>,
+    gateway: Child,
+    webhook: WebhookSink,
+    database: OwnDatabase,
+    scratch: Scratch,
+}
+
+/// The processes a run kills and restarts: the servers and the worker.
+pub struct Fleet {
+    members: Vec<Member>,
+    logs: PathBuf,
+}
+
+/// One process of the fleet, and how to start it again.
+struct Member {
+    name: String,
+    args: Vec<&'static str>,
+    env: Vec<(&'static str, String)>,
+    ready: &'static str,
+    child: Option<Child>,
+    starts: u32,
+}
+
+impl World {
+    /// Starts a deployment of the run's own.
+    pub async fn start() -> anyhow::Result<World> {
+        let scratch = Scratch::create(SCRATCH_PREFIX)?;
+        let database = OwnDatabase::start(&scratch.path().join("pg"), &[], "chaos").await?;
+        let gateway = payments(&["gateway", "--bind", "127.0.0.1:0", "--control"], &[("RUST_LOG", "warn")])?;
+        let log = scratch.path().join("gateway.log");
+        let gateway = Child::start("payments gateway", gateway, &log, "payments gateway listening on").await?;
+        let gateway_url: Url = gateway.address.parse().context("the address the gateway printed")?;
+        let webhook = WebhookSink::start()?;
+
+        let common = |extra: Vec<(&'static str, String)>| {
+            let mut env = vec![
+                ("DATABASE_URL", database.url.clone()),
+                ("GATEWAY_URL", gateway_url.to_string()),
+                ("PAYMENTS_WEBHOOK_URL", webhook.url.clone()),
+            ];
+            env.extend(SERVICE_SETTINGS.iter().map(|(name, value)| (*name, value.to_string())));
+            env.extend(extra);
+            env
+        };
+        let mut members = Vec::new();
+        let mut urls = Vec::new();
+        for name in ["serve-a", "serve-b"] {
+            // A fixed port, so that a restarted server is where the clients look for it.
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            let env = common(vec![
+                ("PAYMENTS_BIND", format!("127.0.0.1:{port}")),
+                ("PAYMENTS_FAULT_INJECTION", "1".to_owned()),
+            ]);
+            members.push(Member::new(name, vec!["serve"], env, LISTENING));
+            urls.push(format!("http://127.0.0.1:{port}").parse()?);
+        }
+        members.push(Member::new("worker", vec!["worker"], common(vec![]), RUNNING));
+        let mut fleet = Fleet { members, logs: scratch.path().to_owned() };
+        for index in 0..fleet.members.len() {
+            fleet.start(index).await?;
+        }
+        Ok(World {
+            urls,
+            api_key: database.api_key.clone(),
+            database_url: database.url.clone(),
+            gateway_url,
+            own: Some(Own { fleet: Some(fleet), gateway, webhook, database, scratch }),
+        })
+    }
+
+    /// A running deployment.
+    pub fn existing(urls: Vec<Url>, api_key: String, database_url: String, gateway_url: Url) -> World {
+        World { urls, api_key, database_url, gateway_url, own: None }
+    }
+
+    /// The processes to disturb, taken out of the world for the time of the load (none in a
+    /// deployment the run was pointed at).
+    pub fn take_fleet(&mut self) -> Option<Fleet> {
+        self.own.as_mut().and_then(|own| own.fleet.take())
+    }
+
+    pub fn put_back(&mut self, fleet: Fleet) {
+        if let Some(own) = self.own.as_mut() {
+            own.fleet = Some(fleet);
+        }
+    }
+
+    /// The webhook the run's own services deliver their events to.
+    pub fn webhook(&self) -> Option<&WebhookSink> {
+        self.own.as_ref().map(|own| &own.webhook)
+    }
+
+    /// Stops what the run started, in dependency order. With `keep_logs`, the scratch directory
+    /// stays, and its path is returned.
+    pub async fn stop(mut self, keep_logs: bool) -> anyhow::Result<Option<PathBuf>> {
+        let Some(own) = self.own.take() else { return Ok(None) };
+        if let Some(fleet) = own.fleet {
+            fleet.stop().await?;
+        }
+        own.gateway.stop().await?;
+        own.webhook.stop().await;
+        own.database.stop().await?;
+        Ok(keep_logs.then(|| own.scratch.keep()))
+    }
+}
+
+impl Member {
+    fn new(name: &str, args: Vec<&'static str>, env: Vec<(&'static str, String)>, ready: &'static str) -> Member {
+        Member { name: name.to_owned(), args, env, ready, child: None, starts: 0 }
+    }
+}
+
+impl Fleet {
+    /// Starts member `index` (again), with a log of its own for each start.
+    async fn start(&mut self, index: usize) -> anyhow::Result<()> {
+        let member = &mut self.members[index];
+        member.starts += 1;
+        let env: Vec<(&str, &str)> = member.env.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        let log = self.logs.join(format!("{}.{}.log", member.name, member.starts));
+        let name = format!("payments {}", member.name);
+        member.child = Some(Child::start(&name, payments(&member.args, &env)?, &log, member.ready).await?);
+        Ok(())
+    }
+
+    /// Kills a member at random with SIGKILL and starts it again; returns its name.
+    pub async fn kill_one(&mut self) -> anyhow::Result<&str> {
+        let index = rand::rng().random_range(0..self.members.len());
+        if let Some(child) = self.members[index].child.take() {
+            child.kill().await?;
+        }
+        self.start(index).await?;
+        Ok(&self.members[index].name)
+    }
+
+    /// Starts again every member that exited by itself (at a crash point); returns how many.
+    pub async fn restart_exited(&mut self) -> anyhow::Result<u64> {
+        let mut restarted = 0;
+        for index in 0..self.members.len() {
+            if self.members[index].child.as_mut().is_none_or(Child::has_exited) {
+                self.start(index).await?;
+                restarted += 1;
+            }
+        }
+        Ok(restarted)
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        for member in self.members {
+            if let Some(child) = member.child {
+                child.stop().await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,83 @@
+//! `payments chaos`: the flags, turned into a [`chaos::Plan`]. The run itself is in
+//! [`crate::chaos`].
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use reqwest::Url;
+
+use super::parse_duration;
+use crate::chaos::{self, Deployment, Extent, Mix, Plan};
+
+/// The exit code of a run in which an invariant was broken.
+pub const BROKEN: u8 = 3;
+
+/// `payments chaos`.
+#[derive(Clone, Args)]
+pub struct ChaosArgs {
+    /// Make this many payments (instead of running for --duration).
+    #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
+    pub keys: Option<u64>,
+    /// Make payments for this long: `60s`, `2m`.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub duration: Duration,
+    /// Payments in flight at once.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub clients: u32,
+    /// The share of charge requests the gateway fails (error_before, error_after or timeout_after).
+    #[arg(long, default_value_t = 0.3, value_parser = rate)]
+    pub fault_rate: f64,
+    /// The share of payments whose first attempt carries a crash point (the server aborts there).
+    #[arg(long, default_value_t = 0.05, value_parser = rate)]
+    pub crash_rate: f64,
+    /// The share of payments whose client tries once and walks away.
+    #[arg(long, default_value_t = 0.1, value_parser = rate)]
+    pub abandon_rate: f64,
+    /// The share of payments made with a card that is declined.
+    #[arg(long, default_value_t = 0.1, value_parser = rate)]
+    pub decline_rate: f64,
+    /// Do not kill processes (crash points, faults and abandoned clients remain).
+    #[arg(long)]
+    pub no_kills: bool,
+    /// Disturb a running deployment at these base URLs instead of starting one (repeat the flag
+    /// for each server). It is driven and checked, not killed.
+    #[arg(long = "url", requires_all = ["api_key", "database_url", "gateway_url"])]
+    pub urls: Vec<Url>,
+    /// With --url: the API key to pay with.
+    #[arg(long, requires = "urls")]
+    pub api_key: Option<String>,
+    /// With --url: the deployment's database, checked at the end.
+    #[arg(long, requires = "urls")]
+    pub database_url: Option<String>,
+    /// With --url: its mock gateway, started with --control (faults are set, and charges counted, there).
+    #[arg(long, requires = "urls")]
+    pub gateway_url: Option<Url>,
+}
+
+pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
+    let deployment = match (args.urls.is_empty(), args.api_key, args.database_url, args.gateway_url) {
+        (false, Some(api_key), Some(database_url), Some(gateway_url)) => {
+            Deployment::Existing { urls: args.urls, api_key, database_url, gateway_url }
+        }
+        _ => Deployment::Own,
+    };
+    let plan = Plan {
+        extent: args.keys.map_or(Extent::For(args.duration), Extent::Keys),
+        clients: args.clients as usize,
+        fault_rate: args.fault_rate,
+        mix: Mix { crash: args.crash_rate, abandon: args.abandon_rate, decline: args.decline_rate },
+        kills: !args.no_kills,
+        deployment,
+    };
+    let held = chaos::run(plan).await?;
+    Ok(if held { ExitCode::SUCCESS } else { ExitCode::from(BROKEN) })
+}
+
+/// A share between 0 and 1.
+fn rate(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        _ => Err(format!("{value:?} is not a share between 0 and 1")),
+    }
+}

@@ -1,0 +1,58 @@
+//! `payments chaos`, as a reader runs it: a short run in a world of its own, and one against a
+//! running deployment.
+
+use tokio::process::Command;
+
+use crate::helpers::TestApp;
+
+async fn chaos(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    command.arg("chaos").args(args);
+    for var in ["DATABASE_URL", "GATEWAY_URL", "PAYMENTS_API_KEY"] {
+        command.env_remove(var);
+    }
+    let output = command.output().await.expect("running payments chaos");
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    (output.status.code(), text(&output.stdout), text(&output.stderr))
+}
+
+/// The count on a row of the table, such as `kills (SIGKILL)   12   serve-a 5, ...`.
+fn count(table: &str, row: &str) -> u64 {
+    let line = table.lines().find(|line| line.trim_start().starts_with(row)).unwrap_or_else(|| panic!("no {row}"));
+    let rest = line.trim_start()[row.len()..].split_whitespace().next().unwrap_or_default();
+    rest.parse().unwrap_or_else(|_| panic!("no count in {line:?}"))
+}
+
+#[tokio::test]
+async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() {
+    let (code, table, log) = chaos(&["--keys", "200"]).await;
+    assert_eq!(code, Some(0), "{table}\n{log}");
+    assert!(table.ends_with("every invariant held\n"), "{table}");
+    assert_eq!(table.matches("\n  held   ").count(), 5, "{table}");
+    assert_eq!(count(&table, "payments (keys)"), 200);
+    // The storm happened: processes were killed and restarted, the gateway failed, some
+    // requests carried crash points and some clients walked away.
+    for row in ["kills (SIGKILL)", "gateway faults", "crash points sent", "abandoned after one try"] {
+        assert!(count(&table, row) > 0, "{row}: {table}");
+    }
+}
+
+#[tokio::test]
+async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
+    let app = TestApp::spawn().await;
+    // This deployment runs no workers: every client sees its payment through.
+    let args = [
+        ["--url", app.address.as_str()],
+        ["--api-key", app.api_key.as_str()],
+        ["--database-url", app.database.url.as_str()],
+        ["--gateway-url", app.gateway_url()],
+        ["--keys", "30"],
+        ["--abandon-rate", "0"],
+    ];
+    let (code, table, log) = chaos(&args.concat()).await;
+    assert_eq!(code, Some(0), "{table}\n{log}");
+    assert_eq!((count(&table, "kills (SIGKILL)"), count(&table, "crash points sent")), (0, 0), "{table}");
+    assert!(table.contains("not checked: the deployment's webhook is not the run's"), "{table}");
+    let succeeded = app.gateway.stats().await.charges;
+    assert!(table.contains(&format!("{succeeded} = {succeeded} = {succeeded}")), "{table}");
+}
