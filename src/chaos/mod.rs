@@ -5,6 +5,8 @@
 //! - the gateway fails a share of the charge requests (`error_before`, `error_after`,
 //!   `timeout_after`: each leaves the service unsure whether it charged);
 //! - every 1 to 3 s a random server or the worker is killed with SIGKILL, and started again;
+//! - every 1 to 3 s the gateway forgets its idempotency keys (as a real one does after a day),
+//!   so only the service's look-up stands between a resumed request and a second charge;
 //! - some requests carry a crash point, and the server that takes them aborts there;
 //! - some clients walk away after one try, leaving their key to the workers.
 //!
@@ -39,7 +41,8 @@ use world::{Fleet, World};
 
 pub use load::{Extent, Mix};
 
-/// The wait between two kills is drawn from this range.
+/// The wait between two kills, and between two times the gateway forgets its keys, is drawn
+/// from this range.
 const KILL_EVERY: std::ops::Range<Duration> = Duration::from_secs(1)..Duration::from_secs(3);
 
 /// How often the fleet is checked for processes that aborted at a crash point.
@@ -79,6 +82,8 @@ pub enum Deployment {
 #[derive(Debug, Default)]
 struct Disturbed {
     kills: Mutex<BTreeMap<String, u64>>,
+    /// Times the gateway was made to forget its idempotency keys.
+    forgotten: AtomicU64,
     /// Processes that aborted by themselves (at a crash point) and were started again.
     aborted: AtomicU64,
 }
@@ -118,7 +123,8 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     gateway.random_faults(plan.fault_rate).await?;
     let disturbed = Arc::new(Disturbed::default());
     let (stop, stopped) = watch::channel(false);
-    let fleet = world.take_fleet().map(|fleet| tokio::spawn(disturb(fleet, plan.kills, stopped, disturbed.clone())));
+    let fleet = world.take_fleet();
+    let disturber = tokio::spawn(disturb(fleet, plan.kills, gateway.clone(), stopped, disturbed.clone()));
     let live = Arc::new(Live::default());
     let started = Instant::now();
     let phase = match plan.extent {
@@ -130,8 +136,8 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let load_took = started.elapsed();
     ticker.abort();
     let _ = stop.send(true);
-    if let Some(fleet) = fleet {
-        world.put_back(fleet.await??);
+    if let Some(fleet) = disturber.await?? {
+        world.put_back(fleet);
     }
     phase.finish(&format!("{} payments in {:.1} s", runs.len(), load_took.as_secs_f64()));
 
@@ -171,31 +177,43 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     Ok(Report { did, verdicts })
 }
 
-/// Kills a random member of the fleet every 1 to 3 s (with `kills`) and starts it again, and
-/// starts again any that aborted by itself, until told to stop; then hands the fleet back, all
-/// running.
+/// Every 1 to 3 s kills a random member of the fleet (with `kills`) and starts it again, and
+/// makes the gateway forget its keys on a timer of its own; starts again at once any process that
+/// aborted by itself. When told to stop, hands the fleet back, all running.
 async fn disturb(
-    mut fleet: Fleet,
+    mut fleet: Option<Fleet>,
     kills: bool,
+    gateway: GatewayControl,
     mut stop: watch::Receiver<bool>,
     disturbed: Arc<Disturbed>,
-) -> anyhow::Result<Fleet> {
-    let next_kill = || Instant::now() + rand::rng().random_range(KILL_EVERY);
-    let mut kill_at = next_kill();
+) -> anyhow::Result<Option<Fleet>> {
+    let next = || Instant::now() + rand::rng().random_range(KILL_EVERY);
+    let (mut kill_at, mut forget_at) = (next(), next());
     loop {
         tokio::select! {
             _ = stop.changed() => break,
-            _ = tokio::time::sleep_until(kill_at), if kills => {
-                let name = fleet.kill_one().await?.to_owned();
-                *disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).entry(name).or_default() += 1;
-                kill_at = next_kill();
+            _ = tokio::time::sleep_until(kill_at), if kills && fleet.is_some() => {
+                if let Some(fleet) = fleet.as_mut() {
+                    let name = fleet.kill_one().await?.to_owned();
+                    *disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).entry(name).or_default() += 1;
+                }
+                kill_at = next();
             }
-            _ = tokio::time::sleep(RESTART_POLL) => {
-                disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+            _ = tokio::time::sleep_until(forget_at) => {
+                gateway.forget_keys().await?;
+                disturbed.forgotten.fetch_add(1, Ordering::Relaxed);
+                forget_at = next();
+            }
+            _ = tokio::time::sleep(RESTART_POLL), if fleet.is_some() => {
+                if let Some(fleet) = fleet.as_mut() {
+                    disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+                }
             }
         }
     }
-    disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+    if let Some(fleet) = fleet.as_mut() {
+        disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+    }
     Ok(fleet)
 }
 
@@ -243,6 +261,7 @@ pub struct GatewayStats {
 }
 
 /// The mock gateway's `/_control` endpoints.
+#[derive(Clone)]
 struct GatewayControl {
     base: Url,
     http: reqwest::Client,
@@ -266,6 +285,12 @@ impl GatewayControl {
     async fn random_faults(&self, rate: f64) -> anyhow::Result<()> {
         let plan = json!({ "mode": "random", "rate": rate, "count": u32::MAX });
         self.http.post(self.base.join("_control/faults")?).json(&plan).send().await?.error_for_status()?;
+        Ok(())
+    }
+
+    /// Makes the gateway forget its idempotency keys (it keeps its charges, found by look-ups).
+    async fn forget_keys(&self) -> anyhow::Result<()> {
+        self.http.delete(self.base.join("_control/idempotency-keys")?).send().await?.error_for_status()?;
         Ok(())
     }
 

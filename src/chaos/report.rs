@@ -23,6 +23,7 @@ pub struct Did {
     crash_points: usize,
     aborted: u64,
     kills: BTreeMap<String, u64>,
+    forgotten: u64,
     charge_requests: u64,
     faults: u64,
     /// Answers by status, the final replays' included; `None` for attempts that got none.
@@ -61,6 +62,7 @@ impl Did {
             crash_points: runs.iter().filter(|run| run.crash_point.is_some()).count(),
             aborted: disturbed.aborted.load(Ordering::Relaxed),
             kills: disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            forgotten: disturbed.forgotten.load(Ordering::Relaxed),
             charge_requests: after.requests - before.requests,
             faults: after.faults - before.faults,
             answers,
@@ -96,6 +98,7 @@ impl Report {
             ("crash points sent", did.crash_points.to_string(), format!("{} processes aborted at one", did.aborted)),
             ("kills (SIGKILL)", kills.to_string(), by_process.join(", ")),
             ("gateway faults", did.faults.to_string(), format!("of {} charge requests", did.charge_requests)),
+            ("gateway forgot its keys", did.forgotten.to_string(), "times".into()),
             ("final round", did.final_attempts.to_string(), "attempts asking every key once more".into()),
             ("answers", String::new(), answers.join(" · ")),
             (

@@ -30,9 +30,16 @@ async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() 
     assert!(table.ends_with("every invariant held\n"), "{table}");
     assert_eq!(table.matches("\n  held   ").count(), 5, "{table}");
     assert_eq!(count(&table, "payments (keys)"), 200);
-    // The storm happened: processes were killed and restarted, the gateway failed, some
-    // requests carried crash points and some clients walked away.
-    for row in ["kills (SIGKILL)", "gateway faults", "crash points sent", "abandoned after one try"] {
+    // The storm happened: processes were killed and restarted, the gateway failed and forgot its
+    // keys, some requests carried crash points and some clients walked away.
+    let storm = [
+        "kills (SIGKILL)",
+        "gateway faults",
+        "gateway forgot its keys",
+        "crash points sent",
+        "abandoned after one try",
+    ];
+    for row in storm {
         assert!(count(&table, row) > 0, "{row}: {table}");
     }
 }
