@@ -15,6 +15,9 @@ use crate::state::AppState;
 /// address off it.
 pub const LISTENING: &str = "payments listening on";
 
+/// The line `worker` prints once its workers run; tests and `payments chaos` wait for it.
+pub const WORKER_RUNNING: &str = "payments worker running";
+
 /// Seconds in-flight requests get to finish when the server stops.
 const SHUTDOWN_GRACE_SECS: u64 = 30;
 

@@ -10,7 +10,11 @@ use uuid::Uuid;
 
 use super::load::KeyRun;
 use crate::client::Answer;
-use crate::db::schema::{idempotency_keys, payments};
+use crate::db::schema::{audit_records, idempotency_keys, payments};
+
+/// The audit actions of the two phases after `started`: each commits once per payment, or a
+/// request that lost its key wrote after another had taken it over.
+const PHASES: [&str; 2] = ["payment.charge_recorded", "payment.finished"];
 
 /// How many offending keys an invariant's detail names.
 const SHOWN: usize = 3;
@@ -22,6 +26,8 @@ pub struct Stored {
     keys: HashMap<String, (String, bool)>,
     /// Key → its payments (one, unless something is badly wrong).
     payments: HashMap<String, Vec<StoredPayment>>,
+    /// Payment → how many times each of [`PHASES`] was recorded for it.
+    phases: HashMap<Uuid, [u32; 2]>,
 }
 
 #[derive(Debug, Clone)]
@@ -49,7 +55,18 @@ impl Stored {
             .select((payments::idempotency_key, payments::id, payments::status, payments::gateway_charge_id))
             .load(&mut conn)
             .await?;
+        let ids: Vec<Uuid> = payment_rows.iter().map(|(_, id, ..)| *id).collect();
+        let phase_rows: Vec<(Uuid, String)> = audit_records::table
+            .filter(audit_records::resource_id.eq_any(&ids))
+            .filter(audit_records::action.eq_any(PHASES))
+            .select((audit_records::resource_id, audit_records::action))
+            .load(&mut conn)
+            .await?;
         let mut stored = Stored::default();
+        for (payment, action) in phase_rows {
+            let phase = PHASES.iter().position(|phase| *phase == action).expect("filtered on PHASES");
+            stored.phases.entry(payment).or_default()[phase] += 1;
+        }
         for (key, recovery_point, attention) in key_rows {
             stored.keys.insert(key, (recovery_point, attention));
         }
@@ -95,6 +112,7 @@ pub struct Outside {
 pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Verdict> {
     vec![
         finished(runs, stored),
+        phases_once(stored),
         charges(runs, stored, outside),
         distinct_charges(stored),
         one_payment(runs, stored),
@@ -116,6 +134,18 @@ fn finished(runs: &[KeyRun], stored: &Stored) -> Verdict {
         held: unfinished.is_empty() && attention.is_empty(),
         detail,
     }
+}
+
+fn phases_once(stored: &Stored) -> Verdict {
+    let payments: Vec<&StoredPayment> = stored.payments.values().flatten().collect();
+    let twice: Vec<String> = payments
+        .iter()
+        .filter(|payment| stored.phases.get(&payment.id).copied().unwrap_or_default() != [1, 1])
+        .map(|payment| payment.id.to_string())
+        .collect();
+    let mut detail = format!("{} of {} payments", payments.len() - twice.len(), payments.len());
+    detail += &name_some(twice.iter().map(String::as_str));
+    Verdict { name: "each payment's charge and finish committed once, by one request", held: twice.is_empty(), detail }
 }
 
 fn charges(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Verdict {
@@ -149,7 +179,8 @@ fn one_payment(runs: &[KeyRun], stored: &Stored) -> Verdict {
             broken.push(format!("{}: {problem}", run.key));
         }
     }
-    let mut detail = format!("{} keys, {answers} answers; {} keys broken", runs.len(), broken.len());
+    let keys = |n: usize| if n == 1 { "1 key".to_owned() } else { format!("{n} keys") };
+    let mut detail = format!("{}, {answers} answers; {} broken", keys(runs.len()), keys(broken.len()));
     detail += &name_some(broken.iter().map(String::as_str));
     Verdict {
         name: "every answer for a key is its one payment; replays byte-identical",
@@ -196,7 +227,7 @@ fn bears_payment(answer: &Answer) -> bool {
 /// stored `5xx`.
 fn refused(answer: &Answer) -> bool {
     let status = answer.status.as_u16();
-    let not_yet = status == 409 || (answer.status.is_server_error() && !answer.replayed);
+    let not_yet = [408, 409, 429].contains(&status) || (answer.status.is_server_error() && !answer.replayed);
     !bears_payment(answer) && !not_yet
 }
 
@@ -242,6 +273,7 @@ mod tests {
             StoredPayment { id: PAYMENT.parse().unwrap(), status: "succeeded".into(), charge_id: Some(charge.into()) };
         let mut stored = Stored::default();
         stored.keys.insert("k".into(), ("finished".into(), false));
+        stored.phases.insert(PAYMENT.parse().unwrap(), [1, 1]);
         stored.payments.insert("k".into(), vec![payment; payments]);
         stored
     }
@@ -284,6 +316,13 @@ mod tests {
         let mut unfinished = stored(1, "ch_1");
         unfinished.keys.insert("k".into(), ("charge_created".into(), true));
         assert_eq!(broken(std::slice::from_ref(&clean), &unfinished, 1), ["every key finished, none needs attention"]);
+        // A phase committed twice: a request wrote after its key was taken over.
+        let mut stale = stored(1, "ch_1");
+        stale.phases.insert(PAYMENT.parse().unwrap(), [2, 1]);
+        assert_eq!(
+            broken(std::slice::from_ref(&clean), &stale, 1),
+            ["each payment's charge and finish committed once, by one request"]
+        );
         let outside = Outside { gateway_charges: 1, events: Some(HashSet::new()) };
         let verdicts = check(&[clean], &stored(1, "ch_1"), &outside);
         assert!(

@@ -5,6 +5,8 @@
 //! - the gateway fails a share of the charge requests (`error_before`, `error_after`,
 //!   `timeout_after`: each leaves the service unsure whether it charged);
 //! - every 1 to 3 s a random server or the worker is killed with SIGKILL, and started again;
+//! - every 10 to 20 s one is frozen with SIGSTOP for a little longer than its leases, then thawed:
+//!   its requests wake up to find their keys taken over, and the fence must stop them;
 //! - every 1 to 3 s the gateway forgets its idempotency keys (as a real one does after a day),
 //!   so only the service's look-up stands between a resumed request and a second charge;
 //! - some requests carry a crash point, and the server that takes them aborts there;
@@ -37,13 +39,23 @@ use crate::lab::progress::Progress;
 use check::{Outside, Stored};
 use load::Live;
 use report::{Did, Report};
-use world::{Fleet, World};
+use world::{Fleet, LOCK_TIMEOUT, World};
 
 pub use load::{Extent, Mix};
 
 /// The wait between two kills, and between two times the gateway forgets its keys, is drawn
 /// from this range.
 const KILL_EVERY: std::ops::Range<Duration> = Duration::from_secs(1)..Duration::from_secs(3);
+
+/// The first pause comes early, so that a short run has one too.
+const FIRST_PAUSE: std::ops::Range<Duration> = Duration::from_secs(2)..Duration::from_secs(5);
+
+/// The wait between the end of a pause and the next.
+const PAUSE_EVERY: std::ops::Range<Duration> = Duration::from_secs(10)..Duration::from_secs(20);
+
+/// How much longer than the lock timeout a pause lasts: long enough for the frozen process's
+/// leases to run out and its keys to be taken over.
+const PAUSE_PAST_LEASE: std::ops::Range<Duration> = Duration::from_secs(1)..Duration::from_secs(3);
 
 /// How often the fleet is checked for processes that aborted at a crash point.
 const RESTART_POLL: Duration = Duration::from_millis(100);
@@ -61,7 +73,8 @@ pub struct Plan {
     pub clients: usize,
     pub fault_rate: f64,
     pub mix: Mix,
-    pub kills: bool,
+    /// Whether to kill and pause processes.
+    pub processes: bool,
     pub deployment: Deployment,
 }
 
@@ -82,6 +95,8 @@ pub enum Deployment {
 #[derive(Debug, Default)]
 struct Disturbed {
     kills: Mutex<BTreeMap<String, u64>>,
+    /// Pauses by process.
+    pauses: Mutex<BTreeMap<String, u64>>,
     /// Times the gateway was made to forget its idempotency keys.
     forgotten: AtomicU64,
     /// Processes that aborted by themselves (at a crash point) and were started again.
@@ -124,7 +139,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let disturbed = Arc::new(Disturbed::default());
     let (stop, stopped) = watch::channel(false);
     let fleet = world.take_fleet();
-    let disturber = tokio::spawn(disturb(fleet, plan.kills, gateway.clone(), stopped, disturbed.clone()));
+    let disturber = tokio::spawn(disturb(fleet, plan.processes, gateway.clone(), stopped, disturbed.clone()));
     let live = Arc::new(Live::default());
     let started = Instant::now();
     let phase = match plan.extent {
@@ -177,41 +192,71 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     Ok(Report { did, verdicts })
 }
 
-/// Every 1 to 3 s kills a random member of the fleet (with `kills`) and starts it again, and
-/// makes the gateway forget its keys on a timer of its own; starts again at once any process that
-/// aborted by itself. When told to stop, hands the fleet back, all running.
+/// Every 1 to 3 s kills a random member of the fleet and starts it again, and every 10 to 20 s
+/// freezes one past its leases (with `processes`); makes the gateway forget its keys on a timer
+/// of its own; starts again at once any process that aborted by itself. When told to stop, thaws
+/// what is frozen and hands the fleet back, all running.
 async fn disturb(
     mut fleet: Option<Fleet>,
-    kills: bool,
+    processes: bool,
     gateway: GatewayControl,
     mut stop: watch::Receiver<bool>,
     disturbed: Arc<Disturbed>,
 ) -> anyhow::Result<Option<Fleet>> {
-    let next = || Instant::now() + rand::rng().random_range(KILL_EVERY);
-    let (mut kill_at, mut forget_at) = (next(), next());
+    let after = |range: std::ops::Range<Duration>| Instant::now() + rand::rng().random_range(range);
+    let (mut kill_at, mut forget_at, mut pause_at) = (after(KILL_EVERY), after(KILL_EVERY), after(FIRST_PAUSE));
+    // The frozen member, and when it thaws.
+    let mut paused: Option<(usize, Instant)> = None;
+    let tally = |counts: &Mutex<BTreeMap<String, u64>>, name: &str| {
+        *counts.lock().unwrap_or_else(PoisonError::into_inner).entry(name.to_owned()).or_default() += 1;
+    };
     loop {
+        let thaw_at = paused.map_or(pause_at, |(_, at)| at);
+        let Some(members) = fleet.as_mut().filter(|_| processes) else {
+            tokio::select! {
+                _ = stop.changed() => break,
+                _ = tokio::time::sleep_until(forget_at) => {
+                    gateway.forget_keys().await?;
+                    disturbed.forgotten.fetch_add(1, Ordering::Relaxed);
+                    forget_at = after(KILL_EVERY);
+                }
+            }
+            continue;
+        };
         tokio::select! {
             _ = stop.changed() => break,
-            _ = tokio::time::sleep_until(kill_at), if kills && fleet.is_some() => {
-                if let Some(fleet) = fleet.as_mut() {
-                    let name = fleet.kill_one().await?.to_owned();
-                    *disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).entry(name).or_default() += 1;
+            _ = tokio::time::sleep_until(kill_at) => {
+                if let Some(name) = members.kill_one().await? {
+                    tally(&disturbed.kills, name);
                 }
-                kill_at = next();
+                kill_at = after(KILL_EVERY);
+            }
+            _ = tokio::time::sleep_until(pause_at), if paused.is_none() => {
+                if let Some((index, name)) = members.pause_one()? {
+                    tally(&disturbed.pauses, name);
+                    paused = Some((index, Instant::now() + LOCK_TIMEOUT + rand::rng().random_range(PAUSE_PAST_LEASE)));
+                }
+            }
+            _ = tokio::time::sleep_until(thaw_at), if paused.is_some() => {
+                if let Some((index, _)) = paused.take() {
+                    members.resume(index)?;
+                }
+                pause_at = after(PAUSE_EVERY);
             }
             _ = tokio::time::sleep_until(forget_at) => {
                 gateway.forget_keys().await?;
                 disturbed.forgotten.fetch_add(1, Ordering::Relaxed);
-                forget_at = next();
+                forget_at = after(KILL_EVERY);
             }
-            _ = tokio::time::sleep(RESTART_POLL), if fleet.is_some() => {
-                if let Some(fleet) = fleet.as_mut() {
-                    disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
-                }
+            _ = tokio::time::sleep(RESTART_POLL) => {
+                disturbed.aborted.fetch_add(members.restart_exited().await?, Ordering::Relaxed);
             }
         }
     }
     if let Some(fleet) = fleet.as_mut() {
+        if let Some((index, _)) = paused {
+            fleet.resume(index)?;
+        }
         disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
     }
     Ok(fleet)
@@ -221,7 +266,10 @@ async fn disturb(
 async fn show(extent: Extent, live: Arc<Live>, disturbed: Arc<Disturbed>, bar: indicatif::ProgressBar) {
     loop {
         let keys = live.keys.load(Ordering::Relaxed);
-        let kills: u64 = disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).values().sum();
+        let count = |counts: &Mutex<BTreeMap<String, u64>>| -> u64 {
+            counts.lock().unwrap_or_else(PoisonError::into_inner).values().sum()
+        };
+        let (kills, pauses) = (count(&disturbed.kills), count(&disturbed.pauses));
         let aborted = disturbed.aborted.load(Ordering::Relaxed);
         let attempts = live.attempts.load(Ordering::Relaxed);
         match extent {
@@ -229,7 +277,7 @@ async fn show(extent: Extent, live: Arc<Live>, disturbed: Arc<Disturbed>, bar: i
             Extent::For(_) => {}
         }
         bar.set_message(format!(
-            "{keys} payments · {attempts} attempts · {kills} kills · {aborted} crashed at a crash point"
+            "{keys} payments · {attempts} attempts · {kills} kills · {pauses} pauses · {aborted} aborted at a crash point"
         ));
         tokio::time::sleep(Duration::from_millis(250)).await;
     }

@@ -23,6 +23,7 @@ pub struct Did {
     crash_points: usize,
     aborted: u64,
     kills: BTreeMap<String, u64>,
+    pauses: BTreeMap<String, u64>,
     forgotten: u64,
     charge_requests: u64,
     faults: u64,
@@ -62,6 +63,7 @@ impl Did {
             crash_points: runs.iter().filter(|run| run.crash_point.is_some()).count(),
             aborted: disturbed.aborted.load(Ordering::Relaxed),
             kills: disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            pauses: disturbed.pauses.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             forgotten: disturbed.forgotten.load(Ordering::Relaxed),
             charge_requests: after.requests - before.requests,
             faults: after.faults - before.faults,
@@ -79,8 +81,10 @@ impl Report {
 
     pub fn table(&self) -> String {
         let did = &self.did;
-        let kills: u64 = did.kills.values().sum();
-        let by_process: Vec<String> = did.kills.iter().map(|(name, n)| format!("{name} {n}")).collect();
+        let total = |counts: &BTreeMap<String, u64>| counts.values().sum::<u64>().to_string();
+        let by_process = |counts: &BTreeMap<String, u64>| {
+            counts.iter().map(|(name, n)| format!("{name} {n}")).collect::<Vec<_>>().join(", ")
+        };
         let answers: Vec<String> = did
             .answers
             .iter()
@@ -96,7 +100,8 @@ impl Report {
             ("abandoned after one try", did.abandoned.to_string(), "left to the workers".into()),
             ("clients that gave up", did.gave_up.to_string(), "their keys asked again at the end".into()),
             ("crash points sent", did.crash_points.to_string(), format!("{} processes aborted at one", did.aborted)),
-            ("kills (SIGKILL)", kills.to_string(), by_process.join(", ")),
+            ("kills (SIGKILL)", total(&did.kills), by_process(&did.kills)),
+            ("pauses past the lease", total(&did.pauses), by_process(&did.pauses)),
             ("gateway faults", did.faults.to_string(), format!("of {} charge requests", did.charge_requests)),
             ("gateway forgot its keys", did.forgotten.to_string(), "times".into()),
             ("final round", did.final_attempts.to_string(), "attempts asking every key once more".into()),

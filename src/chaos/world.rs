@@ -9,26 +9,29 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
-use rand::Rng;
+use nix::sys::signal::Signal;
+use rand::seq::IteratorRandom;
 use reqwest::Url;
 
-use crate::commands::worker::RUNNING;
 use crate::lab::child::{Child, payments};
 use crate::lab::webhook::WebhookSink;
 use crate::lab::{OwnDatabase, Scratch};
-use crate::startup::LISTENING;
+use crate::startup::{LISTENING, WORKER_RUNNING};
 
 /// The run's scratch directories: `/tmp/payments-chaos-<pid>`.
 const SCRATCH_PREFIX: &str = "payments-chaos-";
 
-/// What the services run with, beyond the database, gateway, webhook and address. The gateway
-/// timeout is short (an injected `timeout_after` costs this much), and the lock timeout the
-/// shortest the service accepts with it.
+/// The services' lock timeout: the shortest they accept with their gateway timeout (500 ms; an
+/// injected `timeout_after` costs this much). A key whose request was cut short is taken over
+/// after this.
+pub const LOCK_TIMEOUT: Duration = Duration::from_millis(11_000);
+
+/// What the services run with, beyond the database, gateway, webhook, address and lock timeout.
 const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
-    ("PAYMENTS_LOCK_TIMEOUT_MS", "11000"),
     ("PAYMENTS_WORKER_INTERVAL_MS", "200"),
     ("PAYMENTS_COMPLETER_BACKOFF_MS", "200"),
     ("PAYMENTS_WEBHOOK_BACKOFF_MS", "200"),
@@ -69,6 +72,8 @@ struct Member {
     ready: &'static str,
     child: Option<Child>,
     starts: u32,
+    /// Frozen with `SIGSTOP`, until thawed.
+    paused: bool,
 }
 
 impl World {
@@ -89,6 +94,7 @@ impl World {
                 ("PAYMENTS_WEBHOOK_URL", webhook.url.clone()),
             ];
             env.extend(SERVICE_SETTINGS.iter().map(|(name, value)| (*name, value.to_string())));
+            env.push(("PAYMENTS_LOCK_TIMEOUT_MS", LOCK_TIMEOUT.as_millis().to_string()));
             env.extend(extra);
             env
         };
@@ -104,7 +110,7 @@ impl World {
             members.push(Member::new(name, vec!["serve"], env, LISTENING));
             urls.push(format!("http://127.0.0.1:{port}").parse()?);
         }
-        members.push(Member::new("worker", vec!["worker"], common(vec![]), RUNNING));
+        members.push(Member::new("worker", vec!["worker"], common(vec![]), WORKER_RUNNING));
         let mut fleet = Fleet { members, logs: scratch.path().to_owned() };
         for index in 0..fleet.members.len() {
             fleet.start(index).await?;
@@ -156,7 +162,7 @@ impl World {
 
 impl Member {
     fn new(name: &str, args: Vec<&'static str>, env: Vec<(&'static str, String)>, ready: &'static str) -> Member {
-        Member { name: name.to_owned(), args, env, ready, child: None, starts: 0 }
+        Member { name: name.to_owned(), args, env, ready, child: None, starts: 0, paused: false }
     }
 }
 
@@ -172,14 +178,40 @@ impl Fleet {
         Ok(())
     }
 
+    /// A member at random, among those not paused.
+    fn pick(&self) -> Option<usize> {
+        (0..self.members.len()).filter(|index| !self.members[*index].paused).choose(&mut rand::rng())
+    }
+
     /// Kills a member at random with SIGKILL and starts it again; returns its name.
-    pub async fn kill_one(&mut self) -> anyhow::Result<&str> {
-        let index = rand::rng().random_range(0..self.members.len());
+    pub async fn kill_one(&mut self) -> anyhow::Result<Option<&str>> {
+        let Some(index) = self.pick() else { return Ok(None) };
         if let Some(child) = self.members[index].child.take() {
             child.kill().await?;
         }
         self.start(index).await?;
-        Ok(&self.members[index].name)
+        Ok(Some(&self.members[index].name))
+    }
+
+    /// Freezes a member at random with SIGSTOP, mid-request maybe; returns its index and name.
+    pub fn pause_one(&mut self) -> anyhow::Result<Option<(usize, &str)>> {
+        let Some(index) = self.pick() else { return Ok(None) };
+        let member = &mut self.members[index];
+        if let Some(child) = &member.child {
+            child.signal(Signal::SIGSTOP)?;
+            member.paused = true;
+        }
+        Ok(Some((index, &member.name)))
+    }
+
+    /// Thaws a member frozen by [`Fleet::pause_one`].
+    pub fn resume(&mut self, index: usize) -> anyhow::Result<()> {
+        let member = &mut self.members[index];
+        if let Some(child) = member.child.as_ref().filter(|_| member.paused) {
+            child.signal(Signal::SIGCONT)?;
+        }
+        member.paused = false;
+        Ok(())
     }
 
     /// Starts again every member that exited by itself (at a crash point); returns how many.

@@ -4,8 +4,9 @@
 //! - one idempotency key per payment, made once (a UUIDv4) and sent with every attempt, so a
 //!   retry is the same request and the server charges at most once however many arrive;
 //! - it retries what may succeed on another try: no answer at all (connection refused or lost, a
-//!   timeout), `409` (the key's request is still running) and `5xx` (`503` above all: the outcome
-//!   is not known yet), waiting as [`RetryPolicy`] says and never less than `Retry-After`;
+//!   timeout), `409` (the key's request is still running), `5xx` (`503` above all: the outcome
+//!   is not known yet), and `408` and `429`, which speak of the request's delivery, not of the
+//!   request, waiting as [`RetryPolicy`] says and never less than `Retry-After`;
 //! - it never retries a definitive answer: `2xx`, `402` (declined), any other `4xx`, and a stored
 //!   `5xx` (one marked `Idempotent-Replayed`, or `gateway-rejected`, which is stored), since the
 //!   same key gets the same answer again;
@@ -13,6 +14,25 @@
 //!   server that has gone down, and each payment starts where the last one did not.
 //!
 //! `payments pay` is this module on the command line; `payments chaos` drives it under faults.
+//!
+//! ```no_run
+//! use payments::client::{Client, NewPayment, Outcome, RetryPolicy};
+//!
+//! # async fn pay() -> anyhow::Result<()> {
+//! let client = Client::new(&["http://127.0.0.1:8080".parse()?], "sk_test_demo", RetryPolicy::default())?;
+//! let payment = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
+//! // Keep the key with the order: asked again with it, the service answers what it answered.
+//! let key = Client::new_key();
+//! let finished = client.pay(&key, &payment, |attempt| eprintln!("{attempt}")).await;
+//! match finished.outcome {
+//!     Outcome::Paid(answer) => println!("paid: {}", String::from_utf8_lossy(&answer.body)),
+//!     Outcome::Declined(_) => println!("declined"),
+//!     Outcome::Rejected(answer) => println!("refused: {answer}"),
+//!     Outcome::GaveUp { .. } => println!("not known yet: ask again later with key {key}"),
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 mod retry;
 
@@ -262,6 +282,9 @@ fn verdict(result: &Result<Answer, NoAnswer>) -> Verdict {
     match status {
         _ if status.is_success() => Verdict::Paid,
         StatusCode::PAYMENT_REQUIRED => Verdict::Declined,
+        // Not answers to the request but about its delivery: the server did not get all of it in
+        // time (a server that stalled mid-read answers this when it wakes), or asks for fewer.
+        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS => Verdict::Retry { after: answer.retry_after },
         StatusCode::CONFLICT => Verdict::Retry { after: answer.retry_after },
         _ if status.is_server_error() && !stored => Verdict::Retry { after: answer.retry_after },
         _ => Verdict::Rejected,
@@ -356,6 +379,8 @@ mod tests {
         assert!(retried(answer(503, Some("gateway-unavailable"), false)));
         assert!(retried(answer(500, Some("internal-error"), false)));
         assert!(retried(answer(502, None, false)));
+        assert!(retried(answer(408, None, false)));
+        assert!(retried(answer(429, None, false)));
         for status in [200, 201, 400, 401, 402, 404, 410, 413, 415, 422] {
             assert!(!retried(answer(status, None, false)), "{status}");
         }

@@ -37,7 +37,7 @@ pub struct ChaosArgs {
     /// The share of payments made with a card that is declined.
     #[arg(long, default_value_t = 0.1, value_parser = rate)]
     pub decline_rate: f64,
-    /// Do not kill processes (crash points, faults and abandoned clients remain).
+    /// Neither kill nor pause processes (crash points, gateway faults and abandoned clients remain).
     #[arg(long)]
     pub no_kills: bool,
     /// Disturb a running deployment at these base URLs instead of starting one (repeat the flag
@@ -67,7 +67,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         clients: args.clients as usize,
         fault_rate: args.fault_rate,
         mix: Mix { crash: args.crash_rate, abandon: args.abandon_rate, decline: args.decline_rate },
-        kills: !args.no_kills,
+        processes: !args.no_kills,
         deployment,
     };
     let held = chaos::run(plan).await?;

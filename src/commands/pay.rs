@@ -98,10 +98,13 @@ pub async fn run(args: PayArgs) -> anyhow::Result<ExitCode> {
         println!("{}", String::from_utf8_lossy(body));
     }
     if let Outcome::GaveUp { .. } = finished.outcome {
+        let attempts = match finished.attempts {
+            1 => "1 attempt".to_owned(),
+            n => format!("{n} attempts"),
+        };
         eprintln!(
-            "gave up after {} attempts. The payment may still complete: learn its outcome, or finish it, with \
-             --key {key} (it is never charged twice)",
-            finished.attempts
+            "gave up after {attempts}. The payment may still complete: learn its outcome, or finish it, with --key \
+             {key} (it is never charged twice)"
         );
     }
     Ok(ExitCode::from(Ended::of(&finished.outcome) as u8))

@@ -13,17 +13,14 @@ use crate::config::WorkerCommandArgs;
 use crate::db;
 use crate::db::embedded::Sharing;
 use crate::gateway::GatewayClient;
-use crate::startup::{exit_on_second_signal, metrics_server, shutdown_signal};
+use crate::startup::{WORKER_RUNNING, exit_on_second_signal, metrics_server, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
 
 /// A worker drives one request at a time per worker kind: a few connections are plenty.
 const POOL_SIZE: u32 = 4;
 
-/// The line `worker` prints once its workers run.
-pub const RUNNING: &str = "payments worker running";
-
-/// The line `worker` prints, before [`RUNNING`], with its metrics' address when it serves them.
+/// The line `worker` prints, before [`WORKER_RUNNING`], with its metrics' address when it serves them.
 pub const METRICS_AT: &str = "metrics:";
 
 pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
@@ -63,7 +60,7 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     if let Some((addr, _)) = &metrics {
         println!("{METRICS_AT} http://{addr}/metrics");
     }
-    println!("{RUNNING} (completer, reaper, outbox; gateway {gateway_url})");
+    println!("{WORKER_RUNNING} (completer, reaper, outbox; gateway {gateway_url})");
 
     tokio::select! {
         signal = stop_requested => tracing::info!(signal, "stopping: workers finish what they are on"),

@@ -30,8 +30,9 @@ pub struct Child {
 /// `payments <args>`, with exactly `env` among the variables the service reads (none is inherited
 /// from the benchmark's environment).
 pub fn payments(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Command> {
-    let mut command = Command::new(std::env::current_exe().context("finding this binary")?);
-    command.args(args).stdin(Stdio::null()).kill_on_drop(true);
+    let mut command = Command::new(this_binary()?);
+    // Named as a user would have started it, in `ps` and in its own `argv[0]`.
+    command.arg0("payments").args(args).stdin(Stdio::null()).kill_on_drop(true);
     for (var, _) in std::env::vars_os() {
         let name = var.to_string_lossy();
         if name.starts_with("PAYMENTS_") || ["DATABASE_URL", "GATEWAY_URL", "RUST_LOG"].contains(&name.as_ref()) {
@@ -78,6 +79,12 @@ impl Child {
         self.child.kill().await.with_context(|| format!("killing {}", self.name))
     }
 
+    /// Sends it a signal (`SIGSTOP` to freeze it, as a stalled machine would; `SIGCONT` to thaw it).
+    pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        let pid = self.child.id().with_context(|| format!("{} has exited", self.name))?;
+        kill(Pid::from_raw(pid as i32), signal).with_context(|| format!("signalling {}", self.name))
+    }
+
     /// Whether it has exited by itself (aborted at a crash point, say).
     pub fn has_exited(&mut self) -> bool {
         !matches!(self.child.try_wait(), Ok(None))
@@ -96,6 +103,17 @@ impl Child {
                 bail!("{} did not stop within {STOP_TIMEOUT:?} of SIGTERM, and was killed", self.name)
             }
         }
+    }
+}
+
+/// This very binary, even if it has been rebuilt since it started: on Linux `/proc/self/exe`,
+/// which names the running file itself, so that a process restarted mid-run is the same build
+/// as the rest (`current_exe` would name whatever is at that path now, or nothing).
+fn this_binary() -> anyhow::Result<PathBuf> {
+    let running = Path::new("/proc/self/exe");
+    match running.exists() {
+        true => Ok(running.to_owned()),
+        false => std::env::current_exe().context("finding this binary"),
     }
 }
 

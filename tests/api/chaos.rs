@@ -28,12 +28,14 @@ async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() 
     let (code, table, log) = chaos(&["--keys", "200"]).await;
     assert_eq!(code, Some(0), "{table}\n{log}");
     assert!(table.ends_with("every invariant held\n"), "{table}");
-    assert_eq!(table.matches("\n  held   ").count(), 5, "{table}");
+    assert_eq!(table.matches("\n  held   ").count(), 6, "{table}");
     assert_eq!(count(&table, "payments (keys)"), 200);
-    // The storm happened: processes were killed and restarted, the gateway failed and forgot its
-    // keys, some requests carried crash points and some clients walked away.
+    // The storm happened: processes were killed and restarted, and frozen past their leases; the
+    // gateway failed and forgot its keys; some requests carried crash points and some clients
+    // walked away.
     let storm = [
         "kills (SIGKILL)",
+        "pauses past the lease",
         "gateway faults",
         "gateway forgot its keys",
         "crash points sent",
@@ -58,7 +60,9 @@ async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
     ];
     let (code, table, log) = chaos(&args.concat()).await;
     assert_eq!(code, Some(0), "{table}\n{log}");
-    assert_eq!((count(&table, "kills (SIGKILL)"), count(&table, "crash points sent")), (0, 0), "{table}");
+    for row in ["kills (SIGKILL)", "pauses past the lease", "crash points sent"] {
+        assert_eq!(count(&table, row), 0, "{row}: {table}");
+    }
     assert!(table.contains("not checked: the deployment's webhook is not the run's"), "{table}");
     let succeeded = app.gateway.stats().await.charges;
     assert!(table.contains(&format!("{succeeded} = {succeeded} = {succeeded}")), "{table}");

@@ -72,7 +72,7 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
         .iter()
         .find_map(|line| line.strip_prefix("gateway: in-process mock at ").map(str::to_owned));
     let mock = mock.expect("serve names its mock gateway");
-    let worker = Process::start(&["worker"], &env, payments::commands::worker::RUNNING).await;
+    let worker = Process::start(&["worker"], &env, payments::startup::WORKER_RUNNING).await;
     assert!(worker.url.contains(&format!("gateway {mock}/")), "{} should name {mock}", worker.url);
     drop(worker);
 

@@ -74,7 +74,7 @@ impl Process {
     pub async fn worker(database_url: &str, gateway_url: &str, env: &[(&str, &str)]) -> Process {
         let mut all = vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url)];
         all.extend_from_slice(env);
-        Process::start(&["worker"], &all, payments::commands::worker::RUNNING).await
+        Process::start(&["worker"], &all, payments::startup::WORKER_RUNNING).await
     }
 
     /// `payments gateway` on a free port.
