@@ -92,9 +92,9 @@ impl Stored {
     }
 }
 
-/// One invariant's verdict.
+/// One invariant, and whether it held.
 #[derive(Debug)]
-pub struct Verdict {
+pub struct Invariant {
     pub name: &'static str,
     pub held: bool,
     pub detail: String,
@@ -109,7 +109,7 @@ pub struct Outside {
 }
 
 /// Checks every invariant.
-pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Verdict> {
+pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Invariant> {
     vec![
         finished(runs, stored),
         phases_once(stored),
@@ -120,7 +120,7 @@ pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Verdict
     ]
 }
 
-fn finished(runs: &[KeyRun], stored: &Stored) -> Verdict {
+fn finished(runs: &[KeyRun], stored: &Stored) -> Invariant {
     let state = |run: &KeyRun| stored.keys.get(&run.key);
     let unfinished: Vec<&KeyRun> =
         runs.iter().filter(|run| state(run).is_none_or(|(point, _)| point != "finished")).collect();
@@ -129,14 +129,14 @@ fn finished(runs: &[KeyRun], stored: &Stored) -> Verdict {
     let mut detail =
         format!("{} of {} finished, {} need attention", runs.len() - unfinished.len(), runs.len(), attention.len());
     detail += &name_some(unfinished.iter().chain(&attention).map(|run| run.key.as_str()));
-    Verdict {
+    Invariant {
         name: "every key finished, none needs attention",
         held: unfinished.is_empty() && attention.is_empty(),
         detail,
     }
 }
 
-fn phases_once(stored: &Stored) -> Verdict {
+fn phases_once(stored: &Stored) -> Invariant {
     let payments: Vec<&StoredPayment> = stored.payments.values().flatten().collect();
     let twice: Vec<String> = payments
         .iter()
@@ -145,30 +145,34 @@ fn phases_once(stored: &Stored) -> Verdict {
         .collect();
     let mut detail = format!("{} of {} payments", payments.len() - twice.len(), payments.len());
     detail += &name_some(twice.iter().map(String::as_str));
-    Verdict { name: "each payment's charge and finish committed once, by one request", held: twice.is_empty(), detail }
+    Invariant {
+        name: "each payment's charge and finish committed once, by one request",
+        held: twice.is_empty(),
+        detail,
+    }
 }
 
-fn charges(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Verdict {
+fn charges(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Invariant {
     let succeeded = stored.succeeded().count() as u64;
     let answered = runs.iter().filter(|run| run.answers.iter().any(|answer| answer.status.is_success())).count() as u64;
-    Verdict {
+    Invariant {
         name: "gateway charges = succeeded payments = successful answers",
         held: outside.gateway_charges == succeeded && succeeded == answered,
         detail: format!("{} = {succeeded} = {answered}", outside.gateway_charges),
     }
 }
 
-fn distinct_charges(stored: &Stored) -> Verdict {
+fn distinct_charges(stored: &Stored) -> Invariant {
     let ids: Vec<Option<&str>> = stored.succeeded().map(|payment| payment.charge_id.as_deref()).collect();
     let distinct: HashSet<&str> = ids.iter().flatten().copied().collect();
-    Verdict {
+    Invariant {
         name: "every succeeded payment has a charge of its own",
         held: distinct.len() == ids.len(),
         detail: format!("{} distinct charge ids for {} payments", distinct.len(), ids.len()),
     }
 }
 
-fn one_payment(runs: &[KeyRun], stored: &Stored) -> Verdict {
+fn one_payment(runs: &[KeyRun], stored: &Stored) -> Invariant {
     let mut broken = Vec::new();
     let mut answers = 0;
     for run in runs {
@@ -182,7 +186,7 @@ fn one_payment(runs: &[KeyRun], stored: &Stored) -> Verdict {
     let keys = |n: usize| if n == 1 { "1 key".to_owned() } else { format!("{n} keys") };
     let mut detail = format!("{}, {answers} answers; {} broken", keys(runs.len()), keys(broken.len()));
     detail += &name_some(broken.iter().map(String::as_str));
-    Verdict {
+    Invariant {
         name: "every answer for a key is its one payment; replays byte-identical",
         held: broken.is_empty(),
         detail,
@@ -206,16 +210,16 @@ fn one_payment_problem(run: &KeyRun, stored: &[StoredPayment]) -> Option<String>
     None
 }
 
-fn events(stored: &Stored, outside: &Outside) -> Verdict {
+fn events(stored: &Stored, outside: &Outside) -> Invariant {
     let name = "every finished payment's event arrived";
     let Some(events) = &outside.events else {
-        return Verdict { name, held: true, detail: "not checked: the deployment's webhook is not the run's".into() };
+        return Invariant { name, held: true, detail: "not checked: the deployment's webhook is not the run's".into() };
     };
     let finished = stored.finished_payments();
     let missing: Vec<&String> = finished.iter().filter(|id| !events.contains(*id)).collect();
     let mut detail = format!("{} of {}", finished.len() - missing.len(), finished.len());
     detail += &name_some(missing.iter().map(|id| id.as_str()));
-    Verdict { name, held: missing.is_empty(), detail }
+    Invariant { name, held: missing.is_empty(), detail }
 }
 
 /// An answer that carries the key's payment: `2xx`, or `402` with the failed payment.
@@ -226,9 +230,7 @@ fn bears_payment(answer: &Answer) -> bool {
 /// A definitive answer that carries no payment: a well-formed request refused (`4xx`), or a
 /// stored `5xx`.
 fn refused(answer: &Answer) -> bool {
-    let status = answer.status.as_u16();
-    let not_yet = [408, 409, 429].contains(&status) || (answer.status.is_server_error() && !answer.replayed);
-    !bears_payment(answer) && !not_yet
+    answer.is_definitive() && !bears_payment(answer)
 }
 
 /// The payment's id in a `2xx` body (`id`) or a `402` problem (`payment.id`).

@@ -66,7 +66,13 @@ pub struct Live {
 }
 
 /// Runs the load with `clients` payments in flight at once.
-pub async fn drive(client: &Client, mix: Mix, extent: Extent, clients: usize, live: &Arc<Live>) -> Vec<KeyRun> {
+pub async fn drive(
+    client: &Client,
+    mix: Mix,
+    extent: Extent,
+    clients: usize,
+    live: &Arc<Live>,
+) -> anyhow::Result<Vec<KeyRun>> {
     let runs = Arc::new(Mutex::new(Vec::new()));
     let next = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -90,9 +96,10 @@ pub async fn drive(client: &Client, mix: Mix, extent: Extent, clients: usize, li
         })
         .collect();
     for task in tasks {
-        let _ = task.await;
+        // A client that panicked would leave its keys out of the checks unseen.
+        task.await?;
     }
-    std::mem::take(&mut *runs.lock().unwrap_or_else(PoisonError::into_inner))
+    Ok(std::mem::take(&mut *runs.lock().unwrap_or_else(PoisonError::into_inner)))
 }
 
 /// One payment, treated as `mix` draws.
@@ -105,7 +112,8 @@ async fn one_key(client: &Client, mix: Mix, live: &Live) -> KeyRun {
     let source = if declined { "tok_chargeDeclined" } else { "tok_visa" };
     let payment = NewPayment { amount, currency: "usd".into(), source: source.into(), description: None };
     let key = Client::new_key();
-    let client = if abandoned { client.with_policy(RetryPolicy::once()) } else { client.clone() };
+    let client =
+        if abandoned { client.with_policy(RetryPolicy { max_attempts: 1, ..PERSISTENT }) } else { client.clone() };
     let headers: Vec<(&str, &str)> = crash_point.map(|point| (FAULT_HEADER, point)).into_iter().collect();
     let mut answers = Vec::new();
     let finished = client.pay_with(&key, &payment, &headers, |attempt| keep(attempt, &mut answers, live)).await;

@@ -64,6 +64,9 @@ const RESTART_POLL: Duration = Duration::from_millis(100);
 /// crash cut short waits out the lock timeout (11 s) before a worker or a retry takes it over.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How long the gateway's control endpoints may take to answer.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How often settling is polled.
 const SETTLE_POLL: Duration = Duration::from_millis(250);
 
@@ -121,17 +124,20 @@ pub async fn run(mut plan: Plan) -> anyhow::Result<bool> {
     let stopping = progress.step("stopping");
     let kept = world.stop(!held).await;
     drop(stopping);
-    let report = outcome?;
-    println!("{}", report.table());
-    if let Some(logs) = kept? {
+    if let Ok(report) = &outcome {
+        println!("{}", report.table());
+    }
+    if let Ok(Some(logs)) = &kept {
         println!("The processes' logs are kept in {}", logs.display());
     }
+    let held = outcome?.held();
+    kept?;
     Ok(held)
 }
 
 async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) -> anyhow::Result<Report> {
     let client = Client::new(&world.urls, &world.api_key, load::PERSISTENT)?;
-    let gateway = GatewayControl::new(&world.gateway_url);
+    let gateway = GatewayControl::new(&world.gateway_url)?;
     let before = gateway.stats().await?;
 
     // The storm.
@@ -147,7 +153,17 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         Extent::For(duration) => progress.timed("payments under chaos", duration, None),
     };
     let ticker = tokio::spawn(show(plan.extent, live.clone(), disturbed.clone(), phase.bar()));
-    let mut runs = load::drive(&client, plan.mix, plan.extent, plan.clients, &live).await;
+    // A disturber that fails (a process that will not start again, say) ends the run: the load
+    // would go on against a world no longer disturbed, or no longer there.
+    let mut disturber = disturber;
+    let load = load::drive(&client, plan.mix, plan.extent, plan.clients, &live);
+    let mut runs = tokio::select! {
+        runs = load => runs?,
+        failed = &mut disturber => {
+            failed??;
+            anyhow::bail!("the disturber stopped before the load ended");
+        }
+    };
     let load_took = started.elapsed();
     ticker.abort();
     let _ = stop.send(true);
@@ -185,7 +201,8 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     ));
 
     let after = gateway.stats().await?;
-    let outside = Outside { gateway_charges: after.charges - before.charges, events };
+    // A gateway restarted meanwhile counts from zero again; the check then fails, as it should.
+    let outside = Outside { gateway_charges: after.charges.saturating_sub(before.charges), events };
     let verdicts = check::check(&runs, &stored, &outside);
     let attempts = (live.attempts.load(Ordering::Relaxed), final_attempts);
     let did = Did::of(&runs, attempts, &disturbed, before, after, load_took, settle_took);
@@ -194,8 +211,8 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
 
 /// Every 1 to 3 s kills a random member of the fleet and starts it again, and every 10 to 20 s
 /// freezes one past its leases (with `processes`); makes the gateway forget its keys on a timer
-/// of its own; starts again at once any process that aborted by itself. When told to stop, thaws
-/// what is frozen and hands the fleet back, all running.
+/// of its own; starts again at once any process that exited by itself (at a crash point). When
+/// told to stop, thaws what is frozen and hands the fleet back, all running.
 async fn disturb(
     mut fleet: Option<Fleet>,
     processes: bool,
@@ -210,36 +227,27 @@ async fn disturb(
     let tally = |counts: &Mutex<BTreeMap<String, u64>>, name: &str| {
         *counts.lock().unwrap_or_else(PoisonError::into_inner).entry(name.to_owned()).or_default() += 1;
     };
+    let (owned, idle) = (fleet.is_some(), Instant::now() + Duration::from_secs(86_400));
     loop {
-        let thaw_at = paused.map_or(pause_at, |(_, at)| at);
-        let Some(members) = fleet.as_mut().filter(|_| processes) else {
-            tokio::select! {
-                _ = stop.changed() => break,
-                _ = tokio::time::sleep_until(forget_at) => {
-                    gateway.forget_keys().await?;
-                    disturbed.forgotten.fetch_add(1, Ordering::Relaxed);
-                    forget_at = after(KILL_EVERY);
-                }
-            }
-            continue;
-        };
         tokio::select! {
             _ = stop.changed() => break,
-            _ = tokio::time::sleep_until(kill_at) => {
-                if let Some(name) = members.kill_one().await? {
+            _ = tokio::time::sleep_until(kill_at), if processes && owned => {
+                if let Some(fleet) = fleet.as_mut()
+                    && let Some(name) = fleet.kill_one().await?
+                {
                     tally(&disturbed.kills, name);
                 }
                 kill_at = after(KILL_EVERY);
             }
-            _ = tokio::time::sleep_until(pause_at), if paused.is_none() => {
-                if let Some((index, name)) = members.pause_one()? {
+            _ = tokio::time::sleep_until(pause_at), if processes && owned && paused.is_none() => {
+                if let Some((index, name)) = fleet.as_mut().map(Fleet::pause_one).transpose()?.flatten() {
                     tally(&disturbed.pauses, name);
                     paused = Some((index, Instant::now() + LOCK_TIMEOUT + rand::rng().random_range(PAUSE_PAST_LEASE)));
                 }
             }
-            _ = tokio::time::sleep_until(thaw_at), if paused.is_some() => {
-                if let Some((index, _)) = paused.take() {
-                    members.resume(index)?;
+            _ = tokio::time::sleep_until(paused.map_or(idle, |(_, at)| at)), if paused.is_some() => {
+                if let (Some(fleet), Some((index, _))) = (fleet.as_mut(), paused.take()) {
+                    fleet.resume(index)?;
                 }
                 pause_at = after(PAUSE_EVERY);
             }
@@ -248,8 +256,10 @@ async fn disturb(
                 disturbed.forgotten.fetch_add(1, Ordering::Relaxed);
                 forget_at = after(KILL_EVERY);
             }
-            _ = tokio::time::sleep(RESTART_POLL) => {
-                disturbed.aborted.fetch_add(members.restart_exited().await?, Ordering::Relaxed);
+            _ = tokio::time::sleep(RESTART_POLL), if owned => {
+                if let Some(fleet) = fleet.as_mut() {
+                    disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -316,8 +326,9 @@ struct GatewayControl {
 }
 
 impl GatewayControl {
-    fn new(base: &Url) -> GatewayControl {
-        GatewayControl { base: base.clone(), http: reqwest::Client::new() }
+    fn new(base: &Url) -> anyhow::Result<GatewayControl> {
+        let http = reqwest::Client::builder().timeout(CONTROL_TIMEOUT).build()?;
+        Ok(GatewayControl { base: base.clone(), http })
     }
 
     async fn stats(&self) -> anyhow::Result<GatewayStats> {

@@ -6,7 +6,7 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::check::Verdict;
+use super::check::Invariant;
 use super::load::KeyRun;
 use super::{Disturbed, GatewayStats};
 
@@ -35,7 +35,7 @@ pub struct Did {
 
 pub struct Report {
     pub did: Did,
-    pub verdicts: Vec<Verdict>,
+    pub verdicts: Vec<Invariant>,
 }
 
 impl Did {

@@ -33,6 +33,9 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_millis(11_000);
 const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
     ("PAYMENTS_WORKER_INTERVAL_MS", "200"),
+    // Kills, pauses and faults make some completer runs fail; it must not give a key up while
+    // the storm lasts, or a key would need attention for the storm's sake, not the service's.
+    ("PAYMENTS_COMPLETER_MAX_ATTEMPTS", "50"),
     ("PAYMENTS_COMPLETER_BACKOFF_MS", "200"),
     ("PAYMENTS_WEBHOOK_BACKOFF_MS", "200"),
     ("RUST_LOG", "warn"),

@@ -214,7 +214,8 @@ impl Client {
                 Verdict::Retry { .. } if number >= self.policy.max_attempts => Next::GiveUp(GaveUp::Attempts),
                 Verdict::Retry { after } => {
                     let wait = self.policy.delay(number, after, &mut rand::rng());
-                    match started.elapsed() + wait < self.policy.deadline {
+                    // Checked: a server may ask for any wait at all.
+                    match started.elapsed().checked_add(wait).is_some_and(|then| then < self.policy.deadline) {
                         true => Next::RetryIn(wait),
                         false => Next::GiveUp(GaveUp::Deadline),
                     }
@@ -273,21 +274,28 @@ impl Client {
     }
 }
 
+impl Answer {
+    /// Whether this is the request's definitive answer, which the same key would only get again.
+    /// Not so: `409` (the key's request is still running), `408` and `429` (about the request's
+    /// delivery, not the request: a server that stalled mid-read answers `408` when it wakes, having
+    /// done nothing), and a `5xx` that was not stored (a stored one is marked replayed, or is a
+    /// `gateway-rejected`, which is always stored).
+    pub fn is_definitive(&self) -> bool {
+        let status = self.status;
+        let stored = self.replayed || self.problem.as_deref() == Some("gateway-rejected");
+        let about_delivery = [StatusCode::REQUEST_TIMEOUT, StatusCode::TOO_MANY_REQUESTS].contains(&status);
+        !(status == StatusCode::CONFLICT || about_delivery || (status.is_server_error() && !stored))
+    }
+}
+
 /// Whether to retry, and if not, what the answer means.
 fn verdict(result: &Result<Answer, NoAnswer>) -> Verdict {
-    let Ok(answer) = result else { return Verdict::Retry { after: None } };
-    let status = answer.status;
-    // A stored answer is the request's final one: the same key gets it again, byte for byte.
-    let stored = answer.replayed || answer.problem.as_deref() == Some("gateway-rejected");
-    match status {
-        _ if status.is_success() => Verdict::Paid,
-        StatusCode::PAYMENT_REQUIRED => Verdict::Declined,
-        // Not answers to the request but about its delivery: the server did not get all of it in
-        // time (a server that stalled mid-read answers this when it wakes), or asks for fewer.
-        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS => Verdict::Retry { after: answer.retry_after },
-        StatusCode::CONFLICT => Verdict::Retry { after: answer.retry_after },
-        _ if status.is_server_error() && !stored => Verdict::Retry { after: answer.retry_after },
-        _ => Verdict::Rejected,
+    match result {
+        Err(_) => Verdict::Retry { after: None },
+        Ok(answer) if !answer.is_definitive() => Verdict::Retry { after: answer.retry_after },
+        Ok(answer) if answer.status.is_success() => Verdict::Paid,
+        Ok(answer) if answer.status == StatusCode::PAYMENT_REQUIRED => Verdict::Declined,
+        Ok(_) => Verdict::Rejected,
     }
 }
 

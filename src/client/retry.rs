@@ -11,8 +11,10 @@ use std::time::{Duration, SystemTime};
 
 use rand::Rng;
 
-/// Attempts of one request, the first included.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 10;
+/// Attempts of one request, the first included: enough that the deadline, not the count, usually
+/// ends a long wait (a key held by a request that was cut short answers `409` until its lock runs
+/// out, and each `409` asks for a second's wait).
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 30;
 
 /// How long one request may take, all its attempts and waits included. It outlasts a server's
 /// lock on a key whose request was cut short (90 s by default), after which a retry takes over.
@@ -51,11 +53,6 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// A single attempt: what a client that gives up at the first failure does.
-    pub fn once() -> RetryPolicy {
-        RetryPolicy { max_attempts: 1, ..RetryPolicy::default() }
-    }
-
     /// The wait after failed attempt `attempt` (1 for the first), at least `retry_after`.
     pub fn delay(&self, attempt: u32, retry_after: Option<Duration>, rng: &mut impl Rng) -> Duration {
         let doublings = attempt.saturating_sub(1).min(31);

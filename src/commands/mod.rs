@@ -91,9 +91,9 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
         "m" => number * 60.0,
         _ => return Err(format!("{value:?}: the unit is ms, s or m")),
     };
-    match seconds > 0.0 && seconds.is_finite() {
-        true => Ok(Duration::from_secs_f64(seconds)),
-        false => Err(format!("{value:?} is not a positive duration")),
+    match Duration::try_from_secs_f64(seconds) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        _ => Err(format!("{value:?} is not a positive duration that this machine can count")),
     }
 }
 
@@ -111,5 +111,7 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("10h").is_err());
+        assert!(parse_duration("0.0000000001").is_err());
+        assert!(parse_duration("99999999999999999999999").is_err());
     }
 }

@@ -40,8 +40,24 @@ pub fn payments(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Command> 
         }
     }
     command.envs(env.iter().copied());
+    die_with_this_process(&mut command);
     Ok(command)
 }
+
+/// On Linux, the child is killed when this process dies, however it dies: a run stopped with
+/// Ctrl-C or killed by a CI timeout leaves no `serve` behind, not even one it had frozen with
+/// `SIGSTOP` (which would never act on a gentler signal).
+#[cfg(target_os = "linux")]
+fn die_with_this_process(command: &mut Command) {
+    // SAFETY: the closure runs in the child between fork and exec, and makes one system call
+    // (prctl), which is async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from));
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_this_process(_command: &mut Command) {}
 
 impl Child {
     /// Starts `command`, with its logs (stderr) going to `log`, and waits for the line on its

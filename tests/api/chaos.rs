@@ -11,7 +11,10 @@ async fn chaos(args: &[&str]) -> (Option<i32>, String, String) {
     for var in ["DATABASE_URL", "GATEWAY_URL", "PAYMENTS_API_KEY"] {
         command.env_remove(var);
     }
-    let output = command.output().await.expect("running payments chaos");
+    command.kill_on_drop(true);
+    // However it goes wrong, a run ends: a chaos run that hangs fails the test instead.
+    let output = tokio::time::timeout(std::time::Duration::from_secs(600), command.output()).await;
+    let output = output.expect("payments chaos ended within 10 minutes").expect("running payments chaos");
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
     (output.status.code(), text(&output.stdout), text(&output.stderr))
 }
