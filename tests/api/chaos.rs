@@ -70,3 +70,16 @@ async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
     let succeeded = app.gateway.stats().await.charges;
     assert!(table.contains(&format!("{succeeded} = {succeeded} = {succeeded}")), "{table}");
 }
+
+#[tokio::test]
+async fn without_kills_a_server_that_crashed_at_a_crash_point_is_still_started_again() {
+    let (code, table, log) = chaos(&["--keys", "40", "--no-kills", "--crash-rate", "0.5", "--clients", "8"]).await;
+    assert_eq!(code, Some(0), "{table}\n{log}");
+    for row in ["kills (SIGKILL)", "pauses past the lease"] {
+        assert_eq!(count(&table, row), 0, "{row}: {table}");
+    }
+    // Crash points aborted servers, and they came back: no client had to give up.
+    let aborted = table.lines().find(|line| line.contains("crash points sent")).unwrap_or_default();
+    assert!(!aborted.contains(" 0 processes aborted"), "{table}");
+    assert_eq!(count(&table, "clients that gave up"), 0, "{table}");
+}
