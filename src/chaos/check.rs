@@ -76,11 +76,6 @@ impl Stored {
         Ok(stored)
     }
 
-    /// Keys not finished yet, or needing attention.
-    pub fn unsettled(&self) -> usize {
-        self.keys.values().filter(|(point, attention)| point != "finished" || *attention).count()
-    }
-
     fn succeeded(&self) -> impl Iterator<Item = &StoredPayment> {
         self.payments.values().flatten().filter(|payment| payment.status == "succeeded")
     }
@@ -90,6 +85,19 @@ impl Stored {
         let finished = self.payments.values().flatten().filter(|payment| payment.status != "pending");
         finished.map(|payment| payment.id.to_string()).collect()
     }
+}
+
+/// How many of `keys` the database holds unfinished, or needing attention: one count, polled
+/// while the system settles.
+pub async fn unsettled(database_url: &str, keys: &[String]) -> anyhow::Result<i64> {
+    let mut conn = AsyncPgConnection::establish(database_url).await?;
+    let unsettled = idempotency_keys::table
+        .filter(idempotency_keys::idempotency_key.eq_any(keys))
+        .filter(idempotency_keys::recovery_point.ne("finished").or(idempotency_keys::needs_attention_at.is_not_null()))
+        .count()
+        .get_result(&mut conn)
+        .await?;
+    Ok(unsettled)
 }
 
 /// One invariant, and whether it held.

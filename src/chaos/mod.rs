@@ -130,7 +130,7 @@ pub async fn run(mut plan: Plan) -> anyhow::Result<bool> {
     if let Ok(Some(logs)) = &kept {
         println!("The processes' logs are kept in {}", logs.display());
     }
-    let held = outcome?.held();
+    outcome?;
     kept?;
     Ok(held)
 }
@@ -145,7 +145,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let disturbed = Arc::new(Disturbed::default());
     let (stop, stopped) = watch::channel(false);
     let fleet = world.take_fleet();
-    let disturber = tokio::spawn(disturb(fleet, plan.processes, gateway.clone(), stopped, disturbed.clone()));
+    let mut disturber = tokio::spawn(disturb(fleet, plan.processes, gateway.clone(), stopped, disturbed.clone()));
     let live = Arc::new(Live::default());
     let started = Instant::now();
     let phase = match plan.extent {
@@ -155,7 +155,6 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let ticker = tokio::spawn(show(plan.extent, live.clone(), disturbed.clone(), phase.bar()));
     // A disturber that fails (a process that will not start again, say) ends the run: the load
     // would go on against a world no longer disturbed, or no longer there.
-    let mut disturber = disturber;
     let load = load::drive(&client, plan.mix, plan.extent, plan.clients, &live);
     let mut runs = tokio::select! {
         runs = load => runs?,
@@ -301,7 +300,7 @@ async fn wait_for_settling(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     loop {
-        let unsettled = Stored::read(database_url, keys).await?.unsettled();
+        let unsettled = check::unsettled(database_url, keys).await?;
         step.set_message(format!("{unsettled} keys not finished yet"));
         if unsettled == 0 || Instant::now() >= deadline {
             return Ok(());

@@ -148,14 +148,6 @@ pub struct Finished {
     pub outcome: Outcome,
 }
 
-/// What a client does with an attempt's result.
-enum Verdict {
-    Paid,
-    Declined,
-    Rejected,
-    Retry { after: Option<Duration> },
-}
-
 impl Client {
     /// A client of the deployment at `base_urls` (at least one), paying with `api_key`.
     pub fn new(base_urls: &[Url], api_key: &str, policy: RetryPolicy) -> anyhow::Result<Client> {
@@ -209,10 +201,11 @@ impl Client {
             let left = self.policy.deadline.saturating_sub(started.elapsed());
             let headers = if number == 1 { first_attempt_headers } else { &[] };
             let result = self.send(endpoint, key, payment, headers, self.policy.attempt_timeout.min(left)).await;
-            let verdict = verdict(&result);
-            let next = match verdict {
-                Verdict::Retry { .. } if number >= self.policy.max_attempts => Next::GiveUp(GaveUp::Attempts),
-                Verdict::Retry { after } => {
+            let next = match &result {
+                Ok(answer) if answer.is_definitive() => Next::Done,
+                _ if number >= self.policy.max_attempts => Next::GiveUp(GaveUp::Attempts),
+                _ => {
+                    let after = result.as_ref().ok().and_then(|answer| answer.retry_after);
                     let wait = self.policy.delay(number, after, &mut rand::rng());
                     // Checked: a server may ask for any wait at all.
                     match started.elapsed().checked_add(wait).is_some_and(|then| then < self.policy.deadline) {
@@ -220,20 +213,17 @@ impl Client {
                         false => Next::GiveUp(GaveUp::Deadline),
                     }
                 }
-                _ => Next::Done,
             };
             let attempt = Attempt { number, endpoint: endpoint.clone(), result, next };
             observe(&attempt);
-            let outcome = match (next, verdict, attempt.result) {
-                (Next::RetryIn(wait), ..) => {
+            let outcome = match (next, attempt.result) {
+                (Next::RetryIn(wait), _) => {
                     tokio::time::sleep(wait).await;
                     continue;
                 }
-                (Next::GiveUp(why), _, last) => Outcome::GaveUp { why, last },
-                (Next::Done, Verdict::Paid, Ok(answer)) => Outcome::Paid(answer),
-                (Next::Done, Verdict::Declined, Ok(answer)) => Outcome::Declined(answer),
-                (Next::Done, _, Ok(answer)) => Outcome::Rejected(answer),
-                (Next::Done, _, Err(_)) => unreachable!("an attempt without an answer is always retried"),
+                (Next::GiveUp(why), last) => Outcome::GaveUp { why, last },
+                (Next::Done, Ok(answer)) => Outcome::of_definitive(answer),
+                (Next::Done, Err(_)) => unreachable!("only an answer can be definitive"),
             };
             return Finished { key: key.to_owned(), attempts: number, outcome };
         }
@@ -288,14 +278,14 @@ impl Answer {
     }
 }
 
-/// Whether to retry, and if not, what the answer means.
-fn verdict(result: &Result<Answer, NoAnswer>) -> Verdict {
-    match result {
-        Err(_) => Verdict::Retry { after: None },
-        Ok(answer) if !answer.is_definitive() => Verdict::Retry { after: answer.retry_after },
-        Ok(answer) if answer.status.is_success() => Verdict::Paid,
-        Ok(answer) if answer.status == StatusCode::PAYMENT_REQUIRED => Verdict::Declined,
-        Ok(_) => Verdict::Rejected,
+impl Outcome {
+    /// What a definitive answer means.
+    fn of_definitive(answer: Answer) -> Outcome {
+        match answer.status {
+            status if status.is_success() => Outcome::Paid(answer),
+            StatusCode::PAYMENT_REQUIRED => Outcome::Declined(answer),
+            _ => Outcome::Rejected(answer),
+        }
     }
 }
 
@@ -375,7 +365,7 @@ mod tests {
     }
 
     fn retried(result: Result<Answer, NoAnswer>) -> bool {
-        matches!(verdict(&result), Verdict::Retry { .. })
+        !result.is_ok_and(|answer| answer.is_definitive())
     }
 
     #[test]
