@@ -45,7 +45,8 @@ pub fn advertise_gateway(data_dir: &Path, url: &Url) -> anyhow::Result<()> {
 }
 
 /// Withdraws the notice when `serve` stops (a crashed `serve` leaves it: a worker that reads it
-/// then finds no gateway there, or one with another identity, which it never charges through).
+/// then finds no gateway there, or one with another identity, which it never asks to charge a
+/// payment of the old one).
 pub fn withdraw_gateway(data_dir: &Path) {
     let _ = std::fs::remove_file(gateway_file(data_dir));
 }

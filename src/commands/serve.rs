@@ -141,7 +141,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// Starts the in-process mock gateway at `bind`, or, when none is given, at the standalone
 /// gateway's usual address so that the README's fault-control commands work as printed. If that
 /// is taken it takes a free port, and says so loudly: it never charges anywhere unannounced, and
-/// every payment records the gateway it started at, so no other gateway is ever asked about it.
+/// every payment records the gateway that answers for it, so no other gateway is ever asked to
+/// charge it.
 /// Its fault controls are served only on a loopback address.
 fn start_mock_gateway(bind: Option<&str>) -> anyhow::Result<MockGateway> {
     let listener = match bind {

@@ -132,20 +132,20 @@ struct ChargeList {
     data: Vec<ChargeObject>,
 }
 
-/// What the answer to a look-up by key means: the charge made for `request` under
-/// `idempotency_key`, if any.
+/// What the answer to a look-up by key means: the outcome of the charge made for `request` under
+/// `idempotency_key` (a success, a decline, or not known yet), or none.
 ///
 /// Only a charge that carries our key, amount and currency, and says how it went, is ours. A
 /// success wins; then anything not known yet (a pending charge may still succeed); a decline only
 /// when every charge of ours failed. An empty list is the one answer that means "nothing was
 /// charged": anything else that is not a list, or a list with charges but none of them ours, is
-/// indeterminate.
+/// unreadable (the error).
 pub(super) fn look_up_outcome(
     status: u16,
     body: &[u8],
     idempotency_key: &str,
     request: &ChargeRequest<'_>,
-) -> Result<Option<Charge>, GatewayError> {
+) -> Result<Option<Result<Charge, GatewayError>>, GatewayError> {
     if !(200..=299).contains(&status) {
         return Err(GatewayError::Unavailable(format!("the charge look-up answered {status}")));
     }
@@ -174,7 +174,7 @@ pub(super) fn look_up_outcome(
         Err(_) => 1,
     };
     match outcomes.into_iter().min_by_key(rank) {
-        Some(outcome) => outcome.map(Some),
+        Some(outcome) => Ok(Some(outcome)),
         None => Err(GatewayError::Unavailable(format!(
             "the look-up by key found {found} charge(s), none with our key, amount and currency"
         ))),

@@ -51,8 +51,4 @@ pub enum GatewayError {
     /// No answer in time. The charge may or may not exist.
     #[error("the gateway did not answer in time")]
     Timeout,
-    /// Another gateway answered than the one we meant (the address now leads to a gateway with
-    /// another identity: a mock restarted with an empty memory, say). Its answer is not read.
-    #[error("the gateway {answered} answered, not the one the payment is charged through")]
-    OtherGateway { answered: String },
 }

@@ -3,38 +3,45 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use reqwest::{RequestBuilder, Url};
-use serde::Deserialize;
-
 use super::answers::{charge_outcome, look_up_outcome, recordable};
 use super::charge::{Charge, ChargeRequest, GatewayError};
 use crate::metrics::{GatewayOperation, GatewayOutcome, Metrics};
+use reqwest::{RequestBuilder, Url};
 
 /// The header in which a gateway that knows who it is names itself on every answer (the mock
-/// does). An answer from another gateway than the one a payment is charged through is never
-/// taken for that gateway's.
+/// does). See [`GatewayClient`] for the one rule that makes an answer's identity.
 pub const IDENTITY_HEADER: &str = "Gateway-Account";
 
 /// The longest gateway identity a payment can record (the `payments.gateway` column's limit).
 const MAX_IDENTITY_CHARS: usize = 500;
 
-/// The answer to `GET /v1/account`.
-#[derive(Debug, Deserialize)]
-struct AccountObject {
-    id: String,
+/// A gateway's answer, and which gateway gave it.
+#[derive(Debug)]
+pub struct Answered<T> {
+    /// The identity of the gateway that answered (see [`GatewayClient`]).
+    pub by: Arc<str>,
+    pub answer: T,
 }
 
-/// A client for one gateway. Cheap to clone; clones share one connection pool, so calls reuse
-/// keep-alive connections instead of opening one per charge.
+/// A client for the gateway at one address. Cheap to clone; clones share one connection pool, so
+/// calls reuse keep-alive connections instead of opening one per charge.
+///
+/// **Which gateway answered** is one rule, applied to every answer the client reads: the identity
+/// the answer names in [`IDENTITY_HEADER`], or, for a gateway whose answers name none, its base
+/// URL. A named identity is checked before anything is built on it: one that a payment could not
+/// record (too long, empty, not visible ASCII) makes the answer unreadable, so indeterminate. The
+/// address may lead to another gateway tomorrow (a mock restarted with an empty memory, a proxy
+/// pointed elsewhere): every answer comes back with the identity that gave it ([`Answered`]), and
+/// the payment's driver decides what that answer may settle.
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
     account_url: Url,
     charges_url: Url,
-    /// The base URL without credentials, query or fragment: the identity of a gateway that does
-    /// not name one itself.
+    /// The base URL without credentials, query or fragment: the identity of a gateway whose
+    /// answers name none.
     url_identity: Arc<str>,
-    /// The gateway's identity as last learnt (see [`GatewayClient::id`]).
+    /// The identity of the last answer read (see [`GatewayClient::id`]).
     id: Arc<Mutex<Option<Arc<str>>>>,
     /// Where look-ups and charges are counted, once the client belongs to an application.
     metrics: Option<Arc<Metrics>>,
@@ -74,91 +81,77 @@ impl GatewayClient {
         GatewayClient { metrics: Some(metrics), ..self }
     }
 
-    /// Which gateway this is, as the gateway itself says (`GET /v1/account`: the account our
-    /// credentials are of; for the mock, the instance, new each time it starts since its memory
-    /// is new too); for a gateway without that endpoint (404), its base URL. A payment records it
-    /// when it starts, and only this gateway may be asked about that payment: another would find
-    /// nothing and charge a second time. Asked once, then remembered, and learnt anew whenever
-    /// another identity answers (see [`IDENTITY_HEADER`]) or [`GatewayClient::fresh_id`] asks.
+    /// Which gateway answers at this address, as far as this process knows: the identity of the
+    /// last answer it read. A new payment records it when it starts, before it is charged; the
+    /// charge's answer then says who really answered (see [`Answered`]). Before any answer, the
+    /// gateway is asked (`GET /v1/account`, read by the same rule as every other answer; its body
+    /// is not used, so a gateway or proxy that does not serve it is fine).
     pub async fn id(&self) -> Result<Arc<str>, GatewayError> {
         let known = self.id.lock().unwrap_or_else(PoisonError::into_inner).clone();
         match known {
             Some(id) => Ok(id),
-            None => self.fresh_id().await,
+            None => self.identify().await,
         }
     }
 
-    /// The gateway's identity, asked now.
-    #[tracing::instrument(name = "gateway.account", skip_all)]
-    pub async fn fresh_id(&self) -> Result<Arc<str>, GatewayError> {
-        let response = self.http.get(self.account_url.clone()).send().await.map_err(from_transport)?;
-        let status = response.status();
-        let body = response.bytes().await.map_err(from_transport)?;
-        let id: Arc<str> = match status.as_u16() {
-            200 => {
-                let account: AccountObject = serde_json::from_slice(&body)
-                    .map_err(|e| GatewayError::Unavailable(format!("unreadable account: {e}")))?;
-                if !recordable(&account.id) {
-                    return Err(GatewayError::Unavailable("an account id we cannot record".into()));
-                }
-                account.id.into()
-            }
-            404 => self.url_identity.clone(),
-            _ => return Err(GatewayError::Unavailable(format!("the account look-up answered {status}"))),
-        };
-        self.remember(id.clone());
-        Ok(id)
+    /// Asks who answers at this address now.
+    #[tracing::instrument(name = "gateway.identify", skip_all)]
+    async fn identify(&self) -> Result<Arc<str>, GatewayError> {
+        let answered = self.send(self.http.get(self.account_url.clone())).await?;
+        Ok(answered.by)
     }
 
-    fn remember(&self, id: Arc<str>) {
-        *self.id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id);
-    }
-
-    /// The charge made under `idempotency_key` for `request` at the gateway `at`, if any (see
-    /// [`look_up_outcome`] for what counts). Charges keep the key they were made with, so this
-    /// finds one even after the gateway has forgotten the key itself (and would charge again if
-    /// asked to).
+    /// What the gateway answering at this address holds under `idempotency_key` for `request`:
+    /// the charge's outcome (see [`look_up_outcome`] for what counts), or none. Charges keep the
+    /// key they were made with, so this finds one even after the gateway has forgotten the key
+    /// itself (and would charge again if asked to). An error means no readable answer.
     #[tracing::instrument(name = "gateway.find_charge", skip_all)]
     pub async fn find_charge(
         &self,
-        at: &str,
         idempotency_key: &str,
         request: &ChargeRequest<'_>,
-    ) -> Result<Option<Charge>, GatewayError> {
+    ) -> Result<Answered<Option<Result<Charge, GatewayError>>>, GatewayError> {
         let mut url = self.charges_url.clone();
         url.query_pairs_mut().append_pair("idempotency_key", idempotency_key);
         let started = Instant::now();
         let found = async {
-            let (status, body) = self.send(at, self.http.get(url)).await?;
-            look_up_outcome(status, &body, idempotency_key, request)
+            let Answered { by, answer: (status, body) } = self.send(self.http.get(url)).await?;
+            Ok(Answered { by, answer: look_up_outcome(status, &body, idempotency_key, request)? })
         }
         .await;
         let outcome = match &found {
-            Ok(Some(_)) => Ok(()),
-            Ok(None) => Err(None),
-            Err(error) => Err(Some(error)),
+            Ok(Answered { answer: Some(Ok(_)), .. }) => Ok(()),
+            Ok(Answered { answer: Some(Err(error)), .. }) | Err(error) => Err(Some(error)),
+            Ok(Answered { answer: None, .. }) => Err(None),
         };
         self.count(GatewayOperation::Lookup, outcome, started);
         found
     }
 
-    /// Asks the gateway `at` to charge, under `idempotency_key` (see [`downstream_key`]).
+    /// Asks the gateway answering at this address to charge, under `idempotency_key` (see
+    /// [`downstream_key`]). The outer error means no readable answer (a timeout, a connection
+    /// error, an identity we cannot record); the inner result is what the answer says.
+    ///
+    /// [`downstream_key`]: super::downstream_key
     #[tracing::instrument(name = "gateway.charge", skip_all, fields(gateway.status))]
     pub async fn charge(
         &self,
-        at: &str,
         idempotency_key: &str,
         request: &ChargeRequest<'_>,
-    ) -> Result<Charge, GatewayError> {
+    ) -> Result<Answered<Result<Charge, GatewayError>>, GatewayError> {
         let post = self.http.post(self.charges_url.clone()).header("Idempotency-Key", idempotency_key).json(request);
         let started = Instant::now();
         let charged = async {
-            let (status, body) = self.send(at, post).await?;
+            let Answered { by, answer: (status, body) } = self.send(post).await?;
             tracing::Span::current().record("gateway.status", status);
-            charge_outcome(status, &body)
+            Ok(Answered { by, answer: charge_outcome(status, &body) })
         }
         .await;
-        self.count(GatewayOperation::Charge, charged.as_ref().map(|_| ()).map_err(Some), started);
+        let outcome = match &charged {
+            Ok(Answered { answer: Ok(_), .. }) => Ok(()),
+            Ok(Answered { answer: Err(error), .. }) | Err(error) => Err(Some(error)),
+        };
+        self.count(GatewayOperation::Charge, outcome, started);
         charged
     }
 
@@ -171,27 +164,38 @@ impl GatewayClient {
             Err(None) => GatewayOutcome::NotFound,
             Err(Some(GatewayError::Declined { .. } | GatewayError::UnknownSource { .. })) => GatewayOutcome::Declined,
             Err(Some(GatewayError::Rejected { .. })) => GatewayOutcome::Rejected,
-            Err(Some(GatewayError::Unavailable(_) | GatewayError::Timeout | GatewayError::OtherGateway { .. })) => {
-                GatewayOutcome::Indeterminate
-            }
+            Err(Some(GatewayError::Unavailable(_) | GatewayError::Timeout)) => GatewayOutcome::Indeterminate,
         };
         metrics.gateway_call(operation, outcome, started.elapsed());
     }
 
-    /// Sends a request meant for the gateway `at`, and returns the answer's status and body, if it
-    /// is that gateway's: an answer that names another identity is not read (and that identity is
-    /// remembered as this gateway's from now on).
-    async fn send(&self, at: &str, request: RequestBuilder) -> Result<(u16, bytes::Bytes), GatewayError> {
+    /// Sends a request, and returns the answer's status and body with the identity that gave it,
+    /// which this process then takes for the gateway's at this address.
+    async fn send(&self, request: RequestBuilder) -> Result<Answered<(u16, bytes::Bytes)>, GatewayError> {
         let response = request.send().await.map_err(from_transport)?;
-        let answered = response.headers().get(IDENTITY_HEADER).and_then(|value| value.to_str().ok());
-        if let Some(answered) = answered.filter(|answered| *answered != at) {
-            if recordable(answered) {
-                self.remember(answered.into());
-            }
-            return Err(GatewayError::OtherGateway { answered: answered.to_owned() });
-        }
+        let by = self.identity_of(&response)?;
+        self.remember(by.clone());
         let status = response.status().as_u16();
-        Ok((status, response.bytes().await.map_err(from_transport)?))
+        Ok(Answered { by, answer: (status, response.bytes().await.map_err(from_transport)?) })
+    }
+
+    /// The identity of an answer: what it names in [`IDENTITY_HEADER`], checked to be something a
+    /// payment can record, or the URL's if it names none.
+    fn identity_of(&self, response: &reqwest::Response) -> Result<Arc<str>, GatewayError> {
+        let Some(named) = response.headers().get(IDENTITY_HEADER) else {
+            return Ok(self.url_identity.clone());
+        };
+        match named.to_str() {
+            Ok(named) if recordable(named) => Ok(named.into()),
+            _ => Err(GatewayError::Unavailable(format!(
+                "an answer names a gateway identity that cannot be recorded ({} bytes)",
+                named.len()
+            ))),
+        }
+    }
+
+    fn remember(&self, id: Arc<str>) {
+        *self.id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id);
     }
 }
 

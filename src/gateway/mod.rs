@@ -6,4 +6,4 @@ mod client;
 pub mod mock;
 
 pub use charge::{Charge, ChargeRequest, GatewayError, downstream_key};
-pub use client::{GatewayClient, IDENTITY_HEADER};
+pub use client::{Answered, GatewayClient, IDENTITY_HEADER};

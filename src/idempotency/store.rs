@@ -15,8 +15,18 @@ use crate::db::schema::idempotency_keys;
 use crate::db::{self, StoreError};
 use crate::request_id::RequestId;
 
-/// What a driver keeps in hand when it checks that its lease covers something it is about to do:
-/// the database's clock, which decides when the lease is over, may run a little ahead of ours.
+/// What a driver keeps in hand when it checks that its lease covers something it is about to do.
+///
+/// The database both sets a lease's end (`now()` plus the lease) and judges it, on its own wall
+/// clock; the holder's estimate counts on `CLOCK_BOOTTIME` from before the statement was sent, so
+/// it ends first as long as the database's wall clock runs as time does. What it may not do is
+/// step forward during a lease (an NTP correction, a failover to a host whose clock is ahead): a
+/// step of `s` ends every live lease `s` early, by the database's judgement. The margin absorbs
+/// steps up to a second (NTP on a healthy host corrects by milliseconds; ntpd steps only offsets
+/// above 128 ms, chrony by default only at boot) and a clock's drift over a lease (at most 500 ppm,
+/// 45 ms over the default 90 s). A larger step is not covered: a driver could then call after its
+/// key was taken over, and the downstream key is what stands between the payment and a second
+/// charge. Keeping the database hosts' clocks synchronised is part of running it.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
 /// A request about to claim its key.

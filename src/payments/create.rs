@@ -14,11 +14,11 @@
 //!   our database does not know about. It keeps the recovery point where it is, so the phase runs
 //!   again on resumption and finds the payment it made (it never makes a second).
 //! - The gateway call sends a key derived from our key row, so calling again after a crash, a
-//!   timeout or a 5xx returns the first charge instead of making another. A resumed key first looks
-//!   its charge up by that key and adopts it if one exists, which holds even after the gateway has
-//!   forgotten the key. That is what makes `started` safe to resume from when nobody knows what
-//!   the gateway did. Two more guards keep every call about one payment at one gateway and with one
-//!   driver: `started` records the gateway, and no driver calls any other; and no driver makes a
+//!   timeout or a 5xx returns the first charge instead of making another. A payment an earlier run
+//!   made is first looked up by that key, and what is found is adopted, which holds even after the
+//!   gateway has forgotten the key. That is what makes `started` safe to resume from when nobody
+//!   knows what the gateway did. Two more guards: `started` records the gateway, and only that
+//!   gateway may answer that nothing was charged (see [`Driver::charge`]); and no driver makes a
 //!   call that could outlast its lease on the key, after which another driver may be calling.
 //! - `charge_created` records the gateway's definitive answer: once it commits, the gateway is
 //!   never asked again.
@@ -42,7 +42,7 @@ use super::writes::{self, PaymentChange};
 use crate::audit::{Actor, AuditRecord};
 use crate::db::{self, PooledConnection, StoreError};
 use crate::faults::{Fault, FaultPoint, fault_at};
-use crate::gateway::{self, ChargeRequest, GatewayError};
+use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError};
 use crate::idempotency::{
     Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, Reason, RecoveryPoint,
     Remembered, StoredResponse, Transition, atomic_phase, claim,
@@ -73,13 +73,14 @@ pub enum CreateError {
     InFlight,
     #[error("the gateway's answer is unknown: {0}")]
     GatewayIndeterminate(GatewayError),
-    /// The payment started at another gateway than this process's: only that gateway can say
-    /// whether it was charged, and any other would charge it again.
+    /// The payment may have been charged at the gateway it records, and another gateway answers
+    /// at the address now, knowing nothing of it: only the recorded gateway can say whether it
+    /// was charged, and any other would charge it again.
     #[error(
-        "the payment is charged through the gateway at {recorded}, and this process uses {ours}: only a process \
-         with that gateway may look its charge up or charge it"
+        "the payment is charged through the gateway {recorded}, and {answered} answers now, with no charge of \
+         ours: only the recorded gateway may be asked to charge it"
     )]
-    WrongGateway { recorded: String, ours: String },
+    WrongGateway { recorded: String, answered: String },
     /// The lease on the key could run out before a gateway call ends (the process was paused or
     /// starved): another driver may take the key over meanwhile, so no call is made.
     #[error("the lease on the key could run out before a gateway call ends; no call was made")]
@@ -196,13 +197,28 @@ pub async fn complete_abandoned(
     }
 }
 
-/// Which gateway call gave the definitive answer: the charge request, or (for a resumed key) the
-/// look-up that found what an earlier run did, which is then adopted.
+/// Which gateway call gave the definitive answer: the charge request, or (for a payment an
+/// earlier run made) the look-up that found what that run did, which is then adopted.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 enum AnsweredBy {
     Charge,
     LookUp,
+}
+
+/// The gateway's definitive answer about a payment: what to record in `charge_created`.
+struct Charged {
+    outcome: ChargeOutcome,
+    answered_by: AnsweredBy,
+    /// The gateway that gave the answer, which holds the charge: recorded as the payment's.
+    gateway: Arc<str>,
+}
+
+/// The payment `started` left, and whether this run made it: a payment made by an earlier run
+/// may have been charged already, at the gateway it records; one made now, nowhere.
+struct Started {
+    payment: Payment,
+    made_now: bool,
 }
 
 /// Drives one claimed key from its recovery point to `finished`.
@@ -252,11 +268,11 @@ impl<'a> Driver<'a> {
         loop {
             match self.lock.recovery_point() {
                 RecoveryPoint::Started => {
-                    let payment = self.start().await?;
+                    let started = self.start().await?;
                     fault_at(self.fault, FaultPoint::AfterStarted);
-                    let (outcome, answered_by) = self.charge(&payment).await?;
+                    let charged = self.charge(&started).await?;
                     fault_at(self.fault, FaultPoint::AfterCharge);
-                    self.record_charge(payment.id, outcome, answered_by).await?;
+                    self.record_charge(started.payment.id, charged).await?;
                 }
                 RecoveryPoint::ChargeCreated => {
                     fault_at(self.fault, FaultPoint::AfterChargeCreated);
@@ -272,9 +288,9 @@ impl<'a> Driver<'a> {
         }
     }
 
-    /// `started`: the pending payment, with the gateway it is charged through, and its audit
+    /// `started`: the pending payment, with the gateway it is to be charged through, and its audit
     /// record. On resumption it finds the payment it made before instead of making another.
-    async fn start(&mut self) -> Result<Payment, CreateError> {
+    async fn start(&mut self) -> Result<Started, CreateError> {
         let gateway = self.state.gateway.id().await.map_err(indeterminate)?;
         let new = NewPayment {
             id: Uuid::now_v7(),
@@ -293,16 +309,31 @@ impl<'a> Driver<'a> {
         let conn = connection(&mut self.conn, self.state).await?;
         let payment: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
         tracing::Span::current().record("payment.id", payment.id.to_string());
-        Ok(payment)
+        Ok(Started { made_now: payment.id == new.id, payment })
     }
 
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled
-    /// connection is held while the gateway takes its time. Only at the payment's own gateway, and
-    /// only while the lease surely outlasts the call.
-    async fn charge(&mut self, payment: &Payment) -> Result<(ChargeOutcome, AnsweredBy), CreateError> {
+    /// connection is held while the gateway takes its time, and no call is made that could
+    /// outlast the lease.
+    ///
+    /// Every answer comes with the identity of the gateway that gave it (see
+    /// [`gateway::GatewayClient`]), which is not always the one the payment records: the address
+    /// may lead to another gateway since. What an answer may settle:
+    /// - a resumed key may have been charged by an earlier run: it is looked up first, and what the
+    ///   look-up finds is adopted, wherever it is (a charge under our downstream key was made by one
+    ///   of our runs, and only one gateway can hold it). Finding nothing settles a payment an
+    ///   earlier run made only at the gateway the payment records: another gateway knows nothing of
+    ///   the charges made before it came, and asking it to charge could charge twice
+    ///   ([`CreateError::WrongGateway`]). A payment this run made was never charged anywhere;
+    /// - a charge request is answered by the gateway that holds the charge, if any, so its answer
+    ///   is recorded together with that gateway. An answer that leaves the outcome unknown from
+    ///   another gateway than the recorded one moves the payment there first, so that the retry
+    ///   looks it up where the charge may be.
+    async fn charge(&mut self, started: &Started) -> Result<Charged, CreateError> {
         self.conn = None;
+        let Started { payment, made_now } = started;
         let gateway = &self.state.gateway;
-        let at = self.payments_gateway(payment).await?;
+        let recorded = payment.gateway.as_deref().unwrap_or("(none recorded)");
         let key = gateway::downstream_key(self.lock.account_id, self.lock.key_id);
         let request = ChargeRequest {
             amount: self.request.amount,
@@ -311,70 +342,44 @@ impl<'a> Driver<'a> {
             description: self.request.description.as_deref(),
             metadata: &self.request.metadata,
         };
-        // An earlier run may have charged and lost the answer: reconcile first, and adopt what it
-        // did (a success or a decline). The look-up finds it even where the gateway has forgotten
-        // the key (and would charge again if asked).
         let found = match self.lock.resumed() {
+            false => None,
             true => {
                 self.check_lease_outlasts_a_call()?;
-                gateway.find_charge(&at, &key, &request).await
-            }
-            false => Ok(None),
-        };
-        let (answer, answered_by) = match found {
-            Ok(Some(charge)) => {
-                tracing::info!(gateway.charge_id = %charge.id, "adopting the charge an earlier run made");
-                (Ok(charge), AnsweredBy::LookUp)
-            }
-            Ok(None) => {
-                self.check_lease_outlasts_a_call()?;
-                let answer = gateway.charge(&at, &key, &request).await;
-                if let Err(GatewayError::OtherGateway { answered }) = &answer {
-                    self.follow_charge_to(payment, answered).await?;
+                let Answered { by, answer } = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
+                match answer {
+                    Some(outcome) => Some(Answered { by, answer: outcome }),
+                    None if *made_now || &*by == recorded => None,
+                    None => {
+                        return Err(CreateError::WrongGateway { recorded: recorded.into(), answered: by.to_string() });
+                    }
                 }
-                (answer, AnsweredBy::Charge)
             }
-            Err(error) => (Err(error), AnsweredBy::LookUp),
         };
-        let outcome = match answer {
-            Ok(charge) => ChargeOutcome::Succeeded { charge_id: charge.id },
-            Err(GatewayError::Declined { code, message }) => ChargeOutcome::Declined { code, message },
-            Err(GatewayError::UnknownSource { message }) => ChargeOutcome::UnknownSource { message },
-            Err(GatewayError::Rejected { status, message }) => {
-                tracing::error!(gateway.status = status, %message, "the gateway rejected a charge request");
-                ChargeOutcome::Rejected { message }
+        let (answered, answered_by) = match found {
+            Some(found) => {
+                tracing::info!(gateway.account = %found.by, "adopting what an earlier run's charge request did");
+                (found, AnsweredBy::LookUp)
             }
-            Err(error) => return Err(indeterminate(error)),
+            None => {
+                self.check_lease_outlasts_a_call()?;
+                (gateway.charge(&key, &request).await.map_err(indeterminate)?, AnsweredBy::Charge)
+            }
         };
-        Ok((outcome, answered_by))
-    }
-
-    /// The gateway the payment is charged through, if it is this process's: only there may it be
-    /// looked up or charged. A resumed payment may have been charged already, so the gateway is
-    /// asked who it is now (this process's idea of it may be out of date): a gateway that replaced
-    /// the payment's at its address would find nothing, and must not even be asked.
-    async fn payments_gateway(&self, payment: &Payment) -> Result<Arc<str>, CreateError> {
-        let gateway = &self.state.gateway;
-        let recorded = payment.gateway.as_deref();
-        let ours = match self.lock.resumed() {
-            true => gateway.fresh_id().await,
-            false => gateway.id().await,
-        };
-        let ours = ours.map_err(indeterminate)?;
-        match recorded {
-            Some(recorded) if recorded == &*ours => Ok(ours),
-            _ => {
-                let recorded = recorded.unwrap_or("(none recorded)").to_owned();
-                Err(CreateError::WrongGateway { recorded, ours: ours.to_string() })
+        match outcome_of(answered.answer) {
+            Ok(outcome) => Ok(Charged { outcome, answered_by, gateway: answered.by }),
+            Err(error) => {
+                if &*answered.by != recorded {
+                    self.follow_charge_to(payment, &answered.by).await?;
+                }
+                Err(indeterminate(error))
             }
         }
     }
 
-    /// Another gateway than the payment's answered its charge request (this process's idea of
-    /// the gateway was out of date: it was replaced at its address). That gateway is where a
-    /// charge may now exist, and the payment's own was never asked to charge (a fresh key's
-    /// gateway is asked nothing else; a resumed key's just found no charge there): record it as
-    /// the payment's gateway, so that the retry reconciles there.
+    /// Another gateway than the payment's answered without a definitive outcome, and holds the
+    /// charge if there is one: record it as the payment's gateway, so that the retry reconciles
+    /// there.
     async fn follow_charge_to(&mut self, payment: &Payment, answered: &str) -> Result<(), CreateError> {
         let data = json!({ "from": payment.gateway, "to": answered });
         let audit =
@@ -387,7 +392,8 @@ impl<'a> Driver<'a> {
 
     /// Refuses to start a gateway call that could still be running when the lease on the key ends
     /// (the call is bounded by the gateway timeout): past the lease, another driver may take the
-    /// key over and call too. The margin covers the database's clock running ahead of ours.
+    /// key over and call too. The margin ([`LEASE_MARGIN`]) covers a small step of the database's
+    /// clock.
     fn check_lease_outlasts_a_call(&self) -> Result<(), CreateError> {
         if self.lock.time_left() < self.state.settings.gateway_timeout + LEASE_MARGIN {
             tracing::warn!(lease_left = ?self.lock.time_left(), "the lease could run out during a gateway call; not calling");
@@ -396,20 +402,18 @@ impl<'a> Driver<'a> {
         Ok(())
     }
 
-    /// `charge_created`: the gateway's definitive answer, recorded on the payment.
-    async fn record_charge(
-        &mut self,
-        payment_id: Uuid,
-        outcome: ChargeOutcome,
-        answered_by: AnsweredBy,
-    ) -> Result<(), CreateError> {
+    /// `charge_created`: the gateway's definitive answer, recorded on the payment with the gateway
+    /// that gave it.
+    async fn record_charge(&mut self, payment_id: Uuid, charged: Charged) -> Result<(), CreateError> {
+        let Charged { outcome, answered_by, gateway } = charged;
         let changes = outcome.changes();
         let data = json!({ "recovery_point": RecoveryPoint::ChargeCreated, "status": changes.status,
                            "gateway_charge_id": changes.gateway_charge_id, "failure_code": changes.failure_code,
-                           "answered_by": answered_by });
+                           "answered_by": answered_by, "gateway": &*gateway });
         let account_id = self.lock.account_id;
         let audit = audit(account_id, payment_id, self.actor, "payment.charge_recorded", data, &self.request_id);
-        let writes = writes::ChangePayment { payment_id, change: PaymentChange::Outcome(changes), audit };
+        let change = PaymentChange::Outcome { changes, gateway: &gateway };
+        let writes = writes::ChangePayment { payment_id, change, audit };
         let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
         let conn = connection(&mut self.conn, self.state).await?;
         self.payment = Some(atomic_phase(conn, &mut self.lock, transition, writes).await?);
@@ -469,6 +473,21 @@ async fn release(state: &AppState, lock: &KeyLock, actor: Actor, reason: Reason<
     if let Err(error) = result {
         tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
     }
+}
+
+/// What a charge's answer means for the payment: a definitive outcome to record, or an error that
+/// leaves it unknown.
+fn outcome_of(answer: Result<Charge, GatewayError>) -> Result<ChargeOutcome, GatewayError> {
+    Ok(match answer {
+        Ok(charge) => ChargeOutcome::Succeeded { charge_id: charge.id },
+        Err(GatewayError::Declined { code, message }) => ChargeOutcome::Declined { code, message },
+        Err(GatewayError::UnknownSource { message }) => ChargeOutcome::UnknownSource { message },
+        Err(GatewayError::Rejected { status, message }) => {
+            tracing::error!(gateway.status = status, %message, "the gateway rejected a charge request");
+            ChargeOutcome::Rejected { message }
+        }
+        Err(error) => return Err(error),
+    })
 }
 
 fn indeterminate(error: GatewayError) -> CreateError {

@@ -80,7 +80,11 @@ pub struct ChangePayment<'a> {
 
 /// What [`ChangePayment`] sets.
 pub enum PaymentChange<'a> {
-    Outcome(ChargeChanges<'a>),
+    /// The gateway's definitive answer, and the gateway that gave it.
+    Outcome {
+        changes: ChargeChanges<'a>,
+        gateway: &'a str,
+    },
     Gateway(&'a str),
 }
 
@@ -88,8 +92,10 @@ impl QueryFragment<Pg> for ChangePayment<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("changed AS (UPDATE payments SET ");
         match &self.change {
-            PaymentChange::Outcome(changes) => {
-                out.push_sql("status = ");
+            PaymentChange::Outcome { changes, gateway } => {
+                out.push_sql("gateway = ");
+                out.push_bind_param::<Text, _>(*gateway)?;
+                out.push_sql(", status = ");
                 out.push_bind_param::<Text, _>(&changes.status)?;
                 out.push_sql(", gateway_charge_id = ");
                 out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id)?;

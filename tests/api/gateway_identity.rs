@@ -1,13 +1,40 @@
-//! A payment is asked about only at the gateway it started at: a process charging through another
-//! gateway would find nothing there and charge a second time, so it never calls at all.
+//! Which gateway answered is one rule, read off every answer: the `Gateway-Account` it names, or
+//! its URL. A payment an earlier run may have charged is settled only by what its own gateway
+//! says, or by a charge of ours found wherever it is: a gateway that knows nothing of it would
+//! charge a second time, so it is never asked to charge.
 
 use std::time::Duration;
 
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use payments::db::schema::payments as payments_table;
 use payments::idempotency::needing_attention;
 use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
+use serde_json::{Value, json};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{GatewayControl, Process, TestApp, new_key, payment_body};
+use crate::helpers::{ChargesOnlyProxy, GatewayControl, Lock, Process, TestApp, new_key, payment_body};
+
+/// The gateway that `key`'s payment records.
+async fn recorded_gateway(app: &TestApp, key: &str) -> String {
+    payments_table::table
+        .filter(payments_table::idempotency_key.eq(key))
+        .select(payments_table::gateway)
+        .get_result::<Option<String>>(&mut app.db().await)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Kills `gateway` and starts a new one, with an empty memory, on its address.
+async fn replace(gateway: &mut Process) -> Process {
+    let address = gateway.url.trim_start_matches("http://").to_owned();
+    gateway.signal(nix::sys::signal::Signal::SIGKILL);
+    gateway.exited().await;
+    Process::start(&["gateway", "--bind", &address, "--control"], &[], "payments gateway listening on").await
+}
 
 #[tokio::test]
 async fn a_worker_at_another_gateway_never_charges_a_payment_started_elsewhere() {
@@ -33,7 +60,7 @@ async fn a_worker_at_another_gateway_never_charges_a_payment_started_elsewhere()
     }
 
     let asked = at_second.stats().await;
-    assert_eq!((asked.requests, asked.look_ups), (0, 0), "never asked a gateway that knows nothing of it");
+    assert_eq!((asked.requests, asked.look_ups), (0, 2), "a gateway that knows nothing of it is never asked to charge");
     let attention = needing_attention(&mut app.db().await).await.unwrap();
     assert_eq!(attention.len(), 1);
     assert!(attention[0].attention_reason.contains(&*app.gateway_id().await), "{}", attention[0].attention_reason);
@@ -52,16 +79,12 @@ async fn a_gateway_restarted_with_an_empty_memory_is_another_gateway() {
     assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
 
     // The mock restarts on the same address, its charges gone.
-    let address = gateway.url.trim_start_matches("http://").to_owned();
-    gateway.signal(nix::sys::signal::Signal::SIGKILL);
-    gateway.exited().await;
-    let restarted =
-        Process::start(&["gateway", "--bind", &address, "--control"], &[], "payments gateway listening on").await;
+    let restarted = replace(&mut gateway).await;
 
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::SERVICE_UNAVAILABLE, "it waits for the gateway it started at");
     let asked = GatewayControl::new(&restarted.url).stats().await;
-    assert_eq!((asked.requests, asked.look_ups), (0, 0), "and never asks the new one about it");
+    assert_eq!((asked.requests, asked.look_ups), (0, 1), "the new one is asked to look, and never to charge");
 }
 
 #[tokio::test]
@@ -71,11 +94,7 @@ async fn a_payment_charged_at_a_gateway_replaced_since_this_process_last_asked_f
     // The app has learnt who its gateway is...
     assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
     // ...which is then replaced at the same address, unbeknown to it.
-    let address = gateway.url.trim_start_matches("http://").to_owned();
-    gateway.signal(nix::sys::signal::Signal::SIGKILL);
-    gateway.exited().await;
-    let replaced =
-        Process::start(&["gateway", "--bind", &address, "--control"], &[], "payments gateway listening on").await;
+    let replaced = replace(&mut gateway).await;
     let at_replaced = GatewayControl::new(&replaced.url);
     at_replaced.fault("error_after", 1).await;
     let key = new_key();
@@ -90,4 +109,112 @@ async fn a_payment_charged_at_a_gateway_replaced_since_this_process_last_asked_f
     assert_eq!(at_replaced.stats().await.charges, 1);
     let trail = app.audit_trail().await;
     assert!(trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+}
+
+#[tokio::test]
+async fn a_key_released_before_its_payment_existed_is_charged_at_the_gateway_that_answers_now() {
+    let mut gateway = Process::gateway().await;
+    let app = TestApp::builder().gateway_url(&gateway.url).spawn().await;
+    // The app has learnt who its gateway is.
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
+    // A request whose `started` statement fails: its key is let go at `started`, with no payment.
+    app.run_sql("ALTER TABLE payments ADD CONSTRAINT refuses_4242 CHECK (amount <> 4242) NOT VALID").await;
+    let (key, body) = (new_key(), json!({ "amount": 4242, "currency": "usd", "source": "tok_visa" }));
+    assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!((row.recovery_point.as_str(), row.locked_until), ("started", None));
+    app.run_sql("ALTER TABLE payments DROP CONSTRAINT refuses_4242").await;
+
+    // The gateway is replaced at its address, unbeknown to the app.
+    let replaced = replace(&mut gateway).await;
+    let retry = app.post_payment(&key, &body).await;
+
+    assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
+    let asked = GatewayControl::new(&replaced.url).stats().await;
+    assert_eq!((asked.charges, asked.requests), (1, 1));
+    let answered_by: Value = reqwest::get(format!("{}/v1/account", replaced.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(recorded_gateway(&app, &key).await, answered_by["id"].as_str().unwrap());
+}
+
+#[tokio::test]
+async fn a_gateway_behind_a_proxy_that_hides_its_account_endpoint_is_one_gateway() {
+    let gateway = Process::gateway().await;
+    let proxy = ChargesOnlyProxy::start(&gateway.url);
+    let app = TestApp::builder().gateway_url(&proxy.url).spawn().await;
+    let identity: Value = reqwest::get(format!("{}/v1/account", gateway.url)).await.unwrap().json().await.unwrap();
+
+    // The identity look-up finds nothing (the proxy's 404), and the charge's answer names the
+    // gateway: the payment records who answered.
+    let first = new_key();
+    assert_eq!(app.post_payment(&first, &payment_body()).await.status(), StatusCode::CREATED);
+    assert_eq!(recorded_gateway(&app, &first).await, identity["id"].as_str().unwrap());
+
+    // An unknown outcome is settled by the retry's look-up, under that same identity.
+    GatewayControl::new(&gateway.url).fault("error_after", 1).await;
+    let key = new_key();
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
+    let asked = GatewayControl::new(&gateway.url).stats().await;
+    assert_eq!((asked.charges, asked.requests, asked.look_ups), (2, 2, 1));
+    let trail = app.audit_trail().await;
+    assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+}
+
+#[tokio::test]
+async fn a_charge_of_ours_found_at_another_gateway_is_adopted_there() {
+    // A payment records a gateway that is gone (a run's move to the gateway that answered it
+    // did not commit), and the gateway answering now holds the payment's charge.
+    let gateway = Process::gateway().await;
+    let app = TestApp::builder().gateway_url(&gateway.url).spawn().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let payment_id = app.seed_payment(key_id, &key, "pending", None).await;
+    app.run_sql(&format!("UPDATE payments SET gateway = 'acct_gone' WHERE id = '{payment_id}'")).await;
+    let charge: Value = reqwest::Client::new()
+        .post(format!("{}/v1/charges", gateway.url))
+        .header("Idempotency-Key", app.downstream_key(key_id))
+        .json(&json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": {} }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    let retry = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    let payment: Value = retry.json().await.unwrap();
+    assert_eq!(payment["gateway_charge_id"], charge["id"]);
+    assert_eq!(GatewayControl::new(&gateway.url).stats().await.requests, 1, "never asked to charge again");
+    assert_eq!(recorded_gateway(&app, &key).await, *app.gateway_id().await);
+}
+
+#[tokio::test]
+async fn an_identity_a_payment_cannot_record_makes_the_answer_unreadable() {
+    use reqwest::header::HeaderValue;
+    let too_long = HeaderValue::from_str(&format!("acct_{}", "x".repeat(300))).unwrap();
+    let not_ascii = HeaderValue::from_bytes(b"acct_\xff").unwrap();
+    for named in [too_long, not_ascii] {
+        let gateway = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/charges"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("Gateway-Account", named.clone())
+                    .set_body_json(json!({ "id": "ch_1" })),
+            )
+            .mount(&gateway)
+            .await;
+        let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+        let key = new_key();
+
+        let response = app.post_payment(&key, &payment_body()).await;
+
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{named:?}");
+        assert_eq!(recorded_gateway(&app, &key).await, gateway.uri() + "/", "{named:?}");
+        let trail = app.audit_trail().await;
+        assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+    }
 }

@@ -18,8 +18,8 @@ use super::state::{Charge, ChargeRequest, Claim, Ledger, Outcome, StoredResponse
 /// What the handlers share.
 pub(super) struct AppState {
     /// Who this gateway is: made anew each time it starts, because its memory (charges, keys)
-    /// starts anew too. A client records it with each payment and never asks another gateway
-    /// about that payment.
+    /// starts anew too. Every answer names it (`Gateway-Account`), so a client can tell which
+    /// gateway answered, and never takes this one's "no charge" for another's.
     account_id: String,
     ledger: Mutex<Ledger>,
     faults: Mutex<FaultPlan>,

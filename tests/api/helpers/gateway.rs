@@ -91,3 +91,71 @@ pub async fn charge_requests(gateway: &MockServer) -> Vec<Request> {
     let requests = gateway.received_requests().await.unwrap_or_default();
     requests.into_iter().filter(|request| request.url.path().starts_with("/v1/charges")).collect()
 }
+
+/// A proxy in front of a gateway that passes only its charge routes (`/v1/charges...`) and
+/// answers everything else `404` itself, without the gateway's identity: as a proxy configured
+/// for charges alone would. The gateway's identity look-up (`GET /v1/account`) never reaches it.
+pub struct ChargesOnlyProxy {
+    pub url: String,
+    server: actix_web::dev::ServerHandle,
+}
+
+impl ChargesOnlyProxy {
+    pub fn start(upstream: &str) -> ChargesOnlyProxy {
+        use actix_web::{App, HttpServer, web};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.trim_end_matches('/').to_owned();
+        let http = reqwest::Client::new();
+        let server = HttpServer::new(move || {
+            let (upstream, http) = (upstream.clone(), http.clone());
+            App::new().default_service(web::to(move |request: actix_web::HttpRequest, body: web::Bytes| {
+                forward(upstream.clone(), http.clone(), request, body)
+            }))
+        })
+        .listen(listener)
+        .unwrap()
+        .workers(1)
+        .disable_signals()
+        .run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        ChargesOnlyProxy { url, server: handle }
+    }
+}
+
+impl Drop for ChargesOnlyProxy {
+    fn drop(&mut self) {
+        drop(self.server.stop(false));
+    }
+}
+
+async fn forward(
+    upstream: String,
+    http: reqwest::Client,
+    request: actix_web::HttpRequest,
+    body: actix_web::web::Bytes,
+) -> actix_web::HttpResponse {
+    use actix_web::HttpResponse;
+    if !request.path().starts_with("/v1/charges") {
+        return HttpResponse::NotFound().finish();
+    }
+    let url = format!("{upstream}{}", request.uri().path_and_query().map_or("/", |p| p.as_str()));
+    let method = reqwest::Method::from_bytes(request.method().as_str().as_bytes()).unwrap();
+    let mut outgoing = http.request(method, url).body(body.to_vec());
+    for (name, value) in request.headers() {
+        if !matches!(name.as_str(), "host" | "content-length" | "connection") {
+            outgoing = outgoing.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let Ok(answer) = outgoing.send().await else {
+        return HttpResponse::BadGateway().finish();
+    };
+    let mut response = HttpResponse::build(actix_web::http::StatusCode::from_u16(answer.status().as_u16()).unwrap());
+    for (name, value) in answer.headers() {
+        if !matches!(name.as_str(), "content-length" | "transfer-encoding" | "connection") {
+            response.insert_header((name.as_str(), value.as_bytes()));
+        }
+    }
+    response.body(answer.bytes().await.unwrap_or_default())
+}

@@ -14,7 +14,10 @@ use std::time::Duration;
 
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
-pub use gateway::{ChargePerKey, GatewayControl, GatewayStats, charge_requests, listed_charge, mount_no_charges_found};
+pub use gateway::{
+    ChargePerKey, ChargesOnlyProxy, GatewayControl, GatewayStats, charge_requests, listed_charge,
+    mount_no_charges_found,
+};
 pub use metrics::Scrape;
 pub use process::Process;
 pub use seed::{KeyRowId, Lock, audited_phase};
