@@ -29,3 +29,4 @@ mod resumption;
 mod round_trips;
 mod schema;
 mod validation;
+mod walkthrough;
