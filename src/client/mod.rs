@@ -9,7 +9,7 @@
 //!   request, waiting as [`RetryPolicy`] says and never less than `Retry-After`;
 //! - it never retries any other answer. An answer about the key's request ends it, since the same
 //!   key gets the same answer again: the payment (`2xx`), a decline (`402`), `410` (the key made a
-//!   payment long ago and its record is gone; the answer names that payment), `422` (the key was
+//!   payment and its record has since expired; the answer names that payment), `422` (the key was
 //!   used for another request), and a stored `5xx` (`502 gateway-rejected`, or any answer marked
 //!   `Idempotent-Replayed`);
 //! - any other answer (`401`, `400`, a proxy's `404` or `413`, a wrong URL's answer) says nothing
@@ -35,7 +35,7 @@
 //! match finished.outcome {
 //!     Outcome::Paid(answer) => println!("paid: {}", String::from_utf8_lossy(&answer.body)),
 //!     Outcome::Declined(_) => println!("declined"),
-//!     Outcome::Expired(answer) => println!("the key made payment {:?} long ago", answer.payment_id()),
+//!     Outcome::Expired(answer) => println!("the key made payment {:?} earlier", answer.payment_id()),
 //!     Outcome::Rejected(answer) => println!("refused: {answer}"),
 //!     // Asking again: the key may have been seen now.
 //!     Outcome::GaveUp { .. } => println!("not known yet: ask again later with key {key} and KeySeen::Maybe"),
@@ -126,7 +126,7 @@ pub enum Outcome {
     Paid(Answer),
     /// `402`: declined; the failed payment is in the problem body.
     Declined(Answer),
-    /// `410`: the key made a payment long ago, and its record is gone; nothing was charged now.
+    /// `410`: the key made a payment, and its record has since expired; nothing was charged now.
     /// The problem body names that payment ([`Answer::payment_id`]), as it is now.
     Expired(Answer),
     /// Any other definitive answer: the key was used for another request (`422`), the gateway

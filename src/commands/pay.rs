@@ -73,7 +73,7 @@ pub enum Ended {
     /// `404`). The payment may have been made, or may still be. The key is printed on stderr, to
     /// resume with `--key`.
     GaveUp = 5,
-    /// `410`: the key made a payment long ago and its record is gone; nothing was charged now.
+    /// `410`: the key made a payment and its record has since expired; nothing was charged now.
     /// That payment's id is printed on stderr; the body shows the payment as it is now.
     Expired = 6,
 }
