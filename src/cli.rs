@@ -44,7 +44,10 @@ pub enum Command {
     Stats(StatsArgs),
     /// Make one payment through the reference client: one idempotency key for all its attempts,
     /// retries with backoff on what may succeed next time, never on a definitive answer. Exit
-    /// codes: 0 paid, 3 declined, 4 rejected, 5 gave up (the key is printed, to resume with --key).
+    /// codes: 0 paid; 3 declined; 4 rejected (nothing was charged); 5 gave up: no definitive
+    /// answer, or an answer not about the key after an attempt may have reached the service (the
+    /// key is printed, to resume with --key); 6 the key's record has expired (the payment it made
+    /// is printed).
     Pay(PayArgs),
     /// Watch the guarantees hold: many payments through the reference client while servers and
     /// workers are killed, requests crash mid-way and the gateway fails; then check that nothing

@@ -97,6 +97,11 @@ impl ProblemType {
         }
     }
 
+    /// The last segment of the `type` URI (`card-declined`).
+    pub fn slug(self) -> &'static str {
+        self.parts().0
+    }
+
     /// The `type` URI.
     pub fn uri(self) -> String {
         format!("{TYPE_BASE}{}", self.parts().0)

@@ -5,11 +5,10 @@ use std::collections::{HashMap, HashSet};
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use serde_json::Value;
 use uuid::Uuid;
 
 use super::load::KeyRun;
-use crate::client::Answer;
+use crate::client::{Answer, KeySeen};
 use crate::db::schema::{audit_records, idempotency_keys, payments};
 
 /// The audit actions of the two phases after `started`: each commits once per payment, or a
@@ -209,8 +208,8 @@ fn one_payment_problem(run: &KeyRun, stored: &[StoredPayment]) -> Option<String>
     if let Some(refused) = run.answers.iter().find(|answer| refused(answer)) {
         return Some(format!("answered {refused}"));
     }
-    if let Some(other) = definitive.iter().find(|answer| payment_id(answer) != Some(payment.id.to_string())) {
-        return Some(format!("answered payment {:?}, stored {}", payment_id(other), payment.id));
+    if let Some(other) = definitive.iter().find(|answer| answer.payment_id() != Some(payment.id.to_string())) {
+        return Some(format!("answered payment {:?}, stored {}", other.payment_id(), payment.id));
     }
     if definitive.iter().any(|answer| answer.status != first.status || answer.body != first.body) {
         return Some("answers differ".into());
@@ -235,17 +234,11 @@ fn bears_payment(answer: &Answer) -> bool {
     answer.status.is_success() || answer.status.as_u16() == 402
 }
 
-/// A definitive answer that carries no payment: a well-formed request refused (`4xx`), or a
-/// stored `5xx`.
+/// An answer that would end a client's request without its payment, even on a key never sent
+/// before (when every answer but a retry's is definitive): a refusal (`4xx`), a stored `5xx`, or a
+/// `410`. Every request of the run is well-formed and its keys outlive it, so any is a breach.
 fn refused(answer: &Answer) -> bool {
-    answer.is_definitive() && !bears_payment(answer)
-}
-
-/// The payment's id in a `2xx` body (`id`) or a `402` problem (`payment.id`).
-fn payment_id(answer: &Answer) -> Option<String> {
-    let body: Value = serde_json::from_slice(&answer.body).ok()?;
-    let payment = if answer.status.is_success() { &body } else { &body["payment"] };
-    payment["id"].as_str().map(str::to_owned)
+    answer.is_definitive(KeySeen::No) && !bears_payment(answer)
 }
 
 /// `: a, b, c and 4 more`, or nothing.
@@ -295,7 +288,7 @@ mod tests {
 
     #[test]
     fn a_clean_run_holds_and_each_breach_is_named() {
-        let created = format!(r#"{{"id":"{PAYMENT}","status":"succeeded"}}"#);
+        let created = format!(r#"{{"id":"{PAYMENT}","object":"payment","status":"succeeded"}}"#);
         let clean = run(vec![answer(503, "{}", false), answer(201, &created, false), answer(201, &created, true)]);
         assert!(broken(std::slice::from_ref(&clean), &stored(1, "ch_1"), 1).is_empty());
 
@@ -310,7 +303,7 @@ mod tests {
                 .contains(&"every succeeded payment has a charge of its own")
         );
         // A replay that is not the stored answer, byte for byte.
-        let reordered = format!(r#"{{"status":"succeeded","id":"{PAYMENT}"}}"#);
+        let reordered = format!(r#"{{"object":"payment","status":"succeeded","id":"{PAYMENT}"}}"#);
         let differs = run(vec![answer(201, &created, false), answer(201, &reordered, true)]);
         assert_eq!(
             broken(&[differs], &stored(1, "ch_1"), 1),

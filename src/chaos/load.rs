@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::client::{Answer, Attempt, Client, NewPayment, Outcome, RetryPolicy};
+use crate::client::{Answer, Attempt, Client, KeySeen, NewPayment, Outcome, RetryPolicy};
 use crate::faults::FAULT_HEADER;
 
 /// The crash points a request can carry (see [`crate::faults`]).
@@ -116,7 +116,8 @@ async fn one_key(client: &Client, mix: Mix, live: &Live) -> KeyRun {
         if abandoned { client.with_policy(RetryPolicy { max_attempts: 1, ..PERSISTENT }) } else { client.clone() };
     let headers: Vec<(&str, &str)> = crash_point.map(|point| (FAULT_HEADER, point)).into_iter().collect();
     let mut answers = Vec::new();
-    let finished = client.pay_with(&key, &payment, &headers, |attempt| keep(attempt, &mut answers, live)).await;
+    let finished =
+        client.pay_with(&key, KeySeen::No, &payment, &headers, |attempt| keep(attempt, &mut answers, live)).await;
     KeyRun {
         key,
         payment,
@@ -143,7 +144,7 @@ pub async fn replay_all(client: &Client, runs: &mut [KeyRun], clients: usize) ->
             let live = &live;
             async move {
                 let (key, payment, answers) = (&run.key, &run.payment, &mut run.answers);
-                client.pay(key, payment, |attempt| keep(attempt, answers, live)).await;
+                client.pay(key, KeySeen::Maybe, payment, |attempt| keep(attempt, answers, live)).await;
             }
         })
         .await;

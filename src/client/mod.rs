@@ -7,33 +7,44 @@
 //!   timeout), `409` (the key's request is still running), `5xx` (`503` above all: the outcome
 //!   is not known yet), and `408` and `429`, which speak of the request's delivery, not of the
 //!   request, waiting as [`RetryPolicy`] says and never less than `Retry-After`;
-//! - it never retries a definitive answer: `2xx`, `402` (declined), any other `4xx`, and a stored
-//!   `5xx` (one marked `Idempotent-Replayed`, or `gateway-rejected`, which is stored), since the
-//!   same key gets the same answer again;
+//! - it never retries any other answer. An answer about the key's request ends it, since the same
+//!   key gets the same answer again: the payment (`2xx`), a decline (`402`), `410` (the key made a
+//!   payment and its record has since expired; the answer names that payment), `422` (the key was
+//!   used for another request), and a stored `5xx` (`502 gateway-rejected`, or any answer marked
+//!   `Idempotent-Replayed`);
+//! - any other answer (`401`, `400`, a proxy's `404` or `413`, a wrong URL's answer) says nothing
+//!   of the key. Before any attempt may have reached the service it is definitive: nothing
+//!   happened, so fixing the request and paying again is safe. Once one may have (an attempt
+//!   timed out, lost its connection or got a `5xx`, `408`, `409` or `429`; or the key came from an
+//!   earlier run), the payment may have been made, and the client gives up, for the caller to
+//!   resume with the same key once the answer's cause is put right ([`KeySeen`]);
 //! - given several base URLs, it sends each attempt to the next one, so a retry goes around a
 //!   server that has gone down, and each payment starts where the last one did not.
 //!
 //! `payments pay` is this module on the command line; `payments chaos` drives it under faults.
 //!
 //! ```no_run
-//! use payments::client::{Client, NewPayment, Outcome, RetryPolicy};
+//! use payments::client::{Client, KeySeen, NewPayment, Outcome, RetryPolicy};
 //!
 //! # async fn pay() -> anyhow::Result<()> {
 //! let client = Client::new(&["http://127.0.0.1:8080".parse()?], "sk_test_demo", RetryPolicy::default())?;
 //! let payment = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
 //! // Keep the key with the order: asked again with it, the service answers what it answered.
 //! let key = Client::new_key();
-//! let finished = client.pay(&key, &payment, |attempt| eprintln!("{attempt}")).await;
+//! let finished = client.pay(&key, KeySeen::No, &payment, |attempt| eprintln!("{attempt}")).await;
 //! match finished.outcome {
 //!     Outcome::Paid(answer) => println!("paid: {}", String::from_utf8_lossy(&answer.body)),
 //!     Outcome::Declined(_) => println!("declined"),
+//!     Outcome::Expired(answer) => println!("the key made payment {:?} earlier", answer.payment_id()),
 //!     Outcome::Rejected(answer) => println!("refused: {answer}"),
-//!     Outcome::GaveUp { .. } => println!("not known yet: ask again later with key {key}"),
+//!     // Asking again: the key may have been seen now.
+//!     Outcome::GaveUp { .. } => println!("not known yet: ask again later with key {key} and KeySeen::Maybe"),
 //! }
 //! # Ok(())
 //! # }
 //! ```
 
+mod answer;
 mod retry;
 
 use std::fmt;
@@ -41,15 +52,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
+use rand::Rng;
 use reqwest::header::RETRY_AFTER;
 use reqwest::{StatusCode, Url};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::time::Instant;
 
+use answer::problem_slug;
+pub use answer::{Answer, KeySeen, NoAnswer};
 pub use retry::{
     DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_DELAY,
-    RetryPolicy, parse_retry_after,
+    MIN_ATTEMPT_TIME, RetryPolicy, parse_retry_after,
 };
 
 /// The header that marks a stored answer replayed for a retry.
@@ -76,30 +89,6 @@ pub struct Client {
     next_endpoint: Arc<AtomicUsize>,
 }
 
-/// An answer the server gave to one attempt.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    pub status: StatusCode,
-    pub body: Bytes,
-    /// Whether the server marked it as a stored answer replayed.
-    pub replayed: bool,
-    pub retry_after: Option<Duration>,
-    /// The last segment of a problem body's `type` (`gateway-unavailable`), if it is one.
-    pub problem: Option<String>,
-}
-
-/// An attempt that got no answer. The request may or may not have reached the server; with the
-/// same key, trying again is safe either way.
-#[derive(Debug, Clone)]
-pub enum NoAnswer {
-    /// No connection could be made.
-    Connect(String),
-    /// No answer within the attempt's timeout.
-    TimedOut(Duration),
-    /// The connection failed after it was made (the server died mid-request, say).
-    Lost(String),
-}
-
 /// One attempt: where it went, what came back, and what the client does next.
 #[derive(Debug, Clone)]
 pub struct Attempt {
@@ -123,7 +112,11 @@ pub enum Next {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GaveUp {
     Attempts,
+    /// The next attempt would start with less than [`MIN_ATTEMPT_TIME`] (or its timeout) left.
     Deadline,
+    /// An answer not about the key (a `401`, a proxy's `404`) after the key may have been seen:
+    /// it cannot tell whether the payment was made, and asking again would get it again.
+    NotAboutTheKey,
 }
 
 /// How a payment request ended.
@@ -133,10 +126,16 @@ pub enum Outcome {
     Paid(Answer),
     /// `402`: declined; the failed payment is in the problem body.
     Declined(Answer),
-    /// Any other definitive answer: the request was refused, or the gateway rejected the charge.
+    /// `410`: the key made a payment, and its record has since expired; nothing was charged now.
+    /// The problem body names that payment ([`Answer::payment_id`]), as it is now.
+    Expired(Answer),
+    /// Any other definitive answer: the key was used for another request (`422`), the gateway
+    /// rejected the charge (`502`), or, before the key could have been seen, the request was
+    /// refused (a `4xx`) or reached something other than the service.
     Rejected(Answer),
-    /// No definitive answer before the deadline or the last attempt. The payment may still be
-    /// made (the server finishes what it started): retry later with the same key.
+    /// No definitive answer: the deadline, the last attempt, or an answer not about the key once
+    /// the key may have been seen. The payment may have been made, or may still be (the server
+    /// finishes what it started): ask again later with the same key.
     GaveUp { why: GaveUp, last: Result<Answer, NoAnswer> },
 }
 
@@ -178,9 +177,11 @@ impl Client {
     }
 
     /// Pays, retrying with the same `key` until a definitive answer, the deadline or the last
-    /// attempt. `observe` sees every attempt as it ends, before the wait that may follow it.
-    pub async fn pay(&self, key: &str, payment: &NewPayment, observe: impl FnMut(&Attempt)) -> Finished {
-        self.pay_with(key, payment, &[], observe).await
+    /// attempt. `seen` says whether the key may have been sent before: [`KeySeen::No`] for one
+    /// made for this payment, [`KeySeen::Maybe`] for one an earlier run used. `observe` sees every
+    /// attempt as it ends, before the wait that may follow it.
+    pub async fn pay(&self, key: &str, seen: KeySeen, payment: &NewPayment, observe: impl FnMut(&Attempt)) -> Finished {
+        self.pay_with(key, seen, payment, &[], observe).await
     }
 
     /// As [`Client::pay`], with extra headers on the first attempt only (such as a test's
@@ -188,6 +189,7 @@ impl Client {
     pub async fn pay_with(
         &self,
         key: &str,
+        mut seen: KeySeen,
         payment: &NewPayment,
         first_attempt_headers: &[(&str, &str)],
         mut observe: impl FnMut(&Attempt),
@@ -201,19 +203,8 @@ impl Client {
             let left = self.policy.deadline.saturating_sub(started.elapsed());
             let headers = if number == 1 { first_attempt_headers } else { &[] };
             let result = self.send(endpoint, key, payment, headers, self.policy.attempt_timeout.min(left)).await;
-            let next = match &result {
-                Ok(answer) if answer.is_definitive() => Next::Done,
-                _ if number >= self.policy.max_attempts => Next::GiveUp(GaveUp::Attempts),
-                _ => {
-                    let after = result.as_ref().ok().and_then(|answer| answer.retry_after);
-                    let wait = self.policy.delay(number, after, &mut rand::rng());
-                    // Checked: a server may ask for any wait at all.
-                    match started.elapsed().checked_add(wait).is_some_and(|then| then < self.policy.deadline) {
-                        true => Next::RetryIn(wait),
-                        false => Next::GiveUp(GaveUp::Deadline),
-                    }
-                }
-            };
+            let next = next(&self.policy, number, started.elapsed(), &result, seen, &mut rand::rng());
+            seen = seen.after(&result);
             let attempt = Attempt { number, endpoint: endpoint.clone(), result, next };
             observe(&attempt);
             let outcome = match (next, attempt.result) {
@@ -264,40 +255,44 @@ impl Client {
     }
 }
 
-impl Answer {
-    /// Whether this is the request's definitive answer, which the same key would only get again.
-    /// Not so: `409` (the key's request is still running), `408` and `429` (about the request's
-    /// delivery, not the request: a server that stalled mid-read answers `408` when it wakes, having
-    /// done nothing), and a `5xx` that was not stored (a stored one is marked replayed, or is a
-    /// `gateway-rejected`, which is always stored).
-    pub fn is_definitive(&self) -> bool {
-        let status = self.status;
-        let stored = self.replayed || self.problem.as_deref() == Some("gateway-rejected");
-        let about_delivery = [StatusCode::REQUEST_TIMEOUT, StatusCode::TOO_MANY_REQUESTS].contains(&status);
-        !(status == StatusCode::CONFLICT || about_delivery || (status.is_server_error() && !stored))
+/// What follows attempt `number`, `elapsed` since the first began, given what it got and whether
+/// the key may have been seen before it.
+fn next(
+    policy: &RetryPolicy,
+    number: u32,
+    elapsed: Duration,
+    result: &Result<Answer, NoAnswer>,
+    seen: KeySeen,
+    rng: &mut impl Rng,
+) -> Next {
+    match result {
+        Ok(answer) if answer.is_definitive(seen) => return Next::Done,
+        Ok(answer) if !answer.is_worth_retrying() => return Next::GiveUp(GaveUp::NotAboutTheKey),
+        _ => {}
+    }
+    if number >= policy.max_attempts {
+        return Next::GiveUp(GaveUp::Attempts);
+    }
+    let retry_after = result.as_ref().ok().and_then(|answer| answer.retry_after);
+    match policy.next_wait(number, elapsed, retry_after, rng) {
+        Some(wait) => Next::RetryIn(wait),
+        None => Next::GiveUp(GaveUp::Deadline),
     }
 }
 
 impl Outcome {
     /// What a definitive answer means.
     fn of_definitive(answer: Answer) -> Outcome {
+        if !answer.is_about_the_key() {
+            return Outcome::Rejected(answer);
+        }
         match answer.status {
             status if status.is_success() => Outcome::Paid(answer),
             StatusCode::PAYMENT_REQUIRED => Outcome::Declined(answer),
+            StatusCode::GONE => Outcome::Expired(answer),
             _ => Outcome::Rejected(answer),
         }
     }
-}
-
-/// The last segment of a problem body's `type`.
-fn problem_slug(body: &[u8]) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Head {
-        #[serde(rename = "type")]
-        type_uri: String,
-    }
-    let head: Head = serde_json::from_slice(body).ok()?;
-    head.type_uri.rsplit('/').next().map(str::to_owned)
 }
 
 /// The innermost cause of an error: "Connection refused (os error 111)" rather than reqwest's
@@ -308,29 +303,6 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
         cause = source;
     }
     cause.to_string()
-}
-
-impl fmt::Display for NoAnswer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NoAnswer::Connect(cause) => write!(f, "could not connect ({cause})"),
-            NoAnswer::TimedOut(after) => write!(f, "no answer within {:.1} s", after.as_secs_f64()),
-            NoAnswer::Lost(cause) => write!(f, "connection lost ({cause})"),
-        }
-    }
-}
-
-impl fmt::Display for Answer {
-    /// `503 gateway-unavailable`, `201 Created`, `201 Created (replayed)`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let reason = self.status.canonical_reason().unwrap_or_default();
-        let what = self.problem.as_deref().unwrap_or(reason);
-        write!(f, "{} {what}", self.status.as_u16())?;
-        if self.replayed {
-            f.write_str(" (replayed)")?;
-        }
-        Ok(())
-    }
 }
 
 impl fmt::Display for Attempt {
@@ -345,7 +317,10 @@ impl fmt::Display for Attempt {
             Next::Done => Ok(()),
             Next::RetryIn(wait) => write!(f, ", retrying in {:.1} s", wait.as_secs_f64()),
             Next::GiveUp(GaveUp::Attempts) => write!(f, ", giving up: that was the last attempt"),
-            Next::GiveUp(GaveUp::Deadline) => write!(f, ", giving up: the deadline would pass before the next"),
+            Next::GiveUp(GaveUp::Deadline) => write!(f, ", giving up: the next would start too close to the deadline"),
+            Next::GiveUp(GaveUp::NotAboutTheKey) => {
+                write!(f, ", giving up: not an answer about this key, and an earlier attempt may have paid")
+            }
         }
     }
 }
@@ -354,18 +329,19 @@ impl fmt::Display for Attempt {
 mod tests {
     use super::*;
 
+    const PAYMENT: &str = r#"{"id":"pay_1","object":"payment","status":"succeeded"}"#;
+
     fn answer(status: u16, problem: Option<&str>, replayed: bool) -> Result<Answer, NoAnswer> {
-        Ok(Answer {
-            status: StatusCode::from_u16(status).unwrap(),
-            body: Bytes::new(),
-            replayed,
-            retry_after: None,
-            problem: problem.map(str::to_owned),
-        })
+        Ok(Answer::for_test(status, problem, replayed, ""))
+    }
+
+    /// What follows a first attempt that got `result`, with time and attempts to spare.
+    fn after(result: &Result<Answer, NoAnswer>, seen: KeySeen) -> Next {
+        next(&RetryPolicy::default(), 1, Duration::ZERO, result, seen, &mut rand::rng())
     }
 
     fn retried(result: Result<Answer, NoAnswer>) -> bool {
-        !result.is_ok_and(|answer| answer.is_definitive())
+        [KeySeen::No, KeySeen::Maybe].into_iter().all(|seen| matches!(after(&result, seen), Next::RetryIn(_)))
     }
 
     #[test]
@@ -379,11 +355,72 @@ mod tests {
         assert!(retried(answer(502, None, false)));
         assert!(retried(answer(408, None, false)));
         assert!(retried(answer(429, None, false)));
-        for status in [200, 201, 400, 401, 402, 404, 410, 413, 415, 422] {
+        for status in [200, 201, 302, 400, 401, 402, 404, 410, 413, 415, 422] {
             assert!(!retried(answer(status, None, false)), "{status}");
         }
         assert!(!retried(answer(502, Some("gateway-rejected"), false)));
         assert!(!retried(answer(502, None, true)));
+    }
+
+    #[test]
+    fn once_the_key_may_have_been_seen_only_an_answer_about_it_is_definitive() {
+        let about_the_key = [
+            Ok(Answer::for_test(201, None, false, PAYMENT)),
+            Ok(Answer::for_test(201, None, true, PAYMENT)),
+            answer(402, Some("card-declined"), false),
+            answer(402, Some("unknown-source"), true),
+            answer(410, Some("idempotency-key-expired"), false),
+            answer(422, Some("idempotency-key-reused"), false),
+            answer(502, Some("gateway-rejected"), false),
+            answer(502, Some("internal-error"), true),
+        ];
+        for result in &about_the_key {
+            assert_eq!(after(result, KeySeen::Maybe), Next::Done, "{result:?}");
+            assert_eq!(after(result, KeySeen::No), Next::Done, "{result:?}");
+        }
+        let not_about_the_key = [
+            // The service's own, about the request or the caller rather than the key.
+            answer(401, Some("unauthorized"), false),
+            answer(400, Some("invalid-request"), false),
+            answer(400, Some("malformed-body"), false),
+            answer(400, Some("invalid-idempotency-key"), false),
+            answer(413, Some("payload-too-large"), false),
+            answer(404, Some("route-not-found"), false),
+            // A proxy's, or another server's.
+            answer(404, None, false),
+            answer(413, None, false),
+            answer(302, None, false),
+            Ok(Answer::for_test(200, None, false, "<html>welcome</html>")),
+            Ok(Answer::for_test(201, None, false, r#"{"id":"pay_1","object":"order"}"#)),
+            answer(402, None, false),
+            answer(410, None, false),
+            answer(422, Some("unprocessable"), false),
+            answer(400, Some("idempotency-key-reused"), false),
+        ];
+        for result in &not_about_the_key {
+            assert_eq!(after(result, KeySeen::Maybe), Next::GiveUp(GaveUp::NotAboutTheKey), "{result:?}");
+            // Before: nothing happened, and the answer stands.
+            assert_eq!(after(result, KeySeen::No), Next::Done, "{result:?}");
+        }
+    }
+
+    #[test]
+    fn a_definitive_answer_means_what_its_status_and_type_say() {
+        let outcome = |answer: Answer| match Outcome::of_definitive(answer) {
+            Outcome::Paid(_) => "paid",
+            Outcome::Declined(_) => "declined",
+            Outcome::Expired(_) => "expired",
+            Outcome::Rejected(_) => "rejected",
+            Outcome::GaveUp { .. } => "gave up",
+        };
+        assert_eq!(outcome(Answer::for_test(201, None, false, PAYMENT)), "paid");
+        assert_eq!(outcome(Answer::for_test(200, None, false, "<html>welcome</html>")), "rejected");
+        assert_eq!(outcome(Answer::for_test(402, Some("card-declined"), false, "")), "declined");
+        assert_eq!(outcome(Answer::for_test(402, None, false, "")), "rejected");
+        assert_eq!(outcome(Answer::for_test(410, Some("idempotency-key-expired"), false, "")), "expired");
+        assert_eq!(outcome(Answer::for_test(410, None, false, "")), "rejected");
+        assert_eq!(outcome(Answer::for_test(422, Some("idempotency-key-reused"), false, "")), "rejected");
+        assert_eq!(outcome(Answer::for_test(401, Some("unauthorized"), false, "")), "rejected");
     }
 
     #[test]
@@ -395,13 +432,5 @@ mod tests {
             next: Next::RetryIn(Duration::from_millis(1_260)),
         };
         assert_eq!(attempt.to_string(), "attempt 2: 503 gateway-unavailable, retrying in 1.3 s");
-    }
-
-    #[test]
-    fn problem_types_are_read_by_their_last_segment() {
-        let body = br#"{"type":"https://payments.example/problems/card-declined","status":402}"#;
-        assert_eq!(problem_slug(body).as_deref(), Some("card-declined"));
-        assert_eq!(problem_slug(b"{\"id\":\"pay_1\"}"), None);
-        assert_eq!(problem_slug(b"not json"), None);
     }
 }

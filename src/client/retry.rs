@@ -5,7 +5,8 @@
 //! recovering is not hit by every client at the same instant. The ceiling is capped, so a long
 //! outage is polled at a steady pace, and the whole request stops at a deadline or after a number
 //! of attempts, whichever comes first. The server's `Retry-After` is a floor: the client never
-//! comes back sooner than it was asked to.
+//! comes back sooner than it was asked to. No attempt starts so close to the deadline that it
+//! could hardly be answered ([`MIN_ATTEMPT_TIME`]).
 
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +30,13 @@ pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(20);
 /// How long one attempt may take before it is given up and retried. A payment request takes
 /// milliseconds, but up to a few gateway calls when the gateway is slow (10 s each by default).
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The least time before the deadline a retry must have to be sent (or the attempt timeout, if
+/// that is shorter): enough for the service's slowest answer that needs no gateway call (while the
+/// database is out it answers `503` within 2.5 s). With less, the attempt would most likely be cut
+/// off unanswered: one more request whose outcome is unknown, and load on a service that may be
+/// struggling, for nothing learnt.
+pub const MIN_ATTEMPT_TIME: Duration = Duration::from_secs(3);
 
 /// How hard to try.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +67,21 @@ impl RetryPolicy {
         let ceiling = self.base_delay.saturating_mul(1 << doublings).min(self.max_delay);
         let jittered = ceiling.mul_f64(rng.random::<f64>());
         jittered.max(retry_after.unwrap_or_default())
+    }
+
+    /// The wait before the attempt after `attempt`, `elapsed` since the first began: `None` if
+    /// that attempt would start with too little time left before the deadline to be answered.
+    pub fn next_wait(
+        &self,
+        attempt: u32,
+        elapsed: Duration,
+        retry_after: Option<Duration>,
+        rng: &mut impl Rng,
+    ) -> Option<Duration> {
+        let wait = self.delay(attempt, retry_after, rng);
+        let last_start = self.deadline.checked_sub(MIN_ATTEMPT_TIME.min(self.attempt_timeout))?;
+        // Checked: a server may ask for any wait at all.
+        elapsed.checked_add(wait).is_some_and(|start| start <= last_start).then_some(wait)
     }
 }
 
@@ -100,6 +123,35 @@ mod tests {
         for _ in 0..100 {
             assert!(policy.delay(1, Some(Duration::from_secs(2)), &mut rng) == Duration::from_secs(2));
         }
+    }
+
+    #[test]
+    fn no_retry_starts_with_too_little_time_left_before_the_deadline() {
+        // Waits of exactly the server's `Retry-After` (none without one), a 10 s deadline.
+        let policy = RetryPolicy {
+            deadline: Duration::from_secs(10),
+            base_delay: Duration::ZERO,
+            max_delay: Duration::ZERO,
+            ..RetryPolicy::default()
+        };
+        let wait = |policy: &RetryPolicy, elapsed_ms, retry_after| {
+            policy.next_wait(3, Duration::from_millis(elapsed_ms), retry_after, &mut rand::rng())
+        };
+        assert_eq!(wait(&policy, 6_900, None), Some(Duration::ZERO));
+        assert_eq!(wait(&policy, 7_000, None), Some(Duration::ZERO), "exactly MIN_ATTEMPT_TIME left");
+        assert_eq!(wait(&policy, 7_001, None), None);
+        assert_eq!(wait(&policy, 9_990, None), None, "an attempt of 10 ms is not sent");
+        let two = Some(Duration::from_secs(2));
+        assert_eq!(wait(&policy, 5_000, two), Some(Duration::from_secs(2)));
+        assert_eq!(wait(&policy, 5_500, two), None, "the wait would leave 2.5 s");
+        assert_eq!(wait(&policy, 0, Some(Duration::MAX)), None, "a huge Retry-After");
+        // Attempts allowed less than MIN_ATTEMPT_TIME need only their own timeout.
+        let short = RetryPolicy { attempt_timeout: Duration::from_millis(500), ..policy };
+        assert_eq!(wait(&short, 9_500, None), Some(Duration::ZERO));
+        assert_eq!(wait(&short, 9_501, None), None);
+        // A deadline shorter than an attempt leaves room for the first attempt only.
+        let tiny = RetryPolicy { deadline: Duration::from_secs(1), ..policy };
+        assert_eq!(wait(&tiny, 0, None), None);
     }
 
     #[test]

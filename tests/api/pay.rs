@@ -3,11 +3,14 @@
 
 use std::time::{Duration, Instant};
 
-use payments::client::{Client, NewPayment, Next, Outcome, RetryPolicy};
+use payments::client::{Client, KeySeen, NewPayment, Next, Outcome, RetryPolicy};
+use payments::workers::Worker;
 use serde_json::Value;
 use tokio::process::Command;
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::TestApp;
+use crate::helpers::{TestApp, wait_until};
 
 /// What a run of `payments pay` printed, and how it ended.
 struct Paid {
@@ -24,6 +27,12 @@ impl Paid {
     /// The attempt lines on stderr.
     fn attempts(&self) -> Vec<&str> {
         self.stderr.lines().filter(|line| line.starts_with("attempt ")).collect()
+    }
+
+    /// The key a run that gave up printed, to resume with.
+    fn key_to_resume(&self) -> String {
+        let key = self.stderr.split("--key ").nth(1).and_then(|rest| rest.split_whitespace().next());
+        key.unwrap_or_else(|| panic!("no key printed: {}", self.stderr)).to_owned()
     }
 }
 
@@ -108,8 +117,9 @@ async fn retry_after_is_honoured() {
     app.gateway.fault("error_before", 2).await;
     let payment = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
     let mut ended = Vec::new();
-    let finished =
-        client.pay(&Client::new_key(), &payment, |attempt| ended.push((Instant::now(), attempt.clone()))).await;
+    let finished = client
+        .pay(&Client::new_key(), KeySeen::No, &payment, |attempt| ended.push((Instant::now(), attempt.clone())))
+        .await;
     assert!(matches!(finished.outcome, Outcome::Paid(_)), "{:?}", finished.outcome);
     assert_eq!(ended.len(), 3);
     for pair in ended.windows(2) {
@@ -131,8 +141,7 @@ async fn giving_up_prints_the_key_and_resuming_with_it_finishes_the_same_payment
     app.gateway.fault("error_after", 1).await;
     let gave_up = pay(&app, "tok_visa", &["--max-attempts", "1"]).await;
     assert_eq!(gave_up.code, 5, "{}", gave_up.stderr);
-    let key = gave_up.stderr.split("--key ").nth(1).and_then(|rest| rest.split_whitespace().next());
-    let key = key.unwrap_or_else(|| panic!("no key printed: {}", gave_up.stderr)).to_owned();
+    let key = gave_up.key_to_resume();
     assert!(uuid::Uuid::parse_str(&key).is_ok_and(|uuid| uuid.get_version_num() == 4), "{key}");
     assert_eq!(gave_up.body()["type"], "https://payments.example/problems/gateway-unavailable");
 
@@ -142,4 +151,96 @@ async fn giving_up_prints_the_key_and_resuming_with_it_finishes_the_same_payment
     let story: Value = app.key_story(&key).await.json().await.unwrap();
     assert_eq!(story["payment"]["id"], resumed.body()["id"]);
     assert_eq!(app.gateway.stats().await.charges, 1);
+}
+
+#[tokio::test]
+async fn after_an_unknown_outcome_an_answer_not_about_the_key_gives_up_with_the_key() {
+    let app = TestApp::spawn().await;
+    let proxy = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(404).set_body_string("<h1>Not Found</h1>"))
+        .mount(&proxy)
+        .await;
+    // Another deployment, which does not know the API key: what a wrong --url, or a key rotated
+    // between two attempts, answers.
+    let elsewhere = TestApp::spawn().await;
+    let second_urls = [
+        (proxy.uri(), "404 Not Found"),
+        (elsewhere.address.clone(), "401 unauthorized"),
+        // A wrong --url: the gateway's (README's example).
+        (app.gateway_url().to_owned(), "404 Not Found"),
+    ];
+    for (second_url, answer) in second_urls {
+        // The first attempt charges, then loses its answer; the second reaches a server that
+        // knows nothing of the key.
+        app.gateway.fault("error_after", 1).await;
+        let gave_up = pay(&app, "tok_visa", &["--url", &second_url]).await;
+
+        assert_eq!(gave_up.code, 5, "{answer}: {}", gave_up.stderr);
+        let attempts = gave_up.attempts();
+        assert!(attempts[0].starts_with("attempt 1: 503 gateway-unavailable, retrying in "), "{}", attempts[0]);
+        assert_eq!(
+            attempts[1..],
+            [format!(
+                "attempt 2: {answer}, giving up: not an answer about this key, and an earlier attempt may have paid"
+            )]
+        );
+        let key = gave_up.key_to_resume();
+        let resumed = pay(&app, "tok_visa", &["--key", &key]).await;
+        assert_eq!(resumed.code, 0, "{}", resumed.stderr);
+        assert_eq!(resumed.attempts(), ["attempt 1: 201 Created"]);
+        let story: Value = app.key_story(&key).await.json().await.unwrap();
+        assert_eq!(story["payment"]["id"], resumed.body()["id"]);
+    }
+    assert_eq!(app.gateway.stats().await.charges, 3, "one charge per payment");
+    assert_eq!(elsewhere.gateway.stats().await.requests, 0);
+}
+
+#[tokio::test]
+async fn a_key_given_to_resume_is_not_rejected_by_an_answer_not_about_it() {
+    let app = TestApp::spawn().await;
+    app.gateway.fault("error_after", 1).await;
+    let gave_up = pay(&app, "tok_visa", &["--max-attempts", "1"]).await;
+    let key = gave_up.key_to_resume();
+
+    // The API key was rotated in the meantime: `401`, which says nothing of the payment the key
+    // may have made.
+    let unauthorized = pay(&app, "tok_visa", &["--key", &key, "--api-key", "sk_rotated"]).await;
+    assert_eq!(unauthorized.code, 5, "{}", unauthorized.stderr);
+    assert_eq!(unauthorized.key_to_resume(), key);
+    // On a new key, the same answer is definitive: nothing can have happened.
+    let new_key = pay(&app, "tok_visa", &["--api-key", "sk_rotated"]).await;
+    assert_eq!((new_key.code, new_key.attempts()), (4, vec!["attempt 1: 401 unauthorized"]));
+
+    let resumed = pay(&app, "tok_visa", &["--key", &key]).await;
+    assert_eq!((resumed.code, resumed.attempts()), (0, vec!["attempt 1: 201 Created"]));
+    assert_eq!(app.gateway.stats().await.charges, 1);
+}
+
+#[tokio::test]
+async fn a_key_whose_record_expired_exits_6_naming_the_payment_it_made() {
+    let app = TestApp::builder().key_retention(Duration::from_secs(1)).spawn().await;
+    let key = Client::new_key();
+    let paid = pay(&app, "tok_visa", &["--key", &key]).await;
+    assert_eq!(paid.code, 0, "{}", paid.stderr);
+    let payment = paid.body()["id"].as_str().unwrap().to_owned();
+    // The retention ends (the answer kept in memory for replays with it), and the key is reaped.
+    wait_until(Duration::from_secs(10), "the retention ends", || async { !app.remembers_the_answer_of(&key) }).await;
+    wait_until(Duration::from_secs(10), "the key is reaped", || async {
+        app.workers().reaper.run_once().await.unwrap();
+        app.key_row(&key).await.is_none()
+    })
+    .await;
+
+    let late = pay(&app, "tok_visa", &["--key", &key]).await;
+
+    assert_eq!(late.code, 6, "{}", late.stderr);
+    assert_eq!(late.attempts(), ["attempt 1: 410 idempotency-key-expired"]);
+    assert!(
+        late.stderr.contains(&format!("the key made payment {payment}, and nothing was charged now")),
+        "{}",
+        late.stderr
+    );
+    assert_eq!(late.body()["payment"]["id"], payment.as_str());
+    assert_eq!(app.gateway.stats().await.requests, 1);
 }

@@ -1,0 +1,217 @@
+//! What an answer says: whether it ends the request, and whether it is about the key at all.
+//!
+//! The service answers about the key's own request only once it has checked the API key, the
+//! headers and the body; whatever it answers before (`401`, `400`), and whatever a proxy or another
+//! server answers (`404`, `413`, a redirect), would be the same whether or not the key has made a
+//! payment. Such an answer can be acted on only while no attempt can have reached the service.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::StatusCode;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::problem::ProblemType;
+
+/// The problems the service answers only about the key's own request (it checks the API key, the
+/// headers and the body first): a retry with the key gets the same problem again.
+const PROBLEMS_ABOUT_THE_KEY: [ProblemType; 5] = [
+    ProblemType::CardDeclined,
+    ProblemType::UnknownSource,
+    ProblemType::IdempotencyKeyExpired,
+    ProblemType::IdempotencyKeyReused,
+    ProblemType::GatewayRejected,
+];
+
+/// An answer the server gave to one attempt.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Bytes,
+    /// Whether the server marked it as a stored answer replayed.
+    pub replayed: bool,
+    pub retry_after: Option<Duration>,
+    /// The last segment of a problem body's `type` (`gateway-unavailable`), if it is one.
+    pub problem: Option<String>,
+}
+
+/// An attempt that got no answer. The request may or may not have reached the server; with the
+/// same key, trying again is safe either way.
+#[derive(Debug, Clone)]
+pub enum NoAnswer {
+    /// No connection could be made.
+    Connect(String),
+    /// No answer within the attempt's timeout.
+    TimedOut(Duration),
+    /// The connection failed after it was made (the server died mid-request, say).
+    Lost(String),
+}
+
+/// Whether a request with the key may have reached the service, so that the payment may have been
+/// made. It decides what an answer that is not about the key means (see [`Answer::is_definitive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeySeen {
+    /// No: a key made for this payment, whose attempts so far could not connect.
+    No,
+    /// Perhaps: an attempt went out and its outcome is not known (no answer, or one to retry), or
+    /// the key came from elsewhere (an earlier run that gave up).
+    Maybe,
+}
+
+impl KeySeen {
+    /// What is known after an attempt that got `result`: only an attempt that could not connect
+    /// surely sent nothing.
+    pub(super) fn after(self, result: &Result<Answer, NoAnswer>) -> KeySeen {
+        match result {
+            Err(NoAnswer::Connect(_)) => self,
+            _ => KeySeen::Maybe,
+        }
+    }
+}
+
+impl Answer {
+    /// Whether this answer ends the request, given whether the key may have been `seen` before
+    /// the attempt: an answer about the key always does, unless it is worth retrying; any other
+    /// answer only while the key cannot have been seen (nothing happened, so it is safe to act on).
+    pub fn is_definitive(&self, seen: KeySeen) -> bool {
+        !self.is_worth_retrying() && (seen == KeySeen::No || self.is_about_the_key())
+    }
+
+    /// Whether another try may be answered otherwise: `409` (the key's request is still running),
+    /// `408` and `429` (about the request's delivery, not the request: a server that stalled
+    /// mid-read answers `408` when it wakes, having done nothing), and a `5xx` that was not stored
+    /// (a stored one is marked replayed, or is a `gateway-rejected`, which is always stored).
+    pub(super) fn is_worth_retrying(&self) -> bool {
+        let status = self.status;
+        let stored = self.replayed || self.has_problem(ProblemType::GatewayRejected);
+        let about_delivery = [StatusCode::REQUEST_TIMEOUT, StatusCode::TOO_MANY_REQUESTS].contains(&status);
+        status == StatusCode::CONFLICT || about_delivery || (status.is_server_error() && !stored)
+    }
+
+    /// Whether the service answered this about the key's own request, so that the key gets it
+    /// again: the payment (a `2xx` whose body is one), an answer it stored (marked replayed), a
+    /// decline (`402`), `410` (the key's record is gone), `422` (the key was used for another
+    /// request) or `502 gateway-rejected`, each by its problem type. Not so `400` (the service checks
+    /// the body before it looks at the key), `401`, and anything from a proxy or another server.
+    pub fn is_about_the_key(&self) -> bool {
+        (self.status.is_success() && self.payment_id().is_some())
+            || self.replayed
+            || PROBLEMS_ABOUT_THE_KEY.into_iter().any(|kind| self.has_problem(kind))
+    }
+
+    /// The id of the payment this answer carries: a `2xx`'s own, or a problem's `payment` member
+    /// (the failed payment of a `402` or `502`, the key's payment in a `410`).
+    pub fn payment_id(&self) -> Option<String> {
+        let body: Value = serde_json::from_slice(&self.body).ok()?;
+        let payment = if self.status.is_success() { &body } else { &body["payment"] };
+        if payment["object"] != "payment" {
+            return None;
+        }
+        payment["id"].as_str().map(str::to_owned)
+    }
+
+    /// Whether this is the service's problem `kind`, with its status.
+    fn has_problem(&self, kind: ProblemType) -> bool {
+        self.status.as_u16() == kind.status() && self.problem.as_deref() == Some(kind.slug())
+    }
+}
+
+/// The last segment of a problem body's `type`.
+pub(super) fn problem_slug(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Head {
+        #[serde(rename = "type")]
+        type_uri: String,
+    }
+    let head: Head = serde_json::from_slice(body).ok()?;
+    head.type_uri.rsplit('/').next().map(str::to_owned)
+}
+
+impl fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoAnswer::Connect(cause) => write!(f, "could not connect ({cause})"),
+            NoAnswer::TimedOut(after) => write!(f, "no answer within {:.1} s", after.as_secs_f64()),
+            NoAnswer::Lost(cause) => write!(f, "connection lost ({cause})"),
+        }
+    }
+}
+
+impl fmt::Display for Answer {
+    /// `503 gateway-unavailable`, `201 Created`, `201 Created (replayed)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reason = self.status.canonical_reason().unwrap_or_default();
+        let what = self.problem.as_deref().unwrap_or(reason);
+        write!(f, "{} {what}", self.status.as_u16())?;
+        if self.replayed {
+            f.write_str(" (replayed)")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+impl Answer {
+    /// An answer with no `Retry-After`.
+    pub(super) fn for_test(status: u16, problem: Option<&str>, replayed: bool, body: &str) -> Answer {
+        Answer {
+            status: StatusCode::from_u16(status).unwrap(),
+            body: Bytes::from(body.to_owned()),
+            replayed,
+            retry_after: None,
+            problem: problem.map(str::to_owned),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAYMENT: &str = r#"{"id":"pay_1","object":"payment","status":"succeeded"}"#;
+
+    fn answer(status: u16, problem: Option<&str>, replayed: bool) -> Result<Answer, NoAnswer> {
+        Ok(Answer::for_test(status, problem, replayed, ""))
+    }
+
+    #[test]
+    fn the_key_may_have_been_seen_after_any_attempt_but_one_that_could_not_connect() {
+        let never_sent = Err(NoAnswer::Connect("refused".into()));
+        assert_eq!(KeySeen::No.after(&never_sent), KeySeen::No);
+        assert_eq!(KeySeen::Maybe.after(&never_sent), KeySeen::Maybe);
+        let unknown = [
+            Err(NoAnswer::TimedOut(Duration::from_secs(1))),
+            Err(NoAnswer::Lost("reset".into())),
+            answer(503, Some("gateway-unavailable"), false),
+            answer(409, Some("request-in-flight"), false),
+            answer(408, None, false),
+            answer(429, None, false),
+            answer(502, None, false),
+        ];
+        for result in &unknown {
+            assert_eq!(KeySeen::No.after(result), KeySeen::Maybe, "{result:?}");
+        }
+    }
+
+    #[test]
+    fn the_payment_an_answer_carries_is_named() {
+        let expired = r#"{"type":"https://payments.example/problems/idempotency-key-expired","status":410,"payment":{"id":"pay_1","object":"payment"}}"#;
+        assert_eq!(
+            Answer::for_test(410, Some("idempotency-key-expired"), false, expired).payment_id().as_deref(),
+            Some("pay_1")
+        );
+        assert_eq!(Answer::for_test(201, None, false, PAYMENT).payment_id().as_deref(), Some("pay_1"));
+        assert_eq!(Answer::for_test(201, None, false, r#"{"id":"x"}"#).payment_id(), None);
+        assert_eq!(Answer::for_test(404, None, false, "Not Found").payment_id(), None);
+    }
+
+    #[test]
+    fn problem_types_are_read_by_their_last_segment() {
+        let body = br#"{"type":"https://payments.example/problems/card-declined","status":402}"#;
+        assert_eq!(problem_slug(body).as_deref(), Some("card-declined"));
+        assert_eq!(problem_slug(b"{\"id\":\"pay_1\"}"), None);
+        assert_eq!(problem_slug(b"not json"), None);
+    }
+}
