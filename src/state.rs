@@ -6,7 +6,7 @@ use crate::accounts::ApiKeyCache;
 use crate::config::Settings;
 use crate::db::Pool;
 use crate::gateway::GatewayClient;
-use crate::idempotency::ReplayCache;
+use crate::idempotency::{self, ReplayCache};
 use crate::metrics::Metrics;
 
 /// How much memory a process gives finished answers kept for replays: at about 600 bytes a
@@ -37,6 +37,19 @@ impl AppState {
             replays: ReplayCache::new(REPLAY_CACHE_BYTES),
             api_keys: ApiKeyCache::new(),
             metrics,
+        }
+    }
+}
+
+impl AppState {
+    /// What the idempotency driver needs of this process.
+    pub fn keys(&self) -> idempotency::Context<'_> {
+        idempotency::Context {
+            db: &self.db,
+            metrics: &self.metrics,
+            replays: &self.replays,
+            lock_timeout: self.settings.lock_timeout,
+            key_retention: self.settings.key_retention,
         }
     }
 }

@@ -52,3 +52,22 @@ pub enum GatewayError {
     #[error("the gateway did not answer in time")]
     Timeout,
 }
+
+/// What a resumed request asked a gateway about (a charge or a refund) was asked of the gateway it
+/// records, and another gateway answers at its address now, knowing nothing of it: only the
+/// recorded gateway can say whether it was done, and asking another to do it could do it twice.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the request was made at the gateway {recorded}, and {answered} answers now, with nothing of ours: only the \
+     recorded gateway may be asked again"
+)]
+pub struct WrongGateway {
+    pub recorded: String,
+    pub answered: String,
+}
+
+impl WrongGateway {
+    pub fn new(recorded: &str, answered: &str) -> WrongGateway {
+        WrongGateway { recorded: recorded.to_owned(), answered: answered.to_owned() }
+    }
+}

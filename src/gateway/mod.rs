@@ -5,5 +5,5 @@ mod charge;
 mod client;
 pub mod mock;
 
-pub use charge::{Charge, ChargeRequest, GatewayError, downstream_key};
+pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key};
 pub use client::{Answered, GatewayClient, IDENTITY_HEADER};

@@ -1,6 +1,6 @@
 //! Every error the API answers, and the one place where each becomes an HTTP response.
 //!
-//! Handlers return `Result<_, ApiError>`; the concerns' own errors (`CreateError`, `StoreError`,
+//! Handlers return `Result<_, ApiError>`; the concerns' own errors (`DriveError`, `StoreError`,
 //! `KeyError`, actix's extractor errors) convert into it. Database outages are 503 (fail closed);
 //! anything unexpected is an opaque 500 whose cause is logged here, once, and never sent.
 
@@ -10,8 +10,8 @@ use actix_web::http::header::{ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::db::StoreError;
-use crate::idempotency::{KeyError, PhaseError};
-use crate::payments::{CreateError, ValidationError};
+use crate::idempotency::{DriveError, KeyError, PhaseError};
+use crate::payments::ValidationError;
 use crate::problem::{PROBLEM_JSON, Problem, ProblemType};
 use crate::request_id::RequestId;
 
@@ -147,20 +147,18 @@ impl ApiError {
     }
 }
 
-impl From<CreateError> for ApiError {
-    fn from(error: CreateError) -> Self {
+impl From<DriveError> for ApiError {
+    fn from(error: DriveError) -> Self {
         match error {
-            CreateError::KeyReused => ApiError::KeyReused,
+            DriveError::KeyReused => ApiError::KeyReused,
             // Losing the lock means another request is driving the key now: for this client,
             // that is the same as finding it in flight.
-            CreateError::InFlight | CreateError::Phase(PhaseError::LockLost) => ApiError::InFlight,
-            // The gateway was not asked, or gave no definitive answer, or the payment waits for a
-            // process with its gateway: either way its outcome is not known yet.
-            CreateError::GatewayIndeterminate(_) | CreateError::WrongGateway { .. } | CreateError::LeaseRunningOut => {
-                ApiError::GatewayUnavailable
-            }
-            CreateError::Phase(PhaseError::Store(error)) => error.into(),
-            CreateError::Phase(error @ PhaseError::Inconsistent(_)) => ApiError::Internal(error.to_string()),
+            DriveError::InFlight | DriveError::Phase(PhaseError::LockLost) => ApiError::InFlight,
+            // The gateway was not asked, or gave no definitive answer, or the request waits for a
+            // process that reaches its gateway: either way its outcome is not known yet.
+            DriveError::OutcomeUnknown(_) => ApiError::GatewayUnavailable,
+            DriveError::Phase(PhaseError::Store(error)) => error.into(),
+            DriveError::Phase(error @ PhaseError::Inconsistent(_)) => ApiError::Internal(error.to_string()),
         }
     }
 }

@@ -40,14 +40,13 @@ use super::request::PaymentRequest;
 use super::view::{PaymentView, expired_key_response, final_response};
 use super::writes::{self, PaymentChange};
 use crate::audit::{Actor, AuditRecord};
-use crate::db::{self, PooledConnection, StoreError};
+use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
-use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError};
+use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, Claim, Fingerprint, IdempotencyKey, KeyLock, LEASE_MARGIN, NewKey, PhaseError, Reason, RecoveryPoint,
-    Remembered, StoredResponse, Transition, atomic_phase, claim,
+    Abandoned, DriveError, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse, TakenIn,
+    Transition, take_in,
 };
-use crate::metrics::{KeyOutcome, Unfinished};
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
@@ -64,51 +63,6 @@ pub struct Created {
     pub replayed: bool,
 }
 
-/// Why a create request has no final answer (nothing about it was stored as final).
-#[derive(Debug, thiserror::Error)]
-pub enum CreateError {
-    #[error("the idempotency key was already used with another request")]
-    KeyReused,
-    #[error("a request with this idempotency key is in progress")]
-    InFlight,
-    #[error("the gateway's answer is unknown: {0}")]
-    GatewayIndeterminate(GatewayError),
-    /// The payment may have been charged at the gateway it records, and another gateway answers
-    /// at the address now, knowing nothing of it: only the recorded gateway can say whether it
-    /// was charged, and any other would charge it again.
-    #[error(
-        "the payment is charged through the gateway {recorded}, and {answered} answers now, with no charge of \
-         ours: only the recorded gateway may be asked to charge it"
-    )]
-    WrongGateway { recorded: String, answered: String },
-    /// The lease on the key could run out before a gateway call ends (the process was paused or
-    /// starved): another driver may take the key over meanwhile, so no call is made.
-    #[error("the lease on the key could run out before a gateway call ends; no call was made")]
-    LeaseRunningOut,
-    #[error(transparent)]
-    Phase(#[from] PhaseError),
-}
-
-impl From<StoreError> for CreateError {
-    fn from(error: StoreError) -> Self {
-        CreateError::Phase(error.into())
-    }
-}
-
-impl CreateError {
-    /// Why a request that held its key stopped short of `finished`.
-    pub fn unfinished(&self) -> Unfinished {
-        match self {
-            CreateError::GatewayIndeterminate(_) | CreateError::WrongGateway { .. } | CreateError::LeaseRunningOut => {
-                Unfinished::UnknownOutcome
-            }
-            CreateError::Phase(PhaseError::LockLost) | CreateError::InFlight => Unfinished::LockLost,
-            CreateError::Phase(PhaseError::Store(_)) => Unfinished::Database,
-            CreateError::Phase(PhaseError::Inconsistent(_)) | CreateError::KeyReused => Unfinished::Internal,
-        }
-    }
-}
-
 /// Creates a payment, or answers for the one this key already made. `request_id` names the HTTP
 /// request in the audit records it writes and in the problem it may store.
 #[tracing::instrument(name = "payments.create", skip_all, fields(account.id = %account_id, idempotency_key.id, payment.id))]
@@ -119,10 +73,9 @@ pub async fn create_payment(
     request: PaymentRequest,
     fault: Option<Fault>,
     request_id: &RequestId,
-) -> Result<Created, CreateError> {
-    let metrics = &state.metrics;
+) -> Result<Created, DriveError> {
     let params = request.to_params();
-    let new_key = NewKey {
+    let new = NewKey {
         account_id,
         key: &key,
         method: METHOD,
@@ -131,48 +84,17 @@ pub async fn create_payment(
         params: &params,
         request_id,
     };
-    // A finished key's answer may be in memory: answered from there, with no database at all.
-    match state.replays.recall(&new_key) {
-        Some(Remembered::Replay(response)) => {
-            metrics.key(account_id, KeyOutcome::Replayed);
-            return Ok(Created { response, replayed: true });
-        }
-        Some(Remembered::Mismatch) => {
-            metrics.key(account_id, KeyOutcome::KeyReused);
-            return Err(CreateError::KeyReused);
-        }
-        None => {}
-    }
-    let mut conn = db::connect(&state.db).await?;
-    let retention = state.settings.key_retention;
-    let lock = match claim(&mut conn, &new_key, state.settings.lock_timeout).await? {
-        Claim::Mismatch => {
-            metrics.key(account_id, KeyOutcome::KeyReused);
-            return Err(CreateError::KeyReused);
-        }
-        Claim::Replay { response, finished_ago } => {
-            metrics.key(account_id, KeyOutcome::Replayed);
-            state.replays.remember(&new_key, &response, retention.saturating_sub(finished_ago));
-            return Ok(Created { response, replayed: true });
-        }
-        Claim::InFlight => {
-            metrics.key(account_id, KeyOutcome::InFlight);
-            return Err(CreateError::InFlight);
-        }
-        Claim::Expired { payment_id } => {
-            metrics.key(account_id, KeyOutcome::Expired);
-            let payment = db::query(Payment::find(&mut conn, account_id, payment_id)).await?;
-            let payment = payment.ok_or_else(|| PhaseError::Inconsistent(format!("payment {payment_id} vanished")))?;
+    let run = match take_in(state.keys(), &new).await? {
+        TakenIn::Replayed(response) => return Ok(Created { response, replayed: true }),
+        TakenIn::Expired { id } => {
+            let mut conn = db::connect(&state.db).await?;
+            let payment = db::query(Payment::find(&mut conn, account_id, id)).await?;
+            let payment = payment.ok_or_else(|| DriveError::inconsistent(format!("payment {id} vanished")))?;
             return Ok(Created { response: expired_key_response(&payment, request_id), replayed: false });
         }
-        Claim::Acquired(lock) => lock,
+        TakenIn::Acquired(run) => run,
     };
-    metrics.key(account_id, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
-    tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
-    let driver = Driver::new(state, lock, key.clone(), request, Actor::Api, request_id.clone());
-    let driver = Driver { conn: Some(conn), fault, ..driver };
-    let response = driver.run().await.inspect_err(|error| metrics.unfinished(error.unfinished()))?;
-    state.replays.remember(&new_key, &response, retention);
+    let response = run.drive(PaymentPhases::new(state, request, fault), Some(&new)).await?;
     Ok(Created { response, replayed: false })
 }
 
@@ -184,17 +106,9 @@ pub async fn complete_abandoned(
     state: &AppState,
     abandoned: Abandoned,
     run: &RequestId,
-) -> Result<StoredResponse, CreateError> {
-    let Abandoned { lock, key, params, .. } = abandoned;
-    match serde_json::from_value::<PaymentRequest>(params) {
-        Ok(request) => Driver::new(state, lock, key, request, Actor::Completer, run.clone()).run().await,
-        Err(error) => {
-            let error = PhaseError::Inconsistent(format!("the stored request does not read as a payment: {error}"));
-            let reason = Reason { code: Unfinished::Internal.as_str(), detail: &error.to_string() };
-            release(state, &lock, Actor::Completer, reason, run).await;
-            Err(error.into())
-        }
-    }
+) -> Result<StoredResponse, DriveError> {
+    let (run, request) = Run::of_abandoned::<PaymentRequest>(state.keys(), abandoned, run).await?;
+    run.drive(PaymentPhases::new(state, request, None), None).await
 }
 
 /// Which gateway call gave the definitive answer: the charge request, or (for a payment an
@@ -221,81 +135,49 @@ struct Started {
     made_now: bool,
 }
 
-/// Drives one claimed key from its recovery point to `finished`.
-struct Driver<'a> {
+/// A payment's phases, from the key's recovery point to `finished`.
+struct PaymentPhases<'a> {
     state: &'a AppState,
-    lock: KeyLock,
-    key: IdempotencyKey,
     request: PaymentRequest,
-    /// Who drives the request: the API for its client, or a worker.
-    actor: Actor,
-    /// The HTTP request, or the worker's run, that drives the key now.
-    request_id: RequestId,
-    /// Held across consecutive database phases, returned to the pool before the gateway call.
-    conn: Option<PooledConnection>,
     fault: Option<Fault>,
     /// The payment as the last phase left it, which saves the next phase reading it again.
     payment: Option<Payment>,
-    response: Option<StoredResponse>,
 }
 
-impl<'a> Driver<'a> {
-    fn new(
-        state: &'a AppState,
-        lock: KeyLock,
-        key: IdempotencyKey,
-        request: PaymentRequest,
-        actor: Actor,
-        request_id: RequestId,
-    ) -> Self {
-        Driver { state, lock, key, request, actor, request_id, conn: None, fault: None, payment: None, response: None }
-    }
-
-    /// Runs the protocol. If it stops short of `finished`, the key is unlocked where it stands, so
-    /// a retry resumes at once (unless another request took the key over: then it is theirs).
-    async fn run(mut self) -> Result<StoredResponse, CreateError> {
-        let result = self.drive().await;
-        if let Err(error) = &result
-            && !matches!(error, CreateError::Phase(PhaseError::LockLost))
-        {
-            self.release(error).await;
-        }
-        result
-    }
-
-    /// The recovery-point loop: each arm runs from the recorded point to the next.
-    async fn drive(&mut self) -> Result<StoredResponse, CreateError> {
-        loop {
-            match self.lock.recovery_point() {
-                RecoveryPoint::Started => {
-                    let started = self.start().await?;
-                    fault_at(self.fault, FaultPoint::AfterStarted);
-                    let charged = self.charge(&started).await?;
-                    fault_at(self.fault, FaultPoint::AfterCharge);
-                    self.record_charge(started.payment.id, charged).await?;
-                }
-                RecoveryPoint::ChargeCreated => {
-                    fault_at(self.fault, FaultPoint::AfterChargeCreated);
-                    self.finish().await?;
-                }
-                RecoveryPoint::Finished => {
-                    return self
-                        .response
-                        .take()
-                        .ok_or_else(|| PhaseError::Inconsistent("finished without a response".into()).into());
-                }
+impl Phases for PaymentPhases<'_> {
+    /// The recovery-point loop's body: each arm runs from the recorded point to the next.
+    async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
+        match run.recovery_point() {
+            RecoveryPoint::Started => {
+                let started = self.start(run).await?;
+                fault_at(self.fault, FaultPoint::AfterStarted);
+                let charged = self.charge(run, &started).await?;
+                fault_at(self.fault, FaultPoint::AfterCharge);
+                self.record_charge(run, started.payment.id, charged).await
             }
+            RecoveryPoint::ChargeCreated => {
+                fault_at(self.fault, FaultPoint::AfterChargeCreated);
+                self.finish(run).await
+            }
+            point => Err(DriveError::inconsistent(format!("a payment's key at {point}"))),
         }
+    }
+}
+
+impl<'a> PaymentPhases<'a> {
+    fn new(state: &'a AppState, request: PaymentRequest, fault: Option<Fault>) -> Self {
+        PaymentPhases { state, request, fault, payment: None }
     }
 
     /// `started`: the pending payment, with the gateway it is to be charged through, and its audit
     /// record. On resumption it finds the payment it made before instead of making another.
-    async fn start(&mut self) -> Result<Started, CreateError> {
+    async fn start(&mut self, run: &mut Run<'_>) -> Result<Started, DriveError> {
         let gateway = self.state.gateway.id().await.map_err(indeterminate)?;
+        let (request_id, key) = (run.request_id().clone(), run.key().clone());
         let new = NewPayment {
             id: Uuid::now_v7(),
-            account_id: self.lock.account_id,
-            idempotency_key: self.key.as_str(),
+            account_id: run.lock().account_id,
+            idempotency_key: key.as_str(),
             amount: self.request.amount,
             currency: &self.request.currency,
             description: self.request.description.as_deref(),
@@ -304,12 +186,11 @@ impl<'a> Driver<'a> {
         };
         let data = json!({ "recovery_point": RecoveryPoint::Started, "amount": new.amount, "currency": new.currency,
                            "gateway": new.gateway });
-        let audit = audit(new.account_id, new.id, self.actor, "payment.created", data, &self.request_id);
-        let writes = writes::Start { payment: &new, audit };
-        let conn = connection(&mut self.conn, self.state).await?;
-        let payment: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
+        let audit = audit(new.account_id, new.id, run.actor(), "payment.created", data, &request_id);
+        let new_id = new.id;
+        let payment: Payment = run.phase(Transition::Stay, writes::Start { payment: &new, audit }).await?;
         tracing::Span::current().record("payment.id", payment.id.to_string());
-        Ok(Started { made_now: payment.id == new.id, payment })
+        Ok(Started { made_now: payment.id == new_id, payment })
     }
 
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled
@@ -324,17 +205,17 @@ impl<'a> Driver<'a> {
     ///   of our runs, and only one gateway can hold it). Finding nothing settles a payment an
     ///   earlier run made only at the gateway the payment records: another gateway knows nothing of
     ///   the charges made before it came, and asking it to charge could charge twice
-    ///   ([`CreateError::WrongGateway`]). A payment this run made was never charged anywhere;
+    ///   ([`WrongGateway`]). A payment this run made was never charged anywhere;
     /// - a charge request is answered by the gateway that holds the charge, if any, so its answer
     ///   is recorded together with that gateway. An answer that leaves the outcome unknown from
     ///   another gateway than the recorded one moves the payment there first, so that the retry
     ///   looks it up where the charge may be.
-    async fn charge(&mut self, started: &Started) -> Result<Charged, CreateError> {
-        self.conn = None;
+    async fn charge(&mut self, run: &mut Run<'_>, started: &Started) -> Result<Charged, DriveError> {
+        run.let_go_of_connection();
         let Started { payment, made_now } = started;
-        let gateway = &self.state.gateway;
+        let (gateway, call) = (&self.state.gateway, self.state.settings.gateway_timeout);
         let recorded = payment.gateway.as_deref().unwrap_or("(none recorded)");
-        let key = gateway::downstream_key(self.lock.account_id, self.lock.key_id);
+        let key = gateway::downstream_key(run.lock().account_id, run.lock().key_id);
         let request = ChargeRequest {
             amount: self.request.amount,
             currency: &self.request.currency,
@@ -342,17 +223,15 @@ impl<'a> Driver<'a> {
             description: self.request.description.as_deref(),
             metadata: &self.request.metadata,
         };
-        let found = match self.lock.resumed() {
+        let found = match run.lock().resumed() {
             false => None,
             true => {
-                self.check_lease_outlasts_a_call()?;
+                run.check_lease_outlasts(call)?;
                 let Answered { by, answer } = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
                 match answer {
                     Some(outcome) => Some(Answered { by, answer: outcome }),
                     None if *made_now || &*by == recorded => None,
-                    None => {
-                        return Err(CreateError::WrongGateway { recorded: recorded.into(), answered: by.to_string() });
-                    }
+                    None => return Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(recorded, &by)))),
                 }
             }
         };
@@ -362,7 +241,7 @@ impl<'a> Driver<'a> {
                 (found, AnsweredBy::LookUp)
             }
             None => {
-                self.check_lease_outlasts_a_call()?;
+                run.check_lease_outlasts(call)?;
                 (gateway.charge(&key, &request).await.map_err(indeterminate)?, AnsweredBy::Charge)
             }
         };
@@ -370,7 +249,7 @@ impl<'a> Driver<'a> {
             Ok(outcome) => Ok(Charged { outcome, answered_by, gateway: answered.by }),
             Err(error) => {
                 if &*answered.by != recorded {
-                    self.follow_charge_to(payment, &answered.by).await?;
+                    self.follow_charge_to(run, payment, &answered.by).await?;
                 }
                 Err(indeterminate(error))
             }
@@ -380,98 +259,62 @@ impl<'a> Driver<'a> {
     /// Another gateway than the payment's answered without a definitive outcome, and holds the
     /// charge if there is one: record it as the payment's gateway, so that the retry reconciles
     /// there.
-    async fn follow_charge_to(&mut self, payment: &Payment, answered: &str) -> Result<(), CreateError> {
+    async fn follow_charge_to(
+        &mut self,
+        run: &mut Run<'_>,
+        payment: &Payment,
+        answered: &str,
+    ) -> Result<(), DriveError> {
+        let request_id = run.request_id().clone();
         let data = json!({ "from": payment.gateway, "to": answered });
-        let audit =
-            audit(payment.account_id, payment.id, self.actor, "payment.gateway_changed", data, &self.request_id);
+        let audit = audit(payment.account_id, payment.id, run.actor(), "payment.gateway_changed", data, &request_id);
         let writes = writes::ChangePayment { payment_id: payment.id, change: PaymentChange::Gateway(answered), audit };
-        let conn = connection(&mut self.conn, self.state).await?;
-        let _: Payment = atomic_phase(conn, &mut self.lock, Transition::Stay, writes).await?;
-        Ok(())
-    }
-
-    /// Refuses to start a gateway call that could still be running when the lease on the key ends
-    /// (the call is bounded by the gateway timeout): past the lease, another driver may take the
-    /// key over and call too. The margin ([`LEASE_MARGIN`]) covers a small step of the database's
-    /// clock.
-    fn check_lease_outlasts_a_call(&self) -> Result<(), CreateError> {
-        if self.lock.time_left() < self.state.settings.gateway_timeout + LEASE_MARGIN {
-            tracing::warn!(lease_left = ?self.lock.time_left(), "the lease could run out during a gateway call; not calling");
-            return Err(CreateError::LeaseRunningOut);
-        }
+        let _: Payment = run.phase(Transition::Stay, writes).await?;
         Ok(())
     }
 
     /// `charge_created`: the gateway's definitive answer, recorded on the payment with the gateway
     /// that gave it.
-    async fn record_charge(&mut self, payment_id: Uuid, charged: Charged) -> Result<(), CreateError> {
+    async fn record_charge(&mut self, run: &mut Run<'_>, payment_id: Uuid, charged: Charged) -> Result<(), DriveError> {
         let Charged { outcome, answered_by, gateway } = charged;
+        let request_id = run.request_id().clone();
         let changes = outcome.changes();
         let data = json!({ "recovery_point": RecoveryPoint::ChargeCreated, "status": changes.status,
                            "gateway_charge_id": changes.gateway_charge_id, "failure_code": changes.failure_code,
                            "answered_by": answered_by, "gateway": &*gateway });
-        let account_id = self.lock.account_id;
-        let audit = audit(account_id, payment_id, self.actor, "payment.charge_recorded", data, &self.request_id);
+        let account_id = run.lock().account_id;
+        let audit = audit(account_id, payment_id, run.actor(), "payment.charge_recorded", data, &request_id);
         let change = PaymentChange::Outcome { changes, gateway: &gateway };
         let writes = writes::ChangePayment { payment_id, change, audit };
-        let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
-        let conn = connection(&mut self.conn, self.state).await?;
-        self.payment = Some(atomic_phase(conn, &mut self.lock, transition, writes).await?);
+        self.payment = Some(run.phase(Transition::Advance(RecoveryPoint::ChargeCreated), writes).await?);
         Ok(())
     }
 
     /// `finished`: the response stored, the outbox event staged and the key unlocked, together.
-    async fn finish(&mut self) -> Result<(), CreateError> {
-        let (account_id, key_id) = (self.lock.account_id, self.lock.key_id);
-        let conn = connection(&mut self.conn, self.state).await?;
+    async fn finish(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
+        let (account_id, key_id) = (run.lock().account_id, run.lock().key_id);
+        let request_id = run.request_id().clone();
         // Resumed at `charge_created`, the payment is read first: at this point only the lock's
         // holder may change it, and the phase below writes nothing if the lock was lost meanwhile.
         let payment = match self.payment.take() {
             Some(payment) => payment,
-            None => db::query(Payment::find_by_key(conn, account_id, key_id))
+            None => db::query(Payment::find_by_key(run.connection().await?, account_id, key_id))
                 .await?
-                .ok_or_else(|| PhaseError::Inconsistent(format!("key {key_id} is past `started` without a payment")))?,
+                .ok_or_else(|| DriveError::inconsistent(format!("key {key_id} is past `started` without a payment")))?,
         };
-        let response = final_response(&payment, &self.request_id)?;
+        let response = final_response(&payment, &request_id)?;
         let event = match payment.status {
             PaymentStatus::Succeeded => "payment.succeeded",
             _ => "payment.failed",
         };
         let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
         let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
-        let audit = audit(account_id, payment.id, self.actor, "payment.finished", data, &self.request_id);
+        let audit = audit(account_id, payment.id, run.actor(), "payment.finished", data, &request_id);
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
-        let transition = Transition::Finish(response.clone());
-        let _: Payment = atomic_phase(conn, &mut self.lock, transition, writes).await?;
+        let _: Payment = run.phase(Transition::Finish(response), writes).await?;
         let failure = payment.failure().map_or("none", |failure| failure.as_str());
         self.state.metrics.payment_finished(payment.status.as_str(), failure);
-        self.response = Some(response);
         Ok(())
-    }
-
-    /// Unlocks the key where it stands.
-    async fn release(&mut self, error: &CreateError) {
-        // A connection that just failed may be broken, or still busy with a statement that timed
-        // out: the pool drops it, and the release uses a fresh one.
-        if let Some(conn) = self.conn.as_mut() {
-            db::discard(conn);
-        }
-        self.conn = None;
-        let reason = Reason { code: error.unfinished().as_str(), detail: &error.to_string() };
-        release(self.state, &self.lock, self.actor, reason, &self.request_id).await;
-    }
-}
-
-/// Unlocks a key where it stands, so a retry resumes at once (best effort: if even this fails,
-/// the lock goes stale after the lock timeout and the key is taken over then).
-async fn release(state: &AppState, lock: &KeyLock, actor: Actor, reason: Reason<'_>, request_id: &RequestId) {
-    let result = async {
-        let mut conn = db::connect(&state.db).await?;
-        lock.release(&mut conn, actor, reason, request_id).await
-    }
-    .await;
-    if let Err(error) = result {
-        tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
     }
 }
 
@@ -490,20 +333,9 @@ fn outcome_of(answer: Result<Charge, GatewayError>) -> Result<ChargeOutcome, Gat
     })
 }
 
-fn indeterminate(error: GatewayError) -> CreateError {
+fn indeterminate(error: GatewayError) -> DriveError {
     tracing::warn!(%error, "gateway outcome unknown; the key stays at started");
-    CreateError::GatewayIndeterminate(error)
-}
-
-/// The driver's connection, checked out on first use after the last release.
-async fn connection<'c>(
-    slot: &'c mut Option<PooledConnection>,
-    state: &AppState,
-) -> Result<&'c mut diesel_async::AsyncPgConnection, StoreError> {
-    if slot.is_none() {
-        *slot = Some(db::connect(&state.db).await?);
-    }
-    Ok(slot.as_mut().expect("checked out above"))
+    DriveError::OutcomeUnknown(Box::new(error))
 }
 
 fn audit<'a>(

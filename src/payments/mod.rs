@@ -7,7 +7,7 @@ mod story;
 mod view;
 mod writes;
 
-pub use create::{CreateError, Created, complete_abandoned, create_payment};
+pub use create::{Created, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, ValidationError};
 pub use story::KeyStory;

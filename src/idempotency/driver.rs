@@ -1,0 +1,313 @@
+//! The driver: how any endpoint's request is taken in under its key and driven through its
+//! recovery points. What differs between endpoints is their phases ([`Phases`]); everything else
+//! (the replay cache, the claim, what each claim outcome means, the connection a run holds, the
+//! lease it must not outlast, the release when it stops short, the metrics) is here, once.
+
+use std::future::Future;
+use std::time::Duration;
+
+use diesel::pg::Pg;
+use diesel::prelude::QueryableByName;
+use diesel_async::AsyncPgConnection;
+use uuid::Uuid;
+
+use super::abandoned::Abandoned;
+use super::phase::{PhaseError, PhaseWrites, atomic_phase};
+use super::replays::{Remembered, ReplayCache};
+use super::store::{Claim, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim};
+use super::{IdempotencyKey, RecoveryPoint};
+use crate::audit::Actor;
+use crate::db::{self, Pool, PooledConnection, StoreError};
+use crate::metrics::{KeyOutcome, Metrics, Unfinished};
+use crate::request_id::RequestId;
+
+/// What a driver needs of the process it runs in.
+#[derive(Clone, Copy)]
+pub struct Context<'a> {
+    pub db: &'a Pool,
+    pub metrics: &'a Metrics,
+    pub replays: &'a ReplayCache,
+    /// How long a lease on a key lasts from each statement that takes or renews it.
+    pub lock_timeout: Duration,
+    /// How long a finished key's answer is kept.
+    pub key_retention: Duration,
+}
+
+/// Why a request has no final answer: nothing about it was stored as final, and a retry with the
+/// same key resumes where it stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    #[error("the idempotency key was already used with another request")]
+    KeyReused,
+    #[error("a request with this idempotency key is in progress")]
+    InFlight,
+    /// The request's foreign side effect may or may not have happened (its answer is unknown, or
+    /// the call was not made for fear of that); the key stays at its recovery point.
+    #[error("the outcome is not known yet: {0}")]
+    OutcomeUnknown(Box<dyn std::error::Error + Send + Sync>),
+    #[error(transparent)]
+    Phase(#[from] PhaseError),
+}
+
+impl From<StoreError> for DriveError {
+    fn from(error: StoreError) -> Self {
+        DriveError::Phase(error.into())
+    }
+}
+
+impl DriveError {
+    /// Why a request that held its key stopped short of `finished`.
+    pub fn unfinished(&self) -> Unfinished {
+        match self {
+            DriveError::OutcomeUnknown(_) => Unfinished::UnknownOutcome,
+            DriveError::Phase(PhaseError::LockLost) | DriveError::InFlight => Unfinished::LockLost,
+            DriveError::Phase(PhaseError::Store(_)) => Unfinished::Database,
+            DriveError::Phase(PhaseError::Inconsistent(_)) | DriveError::KeyReused => Unfinished::Internal,
+        }
+    }
+
+    /// A state of the key's rows that the protocol never leaves: a bug.
+    pub fn inconsistent(what: impl Into<String>) -> DriveError {
+        DriveError::Phase(PhaseError::Inconsistent(what.into()))
+    }
+}
+
+/// The lease could run out before a call that cannot be taken back ends (the process was paused
+/// or starved): another driver may take the key over meanwhile, so the call is not made.
+#[derive(Debug, thiserror::Error)]
+#[error("the lease on the key could run out before the call ends; no call was made")]
+pub struct LeaseRunningOut;
+
+/// The phases of one endpoint's requests: all that the driver does not know.
+pub trait Phases: Send {
+    /// Runs the request from its key's recovery point ([`Run::recovery_point`]) on: at least one
+    /// phase, and at most one foreign side effect, committed through [`Run::phase`]. The driver
+    /// calls it again until a phase finishes the key.
+    fn advance(&mut self, run: &mut Run<'_>) -> impl Future<Output = Result<(), DriveError>> + Send;
+}
+
+/// How a request was taken in under its key.
+pub enum TakenIn<'a> {
+    /// Answered already: the stored answer of an earlier request with the key, replayed.
+    Replayed(StoredResponse),
+    /// The key's record was reaped after its retention, but what its request made remains (`id`):
+    /// whatever the body, the request is a late retry and must do nothing again.
+    Expired { id: Uuid },
+    /// The request holds the key: drive it.
+    Acquired(Box<Run<'a>>),
+}
+
+/// Takes a request in under its key: from the replay cache if its answer is there, else by the
+/// claim. Counts what became of it.
+pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'a>, DriveError> {
+    let (metrics, account_id) = (ctx.metrics, new.account_id);
+    // A finished key's answer may be in memory: answered from there, with no database at all.
+    match ctx.replays.recall(new) {
+        Some(Remembered::Replay(response)) => {
+            metrics.key(account_id, KeyOutcome::Replayed);
+            return Ok(TakenIn::Replayed(response));
+        }
+        Some(Remembered::Mismatch) => {
+            metrics.key(account_id, KeyOutcome::KeyReused);
+            return Err(DriveError::KeyReused);
+        }
+        None => {}
+    }
+    let mut conn = db::connect(ctx.db).await?;
+    let lock = match claim(&mut conn, new, ctx.lock_timeout).await? {
+        Claim::Mismatch => {
+            metrics.key(account_id, KeyOutcome::KeyReused);
+            return Err(DriveError::KeyReused);
+        }
+        Claim::Replay { response, finished_ago } => {
+            metrics.key(account_id, KeyOutcome::Replayed);
+            ctx.replays.remember(new, &response, ctx.key_retention.saturating_sub(finished_ago));
+            return Ok(TakenIn::Replayed(response));
+        }
+        Claim::InFlight => {
+            metrics.key(account_id, KeyOutcome::InFlight);
+            return Err(DriveError::InFlight);
+        }
+        Claim::Expired { payment_id } => {
+            metrics.key(account_id, KeyOutcome::Expired);
+            return Ok(TakenIn::Expired { id: payment_id });
+        }
+        Claim::Acquired(lock) => lock,
+    };
+    metrics.key(account_id, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
+    tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
+    let key = new.key.clone();
+    let run = Run { conn: Some(conn), ..Run::new(ctx, lock, key, Actor::Api, new.request_id.clone()) };
+    Ok(TakenIn::Acquired(Box::new(run)))
+}
+
+/// One run of a claimed key, by the API for its client or by a worker: the lock, the connection
+/// held across consecutive phases, and who drives it.
+pub struct Run<'a> {
+    ctx: Context<'a>,
+    lock: KeyLock,
+    key: IdempotencyKey,
+    actor: Actor,
+    /// The HTTP request, or the worker's run, that drives the key now.
+    request_id: RequestId,
+    /// Held across consecutive phases; let go of before a foreign call.
+    conn: Option<PooledConnection>,
+    /// The response the last phase stored, once one finished the key.
+    response: Option<StoredResponse>,
+}
+
+impl<'a> Run<'a> {
+    fn new(ctx: Context<'a>, lock: KeyLock, key: IdempotencyKey, actor: Actor, request_id: RequestId) -> Self {
+        Run { ctx, lock, key, actor, request_id, conn: None, response: None }
+    }
+
+    /// A worker's run of a key it took over (see [`super::claim_abandoned`]), with the request
+    /// stored on the key read back as `R`. A stored request that does not read as one is a bug: the
+    /// key is let go of where it stands, for an operator.
+    pub async fn of_abandoned<R: serde::de::DeserializeOwned>(
+        ctx: Context<'a>,
+        abandoned: Abandoned,
+        run: &RequestId,
+    ) -> Result<(Run<'a>, R), DriveError> {
+        let Abandoned { lock, key, params, .. } = abandoned;
+        match serde_json::from_value::<R>(params) {
+            Ok(request) => Ok((Run::new(ctx, lock, key, Actor::Completer, run.clone()), request)),
+            Err(error) => {
+                let error = DriveError::inconsistent(format!("the stored request does not read as one: {error}"));
+                let reason = Reason { code: Unfinished::Internal.as_str(), detail: &error.to_string() };
+                release(ctx, &lock, Actor::Completer, reason, run).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Drives the key to `finished` through `phases`, and keeps the answer for replays. If it
+    /// stops short, the key is unlocked where it stands, so a retry resumes at once (unless another
+    /// request took the key over: then it is theirs).
+    pub async fn drive(
+        mut self,
+        mut phases: impl Phases,
+        new: Option<&NewKey<'_>>,
+    ) -> Result<StoredResponse, DriveError> {
+        let result = async {
+            while self.lock.recovery_point() != RecoveryPoint::Finished {
+                phases.advance(&mut self).await?;
+            }
+            self.response.take().ok_or_else(|| DriveError::inconsistent("finished without a response"))
+        }
+        .await;
+        match &result {
+            Ok(response) => {
+                if let Some(new) = new {
+                    self.ctx.replays.remember(new, response, self.ctx.key_retention);
+                }
+            }
+            Err(error) => {
+                // A worker's runs are counted as its own (see the completer).
+                if self.actor == Actor::Api {
+                    self.ctx.metrics.unfinished(error.unfinished());
+                }
+                if !matches!(error, DriveError::Phase(PhaseError::LockLost)) {
+                    self.release(error).await;
+                }
+            }
+        }
+        result
+    }
+
+    /// The recovery point the key is at.
+    pub fn recovery_point(&self) -> RecoveryPoint {
+        self.lock.recovery_point()
+    }
+
+    /// The lock this run holds.
+    pub fn lock(&self) -> &KeyLock {
+        &self.lock
+    }
+
+    /// The client's key.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// Who drives the key: the API for its client, or a worker.
+    pub fn actor(&self) -> Actor {
+        self.actor
+    }
+
+    /// The request, or the worker's run, that drives the key now: named in every record it writes.
+    pub fn request_id(&self) -> &RequestId {
+        &self.request_id
+    }
+
+    /// Runs one atomic phase (see [`atomic_phase`]) on the run's connection. A phase that
+    /// finishes the key keeps its response for [`Run::drive`].
+    pub async fn phase<W, R>(&mut self, transition: Transition, writes: W) -> Result<R, DriveError>
+    where
+        W: PhaseWrites,
+        R: QueryableByName<Pg> + Send + 'static,
+    {
+        let finished = match &transition {
+            Transition::Finish(response) => Some(response.clone()),
+            _ => None,
+        };
+        if self.conn.is_none() {
+            self.conn = Some(db::connect(self.ctx.db).await?);
+        }
+        let conn = self.conn.as_mut().expect("checked out above");
+        let result = atomic_phase(conn, &mut self.lock, transition, writes).await?;
+        self.response = finished;
+        Ok(result)
+    }
+
+    /// The run's connection, checked out on first use after it was let go of: for reads between
+    /// phases.
+    pub async fn connection(&mut self) -> Result<&mut AsyncPgConnection, StoreError> {
+        if self.conn.is_none() {
+            self.conn = Some(db::connect(self.ctx.db).await?);
+        }
+        Ok(self.conn.as_mut().expect("checked out above"))
+    }
+
+    /// Lets go of the connection before a foreign call: no pooled connection is held, and no
+    /// transaction open, while another system takes its time.
+    pub fn let_go_of_connection(&mut self) {
+        self.conn = None;
+    }
+
+    /// Refuses to start a call bounded by `call` that could still be running when the lease on
+    /// the key ends: past the lease, another driver may take the key over and call too. The margin
+    /// ([`LEASE_MARGIN`]) covers a small step of the database's clock.
+    pub fn check_lease_outlasts(&self, call: Duration) -> Result<(), DriveError> {
+        if self.lock.time_left() < call + LEASE_MARGIN {
+            tracing::warn!(lease_left = ?self.lock.time_left(), "the lease could run out during a call; not calling");
+            return Err(DriveError::OutcomeUnknown(Box::new(LeaseRunningOut)));
+        }
+        Ok(())
+    }
+
+    /// Unlocks the key where it stands, with why.
+    async fn release(&mut self, error: &DriveError) {
+        // A connection that just failed may be broken, or still busy with a statement that timed
+        // out: the pool drops it, and the release uses a fresh one.
+        if let Some(conn) = self.conn.as_mut() {
+            db::discard(conn);
+        }
+        self.conn = None;
+        let reason = Reason { code: error.unfinished().as_str(), detail: &error.to_string() };
+        release(self.ctx, &self.lock, self.actor, reason, &self.request_id).await;
+    }
+}
+
+/// Unlocks a key where it stands, so a retry resumes at once (best effort: if even this fails,
+/// the lock goes stale after the lock timeout and the key is taken over then).
+pub async fn release(ctx: Context<'_>, lock: &KeyLock, actor: Actor, reason: Reason<'_>, request_id: &RequestId) {
+    let result = async {
+        let mut conn = db::connect(ctx.db).await?;
+        lock.release(&mut conn, actor, reason, request_id).await
+    }
+    .await;
+    if let Err(error) = result {
+        tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
+    }
+}
