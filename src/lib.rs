@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod payments;
 pub mod problem;
+pub mod refunds;
 pub mod request_id;
 pub mod startup;
 pub mod state;

@@ -22,6 +22,10 @@ pub enum ProblemType {
     PayloadTooLarge,
     UnsupportedMediaType,
     PaymentNotFound,
+    RefundNotFound,
+    PaymentNotRefundable,
+    PaymentAlreadyRefunded,
+    RefundExceedsPayment,
     IdempotencyKeyNotFound,
     RouteNotFound,
     MethodNotAllowed,
@@ -39,7 +43,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 21] = [
+    pub const ALL: [ProblemType; 25] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -48,6 +52,10 @@ impl ProblemType {
         ProblemType::PayloadTooLarge,
         ProblemType::UnsupportedMediaType,
         ProblemType::PaymentNotFound,
+        ProblemType::RefundNotFound,
+        ProblemType::PaymentNotRefundable,
+        ProblemType::PaymentAlreadyRefunded,
+        ProblemType::RefundExceedsPayment,
         ProblemType::IdempotencyKeyNotFound,
         ProblemType::RouteNotFound,
         ProblemType::MethodNotAllowed,
@@ -75,6 +83,10 @@ impl ProblemType {
             PayloadTooLarge => ("payload-too-large", "The request body is too large", 413),
             UnsupportedMediaType => ("unsupported-media-type", "The request body must be JSON", 415),
             PaymentNotFound => ("payment-not-found", "No such payment", 404),
+            RefundNotFound => ("refund-not-found", "No such refund", 404),
+            PaymentNotRefundable => ("payment-not-refundable", "The payment cannot be refunded", 400),
+            PaymentAlreadyRefunded => ("payment-already-refunded", "The payment has nothing left to refund", 400),
+            RefundExceedsPayment => ("refund-exceeds-payment", "The refund is more than the payment has left", 400),
             IdempotencyKeyNotFound => ("idempotency-key-not-found", "No such idempotency key", 404),
             RouteNotFound => ("route-not-found", "No such endpoint", 404),
             MethodNotAllowed => ("method-not-allowed", "Method not allowed on this endpoint", 405),
@@ -83,14 +95,14 @@ impl ProblemType {
             }
             IdempotencyKeyExpired => (
                 "idempotency-key-expired",
-                "Idempotency-Key already made a payment, and its stored response has expired",
+                "Idempotency-Key was already used, and its stored response has expired",
                 410,
             ),
             RequestInFlight => ("request-in-flight", "A request with this Idempotency-Key is in progress", 409),
             CardDeclined => ("card-declined", "The card was declined", 402),
             UnknownSource => ("unknown-source", "The payment gateway knows no payment method by this source", 402),
-            GatewayRejected => ("gateway-rejected", "The payment gateway rejected the charge", 502),
-            GatewayUnavailable => ("gateway-unavailable", "The payment's outcome is not known yet", 503),
+            GatewayRejected => ("gateway-rejected", "The payment gateway rejected the request", 502),
+            GatewayUnavailable => ("gateway-unavailable", "The request's outcome is not known yet", 503),
             DatabaseUnavailable => ("database-unavailable", "The service is temporarily unavailable", 503),
             TransactionConflict => ("transaction-conflict", "The request collided with concurrent work", 503),
             Internal => ("internal-error", "Internal server error", 500),

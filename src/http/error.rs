@@ -41,6 +41,8 @@ pub enum ApiError {
     UnsupportedMediaType,
     #[error("There is no payment with this id in your account.")]
     PaymentNotFound,
+    #[error("There is no refund with this id in your account.")]
+    RefundNotFound,
     #[error("Your account has used no request with this idempotency key, or its record and its payment are gone.")]
     IdempotencyKeyNotFound,
     #[error("There is no endpoint at this path; the API is described at /openapi.yaml.")]
@@ -55,27 +57,28 @@ pub enum ApiError {
     #[error("A request with this Idempotency-Key is still in progress. Retry with the same key shortly.")]
     InFlight,
     #[error(
-        "The payment's outcome is not known yet: the payment gateway gave no definitive answer, or could not be \
+        "The request's outcome is not known yet: the payment gateway gave no definitive answer, or could not be \
          asked in time. The request may still complete (a background worker finishes it if you do not come \
-         back): retry with the same Idempotency-Key to learn its outcome; it resumes where it stopped and is \
-         charged at most once. Do not pay again with a new key."
+         back): retry with the same Idempotency-Key to learn its outcome; it resumes where it stopped and moves \
+         money at most once. Do not send it again with a new key."
     )]
     GatewayUnavailable,
     #[error(
-        "The database is unreachable. A payment request may still complete if it got far enough before the \
-         outage: retry it with the same Idempotency-Key to learn its outcome, and do not pay again with a new key."
+        "The database is unreachable. A payment or refund may still complete if it got far enough before the \
+         outage: retry it with the same Idempotency-Key to learn its outcome, and do not send it again with a new \
+         key."
     )]
     DatabaseUnavailable,
     /// A phase kept colliding with concurrent transactions and was rolled back each time.
     #[error(
         "The request kept colliding with concurrent work. It may still complete: retry with the same \
-         Idempotency-Key to learn its outcome. Do not pay again with a new key."
+         Idempotency-Key to learn its outcome. Do not send it again with a new key."
     )]
     TransactionConflict,
     /// The cause is logged, never sent.
     #[error(
-        "Something went wrong on our side. A payment request may still complete: retry it with the same \
-         Idempotency-Key to learn its outcome, and do not pay again with a new key."
+        "Something went wrong on our side. A payment or refund may still complete: retry it with the same \
+         Idempotency-Key to learn its outcome, and do not send it again with a new key."
     )]
     Internal(String),
 }
@@ -91,6 +94,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
             ApiError::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
             ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
+            ApiError::RefundNotFound => ProblemType::RefundNotFound,
             ApiError::IdempotencyKeyNotFound => ProblemType::IdempotencyKeyNotFound,
             ApiError::RouteNotFound => ProblemType::RouteNotFound,
             ApiError::MethodNotAllowed { .. } => ProblemType::MethodNotAllowed,
@@ -236,6 +240,7 @@ mod tests {
             ApiError::PayloadTooLarge { limit: 1 },
             ApiError::UnsupportedMediaType,
             ApiError::PaymentNotFound,
+            ApiError::RefundNotFound,
             ApiError::IdempotencyKeyNotFound,
             ApiError::RouteNotFound,
             ApiError::MethodNotAllowed { allowed: "GET".into() },

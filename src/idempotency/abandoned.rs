@@ -22,6 +22,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 pub struct Abandoned {
     pub lock: KeyLock,
     pub key: IdempotencyKey,
+    /// The endpoint the key was used on (`/v1/payments`, `/v1/refunds`): whose phases drive it.
+    pub path: String,
     /// The validated request, as stored by the claim.
     pub params: serde_json::Value,
     /// Worker attempts on this key, this one included.
@@ -40,6 +42,8 @@ struct AbandonedRow {
     recovery_point: RecoveryPoint,
     #[diesel(sql_type = SqlUuid)]
     lock_token: Uuid,
+    #[diesel(sql_type = Text)]
+    request_path: String,
     #[diesel(sql_type = Jsonb)]
     request_params: serde_json::Value,
     #[diesel(sql_type = Integer)]
@@ -74,7 +78,7 @@ pub async fn claim_abandoned(
                    FOR UPDATE SKIP LOCKED) due
              WHERE k.account_id = due.account_id AND k.id = due.id
              RETURNING k.account_id, k.id, k.idempotency_key, k.recovery_point, k.lock_token,
-                       k.request_params, k.completer_attempts
+                       k.request_path, k.request_params, k.completer_attempts
          ), audited AS (
              INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT account_id, 'idempotency_key.taken_over', 'idempotency_key', id, 'completer',
@@ -98,6 +102,7 @@ pub async fn claim_abandoned(
             Lease { token: row.lock_token, length: lease, sent },
         ),
         key: IdempotencyKey::from_stored(row.idempotency_key),
+        path: row.request_path,
         params: row.request_params,
         attempts: row.completer_attempts.unsigned_abs(),
     }))

@@ -128,9 +128,9 @@ pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'
             metrics.key(account_id, KeyOutcome::InFlight);
             return Err(DriveError::InFlight);
         }
-        Claim::Expired { payment_id } => {
+        Claim::Expired { id } => {
             metrics.key(account_id, KeyOutcome::Expired);
-            return Ok(TakenIn::Expired { id: payment_id });
+            return Ok(TakenIn::Expired { id });
         }
         Claim::Acquired(lock) => lock,
     };

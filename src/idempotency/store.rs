@@ -53,9 +53,10 @@ pub enum Claim {
     InFlight,
     /// We hold the key: a new one, an unlocked one, or one whose lease ran out.
     Acquired(KeyLock),
-    /// The key's record was reaped after its retention, but the payment it made remains: whatever
-    /// the body, the request is a late retry and must not charge again.
-    Expired { payment_id: Uuid },
+    /// The key's record was reaped after its retention, but what its request made on this
+    /// endpoint remains (`id`: a payment, a refund): whatever the body, the request is a late
+    /// retry and must not do it again. (Made on another endpoint, it is a [`Claim::Mismatch`].)
+    Expired { id: Uuid },
 }
 
 /// A final response, stored with its key and replayed byte for byte.
@@ -106,8 +107,8 @@ pub enum Transition {
 
 /// Claims `new.key` in one statement, which is race-free without any check-then-insert:
 /// - `existing` reads the key's row, if any (one unique-index probe);
-/// - `expired` looks, only when there is no row, for a payment the key made under a row since
-///   reaped (one more probe, of the payments' unique key);
+/// - `expired` looks, only when there is no row, for what the key made under a row since reaped
+///   (the view `made_by_keys`: a probe of each endpoint's table by its unique client key);
 /// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
 ///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
 ///   statement again, which then sees that request's row;
@@ -129,7 +130,7 @@ pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Durati
             continue;
         };
         return Ok(match row {
-            ClaimRow { expired_payment_id: Some(payment_id), .. } => Claim::Expired { payment_id },
+            ClaimRow { made_id: Some(id), .. } => Claim::Expired { id },
             ClaimRow { claimed: true, id, recovery_point, fresh, .. } => {
                 let lease = Lease { token, length: lease, sent };
                 Claim::Acquired(KeyLock::new(new.account_id, id, recovery_point, !fresh, lease))
@@ -281,9 +282,9 @@ struct ClaimRow {
     response_status: Option<i16>,
     #[diesel(sql_type = Nullable<Bytea>)]
     response_body: Option<Vec<u8>>,
-    /// Set when the key's row is gone but its payment remains.
+    /// Set when the key's row is gone but what it made on this endpoint remains.
     #[diesel(sql_type = Nullable<SqlUuid>)]
-    expired_payment_id: Option<Uuid>,
+    made_id: Option<Uuid>,
     /// How long ago a finished key finished, by the database's clock.
     #[diesel(sql_type = Nullable<BigInt>)]
     finished_ms_ago: Option<i64>,
@@ -305,9 +306,10 @@ const CLAIM_SQL: &str = "
     SELECT k.* FROM idempotency_keys k, input i
     WHERE k.account_id = i.account_id AND k.idempotency_key = i.idempotency_key
 ), expired AS (
-    SELECT p.id FROM payments p, input i
+    SELECT m.id, m.request_method = i.method AND m.request_path = i.path AS same_endpoint
+    FROM made_by_keys m, input i
     WHERE NOT EXISTS (SELECT FROM existing)
-      AND p.account_id = i.account_id AND p.idempotency_key = i.idempotency_key
+      AND m.account_id = i.account_id AND m.idempotency_key = i.idempotency_key
 ), inserted AS (
     INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
                                   request_fingerprint, request_params, locked_until, lock_token)
@@ -339,7 +341,7 @@ const CLAIM_SQL: &str = "
     FROM taken t, existing e, input i
 )
 SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body,
-       NULL::uuid AS expired_payment_id, NULL::bigint AS finished_ms_ago
+       NULL::uuid AS made_id, NULL::bigint AS finished_ms_ago
 FROM inserted
 UNION ALL
 SELECT true, false, id, true, recovery_point, response_status, response_body, NULL, NULL
@@ -352,7 +354,7 @@ SELECT false, false, e.id,
 FROM existing e, input i
 WHERE NOT EXISTS (SELECT FROM taken)
 UNION ALL
-SELECT false, false, x.id, false, 'finished', NULL, NULL, x.id, NULL
+SELECT false, false, x.id, x.same_endpoint, 'finished', NULL, NULL, CASE WHEN x.same_endpoint THEN x.id END, NULL
 FROM expired x";
 
 impl QueryFragment<Pg> for ClaimQuery<'_> {

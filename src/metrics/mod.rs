@@ -143,6 +143,7 @@ pub struct Metrics {
     requests: IntCounterVec,
     unfinished: IntCounterVec,
     payments: IntCounterVec,
+    refunds: IntCounterVec,
     gateway_requests: IntCounterVec,
     gateway_duration: HistogramVec,
     http_requests: IntCounterVec,
@@ -188,6 +189,11 @@ impl Metrics {
                 "payments_total",
                 "Payments finished (their final answer stored), by status and failure reason.",
                 &["status", "reason"],
+            ),
+            refunds: counter(
+                "refunds_total",
+                "Refunds finished (their answer stored), by status then: pending ones settle later.",
+                &["status"],
             ),
             gateway_requests: counter(
                 "gateway_requests_total",
@@ -266,6 +272,11 @@ impl Metrics {
     /// A payment's final answer was stored: `reason` is `none` for a success, else why it failed.
     pub fn payment_finished(&self, status: &str, reason: &str) {
         self.payments.with_label_values(&[status, reason]).inc();
+    }
+
+    /// A refund's answer was stored, with the refund `status` then.
+    pub fn refund_finished(&self, status: &str) {
+        self.refunds.with_label_values(&[status]).inc();
     }
 
     pub fn gateway_call(&self, operation: GatewayOperation, outcome: GatewayOutcome, took: Duration) {

@@ -9,6 +9,7 @@ mod writes;
 
 pub use create::{Created, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};
-pub use request::{CreatePaymentBody, ValidationError};
+pub(crate) use request::integral_number;
+pub use request::{CreatePaymentBody, MAX_AMOUNT, ValidationError, validate_metadata};
 pub use story::KeyStory;
 pub use view::{PaymentList, PaymentView};

@@ -1,0 +1,13 @@
+//! Refunds: the request, the stored refund, how it is shown, how it is created (on the same
+//! idempotency driver as a payment), and how a refund the gateway left pending settles.
+
+pub mod create;
+mod model;
+mod request;
+mod view;
+mod writes;
+
+pub use create::{complete_abandoned, create_refund};
+pub use model::{Refund, RefundStatus};
+pub use request::{CreateRefundBody, RefundReason, RefundRequest};
+pub use view::{RefundList, RefundView};
