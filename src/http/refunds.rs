@@ -26,8 +26,7 @@ pub async fn create_refund(
     let request = body.into_inner().validate()?;
     let state = state.into_inner();
     // In a task of its own, as a payment is: a client that hangs up must not cut the request short.
-    let create =
-        async move { refunds::create_refund(&state, account.id, key.0, request, fault.0, &request_id).await };
+    let create = async move { refunds::create_refund(&state, account.id, key.0, request, fault.0, &request_id).await };
     let created = tokio::spawn(create.in_current_span()).await??;
     Ok(stored_response(created.response, created.replayed))
 }

@@ -22,6 +22,9 @@ pub struct PaymentView<'a> {
     pub gateway_charge_id: Option<&'a str>,
     pub failure_code: Option<&'a str>,
     pub failure_message: Option<&'a str>,
+    /// The sum of its succeeded refunds, and whether that is all of it.
+    pub amount_refunded: i64,
+    pub refunded: bool,
     pub created_at: DateTime<Utc>,
 }
 
@@ -38,6 +41,8 @@ impl<'a> From<&'a Payment> for PaymentView<'a> {
             gateway_charge_id: payment.gateway_charge_id.as_deref(),
             failure_code: payment.failure_code.as_deref(),
             failure_message: payment.failure_message.as_deref(),
+            amount_refunded: payment.amount_refunded,
+            refunded: payment.amount_refunded == payment.amount,
             created_at: payment.created_at,
         }
     }

@@ -28,7 +28,7 @@ use uuid::Uuid;
 
 use super::model::{GATEWAY_REJECTED, Refund, RefundStatus};
 use super::request::RefundRequest;
-use super::view::{Refusal, RefundView, expired_key_response, final_response};
+use super::view::{RefundView, Refusal, expired_key_response, final_response};
 use super::writes::{self, Started};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
@@ -175,7 +175,13 @@ impl<'a> RefundPhases<'a> {
         };
         let started: Started = run.phase(Transition::Stay, writes).await?;
         match started {
-            Started { refund_id: Some(id), amount: Some(amount), gateway: Some(gateway), charge_id: Some(charge_id), .. } => {
+            Started {
+                refund_id: Some(id),
+                amount: Some(amount),
+                gateway: Some(gateway),
+                charge_id: Some(charge_id),
+                ..
+            } => {
                 tracing::Span::current().record("refund.id", id.to_string());
                 Ok(Start::Reserved(Reserved { refund_id: id, amount, gateway, charge_id }))
             }
@@ -202,7 +208,8 @@ impl<'a> RefundPhases<'a> {
             data,
             request_id: Some(request_id.as_str()),
         };
-        let _: writes::Finished = run.phase(Transition::Finish(response), writes::Finish { event: None, audit }).await?;
+        let _: writes::Finished =
+            run.phase(Transition::Finish(response), writes::Finish { event: None, audit }).await?;
         Ok(())
     }
 
@@ -251,7 +258,11 @@ impl<'a> RefundPhases<'a> {
                 gateway::RefundStatus::Pending => (RefundStatus::Pending, Some(refund.id), None, None),
                 gateway::RefundStatus::Failed { code } => (RefundStatus::Failed, Some(refund.id), Some(code), None),
             },
-            Err(error @ (GatewayError::Rejected { .. } | GatewayError::Declined { .. } | GatewayError::UnknownSource { .. })) => {
+            Err(
+                error @ (GatewayError::Rejected { .. }
+                | GatewayError::Declined { .. }
+                | GatewayError::UnknownSource { .. }),
+            ) => {
                 tracing::error!(%error, "the gateway refused a refund");
                 (RefundStatus::Failed, None, Some(GATEWAY_REJECTED.to_owned()), Some(error.to_string()))
             }
@@ -294,7 +305,7 @@ impl<'a> RefundPhases<'a> {
         let writes = writes::FinishRefund {
             account_id,
             refund_id: refund.id,
-            settle_in: FIRST_SETTLE_DELAY,
+            settle_in_ms: writes::millis(FIRST_SETTLE_DELAY),
             finish: writes::Finish { event: Some(&event), audit },
         };
         let _: writes::Finished = run.phase(Transition::Finish(response), writes).await?;

@@ -63,7 +63,11 @@ impl Refund {
     }
 
     /// The refund made under a key row, if it got that far.
-    pub async fn find_by_key(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> QueryResult<Option<Refund>> {
+    pub async fn find_by_key(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key_id: Uuid,
+    ) -> QueryResult<Option<Refund>> {
         refunds::table
             .filter(refunds::account_id.eq(account_id))
             .filter(refunds::idempotency_key_id.eq(key_id))

@@ -88,7 +88,9 @@ pub enum Refusal {
     PaymentNotRefundable,
     PaymentAlreadyRefunded,
     /// More than the payment has left: `refundable`, in its minor units.
-    RefundExceedsPayment { refundable: i64 },
+    RefundExceedsPayment {
+        refundable: i64,
+    },
 }
 
 impl Refusal {

@@ -16,7 +16,6 @@ use crate::db::WrittenAfter;
 use crate::idempotency::PhaseWrites;
 use crate::outbox::StagedEvent;
 
-
 /// `started`: the money reserved on the payment and the pending refund, with its audit record, or
 /// why there is nothing to refund; or, when the phase runs again, the refund an earlier run made.
 ///
@@ -45,8 +44,6 @@ pub struct Started {
     pub refund_id: Option<Uuid>,
     #[diesel(sql_type = Nullable<BigInt>)]
     pub amount: Option<i64>,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub status: Option<RefundStatus>,
     /// The gateway holding the payment's charge.
     #[diesel(sql_type = Nullable<Text>)]
     pub gateway: Option<String>,
@@ -62,7 +59,7 @@ pub struct Started {
 
 impl QueryFragment<Pg> for Start<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("earlier AS (SELECT id, amount, status, gateway, payment_id FROM refunds WHERE account_id = ");
+        out.push_sql("earlier AS (SELECT id, amount, gateway, payment_id FROM refunds WHERE account_id = ");
         out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
         out.push_sql(
             " AND idempotency_key_id = (SELECT id FROM fence)), payment AS (SELECT account_id, id, status, currency, \
@@ -97,21 +94,20 @@ impl QueryFragment<Pg> for Start<'_> {
         out.push_sql(", ");
         out.push_bind_param::<Jsonb, _>(&self.metadata)?;
         out.push_sql(
-            ", d.gateway FROM decided d, fence f, reserved r WHERE d.refusal IS NULL RETURNING id, amount, status, \
-             gateway, payment_id), ",
+            ", d.gateway FROM decided d, fence f, reserved r WHERE d.refusal IS NULL RETURNING id, amount, gateway, \
+             payment_id), ",
         );
         self.audit.walk_written_after("created", out.reborrow())?;
         // The statement's snapshot predates it: a refund found in `earlier` is an earlier run's.
         out.push_sql(
-            " SELECT r.id AS refund_id, r.amount, r.status, r.gateway, p.gateway_charge_id AS charge_id, NULL::text AS \
+            " SELECT r.id AS refund_id, r.amount, r.gateway, p.gateway_charge_id AS charge_id, NULL::text AS \
              refusal, NULL::bigint AS refundable FROM (SELECT * FROM created UNION ALL SELECT * FROM earlier) r \
              JOIN payments p ON p.account_id = ",
         );
         out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
         out.push_sql(
-            " AND p.id = r.payment_id UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, d.refusal, d.refundable FROM \
-             decided d WHERE d.refusal IS NOT NULL UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, \
-             'payment_not_found', NULL FROM fence WHERE NOT EXISTS (SELECT FROM earlier) AND NOT EXISTS (SELECT FROM \
+            " AND p.id = r.payment_id UNION ALL SELECT NULL, NULL, NULL, NULL, d.refusal, d.refundable FROM decided d \
+             WHERE d.refusal IS NOT NULL UNION ALL SELECT NULL, NULL, NULL, NULL, 'payment_not_found', NULL FROM fence WHERE NOT EXISTS (SELECT FROM earlier) AND NOT EXISTS (SELECT FROM \
              payment)",
         );
         Ok(())
@@ -176,7 +172,9 @@ pub(super) fn walk_settled_totals<'b>(source: &'static str, mut out: AstPass<'_,
          updated_at = now() FROM ",
     );
     out.push_sql(source);
-    out.push_sql(" r WHERE p.account_id = r.account_id AND p.id = r.payment_id AND r.status <> 'pending' RETURNING p.id)");
+    out.push_sql(
+        " r WHERE p.account_id = r.account_id AND p.id = r.payment_id AND r.status <> 'pending' RETURNING p.id)",
+    );
     Ok(())
 }
 
@@ -187,9 +185,10 @@ pub struct Finish<'a> {
     pub audit: AuditRecord<'a>,
 }
 
-/// The result of [`Finish`].
+/// The result of [`Finish`]: a phase returns a row, and this one's is the key row's id.
 #[derive(Debug, QueryableByName)]
 pub struct Finished {
+    #[expect(dead_code, reason = "a phase returns a row; nobody needs this one's")]
     #[diesel(sql_type = SqlUuid)]
     pub id: Uuid,
 }
@@ -209,19 +208,20 @@ impl QueryFragment<Pg> for Finish<'_> {
 impl PhaseWrites for Finish<'_> {}
 
 /// `finished` of a refund: [`Finish`], and a refund the gateway left pending handed to the settler
-/// (due in `settle_in`), which looks it up until it settles. Only now: before its key is
+/// (due in `settle_in_ms`), which looks it up until it settles. Only now: before its key is
 /// finished, a refund is its key's driver's alone.
 pub struct FinishRefund<'a> {
     pub account_id: Uuid,
     pub refund_id: Uuid,
-    pub settle_in: Duration,
+    /// Milliseconds from now.
+    pub settle_in_ms: i64,
     pub finish: Finish<'a>,
 }
 
 impl QueryFragment<Pg> for FinishRefund<'_> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("settling AS (UPDATE refunds SET settle_at = now() + ");
-        out.push_bind_param::<BigInt, _>(&millis(self.settle_in))?;
+        out.push_bind_param::<BigInt, _>(&self.settle_in_ms)?;
         out.push_sql(" * interval '1 millisecond'");
         walk_this_pending_refund(&self.account_id, &self.refund_id, out.reborrow())?;
         out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING id), ");

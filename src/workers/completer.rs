@@ -6,16 +6,16 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::{Outcome, Worker};
+use crate::audit::Actor;
 use crate::config::WorkerSettings;
 use crate::db;
-use crate::audit::Actor;
 use crate::idempotency::{
     Abandoned, DriveError, Reason, StoredResponse, claim_abandoned, mark_needs_attention, release,
 };
 use crate::metrics::{CompleterOutcome, Unfinished};
-use crate::{payments, refunds};
 use crate::request_id::RequestId;
 use crate::state::AppState;
+use crate::{payments, refunds};
 
 /// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
 /// between attempts; after `max_attempts` it gives up, and the key needs attention.

@@ -24,6 +24,7 @@ mod openapi;
 mod outbox;
 mod pay;
 mod reaper;
+mod refunds;
 mod replay;
 mod request_id;
 mod resumption;

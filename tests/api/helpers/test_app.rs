@@ -174,6 +174,29 @@ impl TestApp {
         request.send().await.expect("sending POST /v1/payments")
     }
 
+    /// `POST /v1/refunds` with a JSON body.
+    pub async fn post_refund(&self, key: &str, body: &Value) -> Response {
+        self.post_refund_with(key, body, &[]).await
+    }
+
+    /// `POST /v1/refunds` with a JSON body and extra headers.
+    pub async fn post_refund_with(&self, key: &str, body: &Value, headers: &[(&str, &str)]) -> Response {
+        let mut request = self.http.post(format!("{}/v1/refunds", self.address)).bearer_auth(&self.api_key).json(body);
+        request = request.header("Idempotency-Key", key);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send().await.expect("sending POST /v1/refunds")
+    }
+
+    /// A payment made with `source`, for `amount`: its JSON, once it succeeded.
+    pub async fn paid(&self, amount: i64, source: &str) -> Value {
+        let body = json!({ "amount": amount, "currency": "usd", "source": source });
+        let response = self.post_payment(&new_key(), &body).await;
+        assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+        response.json().await.unwrap()
+    }
+
     /// Adds the app's per-account request counts to the database now (`serve` does every few seconds).
     pub async fn flush_request_counts(&self) {
         self.state.metrics.flush_tally(&self.state.db).await.unwrap();

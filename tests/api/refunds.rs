@@ -1,0 +1,86 @@
+//! Refunds: a second endpoint on the same idempotency layer, and the rule that no key can
+//! enforce (the sum of a payment's refunds never exceeds it), held by the database.
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, new_key};
+
+async fn problem(response: reqwest::Response) -> (StatusCode, Value) {
+    let status = response.status();
+    (status, response.json().await.unwrap())
+}
+
+#[tokio::test]
+async fn partial_refunds_up_to_the_whole_payment_then_nothing_is_left() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let id = payment["id"].as_str().unwrap();
+
+    let first = app.post_refund(&new_key(), &json!({ "payment": id, "amount": 300 })).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first: Value = first.json().await.unwrap();
+    assert_eq!(
+        (first["object"].as_str(), first["status"].as_str(), first["amount"].as_i64()),
+        (Some("refund"), Some("succeeded"), Some(300))
+    );
+
+    let (status, too_much) = problem(app.post_refund(&new_key(), &json!({ "payment": id, "amount": 800 })).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(too_much["type"], "https://payments.example/problems/refund-exceeds-payment");
+    assert_eq!(too_much["refundable"], 700);
+
+    // No amount: all that is left.
+    let rest = app.post_refund(&new_key(), &json!({ "payment": id })).await;
+    assert_eq!(rest.status(), StatusCode::CREATED);
+    assert_eq!(rest.json::<Value>().await.unwrap()["amount"], 700);
+
+    let (status, nothing) = problem(app.post_refund(&new_key(), &json!({ "payment": id })).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(nothing["type"], "https://payments.example/problems/payment-already-refunded");
+
+    let now: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    assert_eq!((now["amount_refunded"].as_i64(), now["refunded"].as_bool()), (Some(1000), Some(true)));
+    let list: Value = app.get(&format!("/v1/refunds?payment={id}")).await.json().await.unwrap();
+    assert_eq!(list["data"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn refusals_are_answers_stored_under_the_key() {
+    let app = TestApp::spawn().await;
+    let declined = app
+        .post_payment(&new_key(), &json!({ "amount": 500, "currency": "usd", "source": "tok_chargeDeclined" }))
+        .await;
+    let declined: Value = declined.json().await.unwrap();
+    let key = new_key();
+    let body = json!({ "payment": declined["payment"]["id"] });
+    let (status, refused) = problem(app.post_refund(&key, &body).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused["type"], "https://payments.example/problems/payment-not-refundable");
+    let replay = app.post_refund(&key, &body).await;
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+
+    let other = app.create_account("other").await;
+    let theirs = app.paid(100, "tok_visa").await;
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/refunds", app.address))
+        .bearer_auth(&other)
+        .header("Idempotency-Key", new_key())
+        .json(&json!({ "payment": theirs["id"] }))
+        .send()
+        .await
+        .unwrap();
+    let (status, missing) = problem(response).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(missing["type"], "https://payments.example/problems/payment-not-found");
+}
+
+#[tokio::test]
+async fn a_key_used_for_a_payment_is_refused_for_a_refund() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let payment = app.post_payment(&key, &json!({ "amount": 100, "currency": "usd", "source": "tok_visa" })).await;
+    let payment: Value = payment.json().await.unwrap();
+    let (status, _) = problem(app.post_refund(&key, &json!({ "payment": payment["id"] })).await).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
