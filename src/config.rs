@@ -7,6 +7,7 @@
 //! | `GATEWAY_URL` | unset: in-process mock | base URL of the payment gateway |
 //! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081`, else a free port | where `serve`'s in-process mock gateway listens |
 //! | `PAYMENTS_BIND` | `127.0.0.1:8080` | listen address of `serve` |
+//! | `PAYMENTS_METRICS_BIND` | `serve`: `127.0.0.1:9464`, else a free port; `worker`: none | where `GET /metrics` is served, never on the API's address |
 //! | `PAYMENTS_LOCK_TIMEOUT_MS` | `90000` | age after which a key's lock is stale and may be taken over |
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
 //! | `PAYMENTS_GATEWAY_TIMEOUT_MS` | `10000` | timeout of one gateway call |
@@ -35,6 +36,11 @@ use reqwest::Url;
 pub const DEFAULT_DATA_DIR: &str = "./.payments";
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_GATEWAY_BIND: &str = "127.0.0.1:8081";
+/// Where `serve` serves `GET /metrics` unless told: 9464 is the port Prometheus exporters of
+/// OpenTelemetry use, so scrape configurations tend to know it; and a loopback address, because
+/// the metrics show every tenant's volumes: an operator opens them to the monitoring network
+/// knowingly (`0.0.0.0:9464` inside a container network, say).
+pub const DEFAULT_METRICS_BIND: &str = "127.0.0.1:9464";
 /// Long enough that a live request (whose gateway call is bounded by the gateway timeout) is never
 /// taken for dead; short enough that a crashed request is picked up again within minutes.
 pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 90_000;
@@ -146,6 +152,11 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, env = "PAYMENTS_BIND", default_value = DEFAULT_BIND)]
     pub bind: String,
+    /// Where `GET /metrics` is served: never on the API's address, as the metrics show every
+    /// tenant's volumes. If it is taken, `serve` refuses to start. Unset: 127.0.0.1:9464, or a
+    /// free port, announced, if that is taken. The address is printed (`metrics: http://...`).
+    #[arg(long, env = "PAYMENTS_METRICS_BIND")]
+    pub metrics_bind: Option<String>,
     #[command(flatten)]
     pub protocol: ProtocolArgs,
     #[command(flatten)]
@@ -164,7 +175,8 @@ pub struct WorkerCommandArgs {
     /// Unset, in embedded mode: the in-process mock of the `serve` that runs the cluster.
     #[arg(long, env = "GATEWAY_URL")]
     pub gateway_url: Option<Url>,
-    /// Serve `GET /metrics` at this address (such as `0.0.0.0:9091`); unset, no listener.
+    /// Serve `GET /metrics` at this address (such as `0.0.0.0:9091`; port 0 picks a free port,
+    /// and the address is printed); if it is taken, the worker refuses to start. Unset: no listener.
     #[arg(long, env = "PAYMENTS_METRICS_BIND")]
     pub metrics_bind: Option<String>,
     #[command(flatten)]

@@ -83,7 +83,11 @@ async fn serve_refuses_to_put_its_mock_gateway_anywhere_but_where_it_was_told() 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
     let data_dir = unused_data_dir();
-    let env = [("PAYMENTS_DATA_DIR", data_dir.as_str()), ("PAYMENTS_BIND", "127.0.0.1:0")];
+    let env = [
+        ("PAYMENTS_DATA_DIR", data_dir.as_str()),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
 
     let serve = payments(&["serve", "--mock-gateway-bind", &taken], &env).await;
 
@@ -95,7 +99,11 @@ async fn serve_refuses_to_put_its_mock_gateway_anywhere_but_where_it_was_told() 
 #[tokio::test]
 async fn serve_on_a_shared_database_needs_its_gateway_or_an_explicit_private_mock() {
     let app = TestApp::spawn().await;
-    let env = [("DATABASE_URL", app.database.url.as_str()), ("PAYMENTS_BIND", "127.0.0.1:0")];
+    let env = [
+        ("DATABASE_URL", app.database.url.as_str()),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
 
     let refused = payments(&["serve"], &env).await;
 
