@@ -18,6 +18,7 @@ mod database;
 mod pool;
 mod tally;
 
+pub use database::COUNT_CAP;
 pub use tally::{AccountRequests, FLUSH_INTERVAL, flush_until_stopped, per_account};
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
 //! `GET /metrics`: served on a listener of its own, never on the API's address; each counter
 //! moves when its event happens, labels come from closed sets (route templates, never raw paths),
-//! and the system's state is read from the database.
+//! and the system's state is read from the database, from indexes only, whatever the backlog.
 
 use std::time::Duration;
 
@@ -10,7 +10,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{Lock, Process, Scrape, TestApp, TestDatabase, new_key, payment_body};
+use crate::helpers::{
+    Lock, Process, Scrape, TestApp, TestDatabase, new_key, payment_body, plan_nodes, record_statements, sql_of,
+    statements,
+};
 
 const REQUESTS: &str = "idempotency_requests_total";
 
@@ -268,4 +271,43 @@ async fn the_worker_process_serves_its_metrics_on_its_own_listener() {
     let scrape = Scrape::of(&worker.metrics_url()).await;
     assert_eq!(scrape.get("idempotency_keys_needing_attention", &[]), Some(0.0));
     assert!(scrape.get("db_pool_connections", &[("state", "idle")]).is_some());
+}
+
+#[tokio::test]
+async fn a_scrape_reads_the_outbox_from_an_index_and_counts_only_up_to_a_cap_whatever_the_backlog() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    // A webhook receiver down for days, and dead letters nobody cleared: 100,000 events pending
+    // and 100,000 dead, one second apart, interleaved.
+    app.run_sql(&format!(
+        "INSERT INTO staged_jobs (account_id, job_name, job_args, created_at, dead_at)
+         SELECT '{}', 'payment.succeeded', '{{}}', now() - i * interval '1 second',
+                CASE WHEN i % 2 = 0 THEN now() END
+         FROM generate_series(1, 200000) i",
+        app.account_id
+    ))
+    .await;
+    app.run_sql("ANALYZE staged_jobs").await;
+
+    let scrape = app.metrics().await;
+
+    let executed = statements(&app.database.name).executed;
+    let read = executed.iter().find(|sql| sql.contains("events_dead")).expect("the scrape's statement");
+    let mut conn = app.db().await;
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query(format!("PREPARE state(int8) AS {}", sql_of(read))),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let plan = plan_nodes(&mut conn, &format!("EXECUTE state({})", payments::metrics::COUNT_CAP)).await;
+    let outbox: Vec<_> = plan.iter().filter(|node| node.relation.as_deref() == Some("staged_jobs")).collect();
+    assert!(outbox.iter().all(|node| node.node_type != "Seq Scan"), "no sequential scan of the outbox: {plan:#?}");
+    assert!(outbox.iter().all(|node| node.index.is_some()), "each part from an index: {plan:#?}");
+
+    let cap = payments::metrics::COUNT_CAP as f64;
+    assert_eq!(scrape.get("outbox_events_pending", &[]), Some(cap), "this many or more");
+    assert_eq!(scrape.get("outbox_events_dead", &[]), Some(cap));
+    let oldest = scrape.get("outbox_oldest_event_age_seconds", &[]).unwrap();
+    assert!(oldest >= 199_999.0, "the oldest pending event, exactly: {oldest}");
 }
