@@ -19,6 +19,7 @@
 //! | `PAYMENTS_WEBHOOK_TIMEOUT_MS` | `10000` | timeout of one event delivery |
 //! | `PAYMENTS_WEBHOOK_BACKOFF_MS` | `1000` | first wait before redelivering a failed event; doubles per attempt |
 //! | `PAYMENTS_WEBHOOK_MAX_ATTEMPTS` | `10` | delivery attempts after which an event is dead-lettered |
+//! | `PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS` | `2160` (90 days) | the reaper deletes per-account request counts older than this |
 //! | `PAYMENTS_LOG_FORMAT` | `text` | `text` (coloured only on a terminal) or `json` lines; in `cli.rs`, as every command logs |
 //!
 //! Flags and variables are parsed here and turned into typed values ([`Settings`], `Duration`s) at
@@ -59,6 +60,12 @@ pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_WEBHOOK_BACKOFF_MS: u64 = 1_000;
 /// Ten attempts with a doubling backoff span about seventeen minutes.
 pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
+/// Ninety days: `payments stats` can compare a client's retries this month with the two before,
+/// and the table holds at most 2,160 rows per account (one per hour it sent requests in).
+pub const DEFAULT_REQUEST_COUNTS_RETENTION_HOURS: u32 = 2_160;
+/// A hundred years, "for ever" in practice: the cut-off (now minus the retention) must stay a
+/// date PostgreSQL can hold.
+const MAX_REQUEST_COUNTS_RETENTION_HOURS: i64 = 876_000;
 /// A resumed request may ask the gateway who it is, look its charge up, and charge, between two
 /// renewals of its lease.
 const GATEWAY_CALLS_BETWEEN_RENEWALS: u32 = 3;
@@ -130,6 +137,12 @@ pub struct WorkerArgs {
     #[arg(long, env = "PAYMENTS_WEBHOOK_MAX_ATTEMPTS", default_value_t = DEFAULT_WEBHOOK_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub webhook_max_attempts: u32,
+    /// Hours the per-account request counts (`payments stats`) are kept; the reaper deletes older
+    /// ones, so `payments stats --hours N` sees nothing older than this. At most a hundred years.
+    #[arg(long, env = "PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS",
+          default_value_t = DEFAULT_REQUEST_COUNTS_RETENTION_HOURS,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_REQUEST_COUNTS_RETENTION_HOURS))]
+    pub request_counts_retention_hours: u32,
 }
 
 /// `payments serve`.
@@ -309,6 +322,8 @@ pub struct WorkerSettings {
     pub webhook_timeout: Duration,
     pub webhook_backoff: Duration,
     pub webhook_max_attempts: u32,
+    /// How long the per-account request counts are kept.
+    pub request_counts_retention: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -321,6 +336,7 @@ impl Default for WorkerSettings {
             webhook_timeout: Duration::from_millis(DEFAULT_WEBHOOK_TIMEOUT_MS),
             webhook_backoff: Duration::from_millis(DEFAULT_WEBHOOK_BACKOFF_MS),
             webhook_max_attempts: DEFAULT_WEBHOOK_MAX_ATTEMPTS,
+            request_counts_retention: hours(DEFAULT_REQUEST_COUNTS_RETENTION_HOURS),
         }
     }
 }
@@ -335,8 +351,13 @@ impl WorkerArgs {
             webhook_timeout: Duration::from_millis(self.webhook_timeout_ms),
             webhook_backoff: Duration::from_millis(self.webhook_backoff_ms),
             webhook_max_attempts: self.webhook_max_attempts,
+            request_counts_retention: hours(self.request_counts_retention_hours),
         }
     }
+}
+
+fn hours(hours: u32) -> Duration {
+    Duration::from_secs(u64::from(hours) * 3_600)
 }
 
 fn parse_rate(value: &str) -> Result<f64, String> {

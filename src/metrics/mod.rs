@@ -19,7 +19,7 @@ mod pool;
 mod tally;
 
 pub use database::COUNT_CAP;
-pub use tally::{AccountRequests, FLUSH_INTERVAL, flush_until_stopped, per_account};
+pub use tally::{AccountRequests, FLUSH_INTERVAL, flush_until_stopped, per_account, reap_request_counts};
 
 use std::time::{Duration, Instant};
 
