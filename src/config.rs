@@ -7,6 +7,7 @@
 //! | `GATEWAY_URL` | unset: in-process mock | base URL of the payment gateway |
 //! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081`, else a free port | where `serve`'s in-process mock gateway listens |
 //! | `PAYMENTS_BIND` | `127.0.0.1:8080` | listen address of `serve` |
+//! | `PAYMENTS_METRICS_BIND` | `serve`: `127.0.0.1:9464`, else a free port; `worker`: none | where `GET /metrics` is served, never on the API's address |
 //! | `PAYMENTS_LOCK_TIMEOUT_MS` | `90000` | age after which a key's lock is stale and may be taken over |
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
 //! | `PAYMENTS_GATEWAY_TIMEOUT_MS` | `10000` | timeout of one gateway call |
@@ -18,6 +19,7 @@
 //! | `PAYMENTS_WEBHOOK_TIMEOUT_MS` | `10000` | timeout of one event delivery |
 //! | `PAYMENTS_WEBHOOK_BACKOFF_MS` | `1000` | first wait before redelivering a failed event; doubles per attempt |
 //! | `PAYMENTS_WEBHOOK_MAX_ATTEMPTS` | `10` | delivery attempts after which an event is dead-lettered |
+//! | `PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS` | `2160` (90 days) | the reaper deletes per-account request counts older than this |
 //! | `PAYMENTS_LOG_FORMAT` | `text` | `text` (coloured only on a terminal) or `json` lines; in `cli.rs`, as every command logs |
 //!
 //! Flags and variables are parsed here and turned into typed values ([`Settings`], `Duration`s) at
@@ -35,6 +37,11 @@ use reqwest::Url;
 pub const DEFAULT_DATA_DIR: &str = "./.payments";
 pub const DEFAULT_BIND: &str = "127.0.0.1:8080";
 pub const DEFAULT_GATEWAY_BIND: &str = "127.0.0.1:8081";
+/// Where `serve` serves `GET /metrics` unless told: 9464 is the port Prometheus exporters of
+/// OpenTelemetry use, so scrape configurations tend to know it; and a loopback address, because
+/// the metrics show every tenant's volumes: an operator opens them to the monitoring network
+/// knowingly (`0.0.0.0:9464` inside a container network, say).
+pub const DEFAULT_METRICS_BIND: &str = "127.0.0.1:9464";
 /// Long enough that a live request (whose gateway call is bounded by the gateway timeout) is never
 /// taken for dead; short enough that a crashed request is picked up again within minutes.
 pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 90_000;
@@ -53,6 +60,12 @@ pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
 pub const DEFAULT_WEBHOOK_BACKOFF_MS: u64 = 1_000;
 /// Ten attempts with a doubling backoff span about seventeen minutes.
 pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
+/// Ninety days: `payments stats` can compare a client's retries this month with the two before,
+/// and the table holds at most 2,160 rows per account (one per hour it sent requests in).
+pub const DEFAULT_REQUEST_COUNTS_RETENTION_HOURS: u32 = 2_160;
+/// A hundred years, "for ever" in practice: the cut-off (now minus the retention) must stay a
+/// date PostgreSQL can hold.
+const MAX_REQUEST_COUNTS_RETENTION_HOURS: i64 = 876_000;
 /// A resumed request may ask the gateway who it is, look its charge up, and charge, between two
 /// renewals of its lease.
 const GATEWAY_CALLS_BETWEEN_RENEWALS: u32 = 3;
@@ -124,6 +137,12 @@ pub struct WorkerArgs {
     #[arg(long, env = "PAYMENTS_WEBHOOK_MAX_ATTEMPTS", default_value_t = DEFAULT_WEBHOOK_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub webhook_max_attempts: u32,
+    /// Hours the per-account request counts (`payments stats`) are kept; the reaper deletes older
+    /// ones, so `payments stats --hours N` sees nothing older than this. At most a hundred years.
+    #[arg(long, env = "PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS",
+          default_value_t = DEFAULT_REQUEST_COUNTS_RETENTION_HOURS,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_REQUEST_COUNTS_RETENTION_HOURS))]
+    pub request_counts_retention_hours: u32,
 }
 
 /// `payments serve`.
@@ -146,6 +165,11 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the chosen address is printed).
     #[arg(long, env = "PAYMENTS_BIND", default_value = DEFAULT_BIND)]
     pub bind: String,
+    /// Where `GET /metrics` is served: never on the API's address, as the metrics show every
+    /// tenant's volumes. If it is taken, `serve` refuses to start. Unset: 127.0.0.1:9464, or a
+    /// free port, announced, if that is taken. The address is printed (`metrics: http://...`).
+    #[arg(long, env = "PAYMENTS_METRICS_BIND")]
+    pub metrics_bind: Option<String>,
     #[command(flatten)]
     pub protocol: ProtocolArgs,
     #[command(flatten)]
@@ -164,7 +188,8 @@ pub struct WorkerCommandArgs {
     /// Unset, in embedded mode: the in-process mock of the `serve` that runs the cluster.
     #[arg(long, env = "GATEWAY_URL")]
     pub gateway_url: Option<Url>,
-    /// Serve `GET /metrics` at this address (such as `0.0.0.0:9091`); unset, no listener.
+    /// Serve `GET /metrics` at this address (such as `0.0.0.0:9091`; port 0 picks a free port,
+    /// and the address is printed); if it is taken, the worker refuses to start. Unset: no listener.
     #[arg(long, env = "PAYMENTS_METRICS_BIND")]
     pub metrics_bind: Option<String>,
     #[command(flatten)]
@@ -297,6 +322,8 @@ pub struct WorkerSettings {
     pub webhook_timeout: Duration,
     pub webhook_backoff: Duration,
     pub webhook_max_attempts: u32,
+    /// How long the per-account request counts are kept.
+    pub request_counts_retention: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -309,6 +336,7 @@ impl Default for WorkerSettings {
             webhook_timeout: Duration::from_millis(DEFAULT_WEBHOOK_TIMEOUT_MS),
             webhook_backoff: Duration::from_millis(DEFAULT_WEBHOOK_BACKOFF_MS),
             webhook_max_attempts: DEFAULT_WEBHOOK_MAX_ATTEMPTS,
+            request_counts_retention: hours(DEFAULT_REQUEST_COUNTS_RETENTION_HOURS),
         }
     }
 }
@@ -323,8 +351,13 @@ impl WorkerArgs {
             webhook_timeout: Duration::from_millis(self.webhook_timeout_ms),
             webhook_backoff: Duration::from_millis(self.webhook_backoff_ms),
             webhook_max_attempts: self.webhook_max_attempts,
+            request_counts_retention: hours(self.request_counts_retention_hours),
         }
     }
+}
+
+fn hours(hours: u32) -> Duration {
+    Duration::from_secs(u64::from(hours) * 3_600)
 }
 
 fn parse_rate(value: &str) -> Result<f64, String> {

@@ -1,6 +1,7 @@
 //! Building the application and running it: two steps, so that a caller (the CLI, the tests) can
 //! bind first, learn the real address (port 0 allowed), and only then serve.
 
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
@@ -17,6 +18,11 @@ pub const LISTENING: &str = "payments listening on";
 
 /// The line `worker` prints once its workers run; tests and `payments chaos` wait for it.
 pub const WORKER_RUNNING: &str = "payments worker running";
+
+/// The line `serve` and `worker` print, before their ready line, with the URL of their metrics
+/// (`metrics: http://127.0.0.1:9464/metrics`, and why in parentheses if that is not the address
+/// asked for).
+pub const METRICS_AT: &str = "metrics:";
 
 /// Seconds in-flight requests get to finish when the server stops.
 const SHUTDOWN_GRACE_SECS: u64 = 30;
@@ -64,18 +70,61 @@ impl Application {
     }
 }
 
-/// A server of `GET /metrics` alone, for a process with no API (`payments worker`), on one thread.
-pub fn metrics_server(state: Arc<AppState>, listener: TcpListener) -> std::io::Result<Server> {
-    let state = web::Data::from(state);
-    let server = HttpServer::new(move || {
-        App::new().app_data(state.clone()).wrap(from_fn(http::observe)).route("/metrics", web::get().to(http::metrics))
-    })
-    .listen(listener)?
-    .workers(1)
-    .disable_signals()
-    .shutdown_timeout(1)
-    .run();
-    Ok(server)
+/// A listener at `usual`, or, if that is taken, at a free port of the same host; the second value
+/// then says that it moved, for the caller to announce. (An address a user set is bound as it
+/// is: if it is taken, that is an error, since whoever set it meant it.)
+pub fn bind_usual_or_free(usual: &str) -> std::io::Result<(TcpListener, bool)> {
+    match TcpListener::bind(usual) {
+        Ok(listener) => Ok((listener, false)),
+        Err(error) if error.kind() == ErrorKind::AddrInUse => {
+            let mut free: SocketAddr =
+                usual.parse().map_err(|_| std::io::Error::new(ErrorKind::InvalidInput, usual.to_owned()))?;
+            free.set_port(0);
+            Ok((TcpListener::bind(free)?, true))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// A process's metrics listener: `GET /metrics` alone, on an address of its own (never the API's:
+/// the metrics show every tenant's volumes), on one thread.
+pub struct MetricsServer {
+    addr: SocketAddr,
+    handle: ServerHandle,
+}
+
+impl MetricsServer {
+    /// Serves on `listener`, in a task of its own, until stopped.
+    pub fn start(state: Arc<AppState>, listener: TcpListener) -> std::io::Result<MetricsServer> {
+        let addr = listener.local_addr()?;
+        let state = web::Data::from(state);
+        let server = HttpServer::new(move || {
+            App::new().app_data(state.clone()).wrap(from_fn(http::observe)).configure(http::configure_metrics)
+        })
+        .listen(listener)?
+        .workers(1)
+        .disable_signals()
+        .shutdown_timeout(1)
+        .run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        Ok(MetricsServer { addr, handle })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle to stop it.
+    pub fn handle(&self) -> ServerHandle {
+        self.handle.clone()
+    }
+
+    /// Stops it, letting a scrape under way finish.
+    pub async fn stop(self) {
+        self.handle.stop(true).await;
+    }
 }
 
 /// Installs the SIGINT and SIGTERM handlers at once (call it before announcing readiness, so that

@@ -70,6 +70,8 @@ impl World {
             ("DATABASE_URL", database_url.as_str()),
             ("GATEWAY_URL", gateway.address.as_str()),
             ("PAYMENTS_BIND", "127.0.0.1:0"),
+            // Never the usual 9464, which a `serve` of the user's may hold.
+            ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
             ("PAYMENTS_WEBHOOK_URL", webhook.url.as_str()),
             // Logging every request would cost more than some of what is measured.
             ("RUST_LOG", "warn"),

@@ -108,6 +108,8 @@ impl World {
             let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
             let env = common(vec![
                 ("PAYMENTS_BIND", format!("127.0.0.1:{port}")),
+                // Never the usual 9464, which a `serve` of the user's may hold.
+                ("PAYMENTS_METRICS_BIND", "127.0.0.1:0".to_owned()),
                 ("PAYMENTS_FAULT_INJECTION", "1".to_owned()),
             ]);
             members.push(Member::new(name, vec!["serve"], env, LISTENING));

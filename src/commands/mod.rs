@@ -11,7 +11,9 @@ pub mod serve;
 pub mod stats;
 pub mod worker;
 
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -20,6 +22,55 @@ use reqwest::Url;
 
 use crate::config::DatabaseArgs;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
+use crate::startup::{METRICS_AT, MetricsServer, bind_usual_or_free};
+use crate::state::AppState;
+
+/// Where `serve` or `worker` will serve its metrics: bound before anything slow starts, so that a
+/// taken address is refused at once.
+pub struct MetricsListener {
+    listener: TcpListener,
+    /// The usual address, if it was taken and the listener moved off it.
+    moved_off: Option<&'static str>,
+}
+
+impl MetricsListener {
+    /// At `asked` (`PAYMENTS_METRICS_BIND`): if it is taken, the process refuses to start.
+    pub fn at(asked: &str) -> anyhow::Result<MetricsListener> {
+        let listener = TcpListener::bind(asked).with_context(|| {
+            format!(
+                "cannot serve metrics on {asked} (PAYMENTS_METRICS_BIND): free it, or choose another address (port 0 \
+                 picks a free one)"
+            )
+        })?;
+        Ok(MetricsListener { listener, moved_off: None })
+    }
+
+    /// At `asked` if set; else at `usual`, or at a free port, announced, if that is taken, as the
+    /// in-process mock gateway does: `serve`s side by side on one machine (tests, a second
+    /// checkout) all start, and each says where its metrics are.
+    pub fn at_or_usual(asked: Option<&str>, usual: &'static str) -> anyhow::Result<MetricsListener> {
+        if let Some(asked) = asked {
+            return MetricsListener::at(asked);
+        }
+        let (listener, moved) =
+            bind_usual_or_free(usual).with_context(|| format!("cannot serve metrics on {usual}"))?;
+        if moved {
+            let addr = listener.local_addr()?;
+            tracing::warn!(taken = usual, %addr, "the metrics' usual address is taken: serving them on a free port");
+        }
+        Ok(MetricsListener { listener, moved_off: moved.then_some(usual) })
+    }
+
+    /// Serves `GET /metrics` on it, and prints the `metrics:` line.
+    pub fn serve(self, state: Arc<AppState>) -> anyhow::Result<MetricsServer> {
+        let server = MetricsServer::start(state, self.listener)?;
+        match self.moved_off {
+            Some(usual) => println!("{METRICS_AT} http://{}/metrics ({usual} is taken)", server.addr()),
+            None => println!("{METRICS_AT} http://{}/metrics", server.addr()),
+        }
+        Ok(server)
+    }
+}
 
 /// All outbox workers on a shared database share one outbox: one without a webhook consumes events
 /// by logging them, including events that a worker with a webhook was meant to deliver.

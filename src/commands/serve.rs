@@ -8,15 +8,15 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use super::{advertise_gateway, open_database, warn_if_events_are_only_logged, withdraw_gateway};
+use super::{MetricsListener, advertise_gateway, open_database, warn_if_events_are_only_logged, withdraw_gateway};
 use crate::accounts::DEMO_API_KEY;
-use crate::config::{DEFAULT_GATEWAY_BIND, ServeArgs};
+use crate::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, ServeArgs};
 use crate::db;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
 use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
 use crate::metrics;
-use crate::startup::{Application, LISTENING, exit_on_second_signal, shutdown_signal};
+use crate::startup::{Application, LISTENING, bind_usual_or_free, exit_on_second_signal, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
 
@@ -48,6 +48,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.bind
         );
     }
+    let metrics = MetricsListener::at_or_usual(args.metrics_bind.as_deref(), DEFAULT_METRICS_BIND)?;
     let (gateway_url, mock) = match &args.gateway_url {
         Some(url) => (url.clone(), None),
         None => {
@@ -65,6 +66,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         settings,
     ));
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    // Printed first, before the line that says the API is ready.
+    let metrics = metrics.serve(state.clone())?;
     let app = Application::build(state.clone(), listener, threads)?;
     let (addr, handle) = (app.addr(), app.handle());
     let mut server = tokio::spawn(app.run_until_stopped());
@@ -127,6 +130,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = workers.await;
     }
     let _ = flusher.await;
+    metrics.stop().await;
     if let Some(mock) = mock {
         mock.stop().await;
     }
@@ -152,12 +156,15 @@ fn start_mock_gateway(bind: Option<&str>) -> anyhow::Result<MockGateway> {
                  another address, or set GATEWAY_URL to charge through the gateway there"
             )
         })?,
-        None => TcpListener::bind(DEFAULT_GATEWAY_BIND).or_else(|_| {
-            let listener = TcpListener::bind("127.0.0.1:0")?;
-            let addr = listener.local_addr()?;
-            tracing::warn!(taken = DEFAULT_GATEWAY_BIND, %addr, "the mock gateway's usual address is taken");
-            Ok::<_, std::io::Error>(listener)
-        })?,
+        None => {
+            let (listener, moved) = bind_usual_or_free(DEFAULT_GATEWAY_BIND)
+                .with_context(|| format!("cannot start the in-process mock gateway on {DEFAULT_GATEWAY_BIND}"))?;
+            if moved {
+                let addr = listener.local_addr()?;
+                tracing::warn!(taken = DEFAULT_GATEWAY_BIND, %addr, "the mock gateway's usual address is taken");
+            }
+            listener
+        }
     };
     let controls = match listener.local_addr()?.ip().is_loopback() {
         true => Controls::Served,

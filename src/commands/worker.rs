@@ -1,31 +1,28 @@
 //! `payments worker`: the background workers alone, with no HTTP. Any number may run beside any
 //! number of `serve` processes on one database.
 
-use std::net::TcpListener;
 use std::sync::Arc;
-
-use anyhow::Context;
 
 use tokio::sync::watch;
 
-use super::{advertised_gateway, open_database, warn_if_events_are_only_logged};
+use super::{MetricsListener, advertised_gateway, open_database, warn_if_events_are_only_logged};
 use crate::config::WorkerCommandArgs;
 use crate::db;
 use crate::db::embedded::Sharing;
 use crate::gateway::GatewayClient;
-use crate::startup::{WORKER_RUNNING, exit_on_second_signal, metrics_server, shutdown_signal};
+use crate::startup::{WORKER_RUNNING, exit_on_second_signal, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
 
 /// A worker drives one request at a time per worker kind: a few connections are plenty.
 const POOL_SIZE: u32 = 4;
 
-/// The line `worker` prints, before [`WORKER_RUNNING`], with its metrics' address when it serves them.
-pub const METRICS_AT: &str = "metrics:";
-
 pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;
     let stop_requested = shutdown_signal()?;
+    // Unset, the worker serves no metrics: it has no usual address, so that any number of workers
+    // start on one machine.
+    let metrics = args.metrics_bind.as_deref().map(MetricsListener::at).transpose()?;
     let (database_url, embedded) = open_database(&args.database, Sharing::JoinRunning).await?;
     let gateway_url = match (args.gateway_url, &embedded) {
         (Some(url), _) => url,
@@ -44,22 +41,9 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
         GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     ));
-    let metrics = match &args.metrics_bind {
-        Some(bind) => {
-            let listener = TcpListener::bind(bind).with_context(|| format!("cannot serve metrics on {bind}"))?;
-            let addr = listener.local_addr()?;
-            let server = metrics_server(state.clone(), listener)?;
-            let handle = server.handle();
-            tokio::spawn(server);
-            Some((addr, handle))
-        }
-        None => None,
-    };
+    let metrics = metrics.map(|listener| listener.serve(state.clone())).transpose()?;
     let (stop, stopped) = watch::channel(false);
     let mut running = tokio::spawn(Workers::new(state, &args.workers.settings())?.run(stopped));
-    if let Some((addr, _)) = &metrics {
-        println!("{METRICS_AT} http://{addr}/metrics");
-    }
     println!("{WORKER_RUNNING} (completer, reaper, outbox; gateway {gateway_url})");
 
     tokio::select! {
@@ -69,8 +53,8 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     exit_on_second_signal()?;
     let _ = stop.send(true);
     let _ = running.await;
-    if let Some((_, handle)) = metrics {
-        handle.stop(true).await;
+    if let Some(metrics) = metrics {
+        metrics.stop().await;
     }
     if let Some(embedded) = embedded {
         embedded.stop().await?;

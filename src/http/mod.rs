@@ -12,7 +12,7 @@ use actix_web::http::Method;
 use actix_web::{HttpResponse, Route, web};
 
 pub use error::ApiError;
-pub use health::{OPENAPI_YAML, metrics};
+pub use health::OPENAPI_YAML;
 pub use observe::observe;
 
 /// One endpoint: every route of the app is registered from [`ENDPOINTS`], which is also what the
@@ -38,20 +38,34 @@ pub const ENDPOINTS: &[Endpoint] = &[
     },
     Endpoint { method: Method::GET, path: "/healthz", route: || web::get().to(health::healthz) },
     Endpoint { method: Method::GET, path: "/readyz", route: || web::get().to(health::readyz) },
-    Endpoint { method: Method::GET, path: "/metrics", route: || web::get().to(health::metrics) },
     Endpoint { method: Method::GET, path: "/openapi.yaml", route: || web::get().to(health::openapi) },
 ];
 
-/// Registers every endpoint, one resource per path (so a known path with an unknown method is a
-/// 405, not a 404), and answers everything else with a problem too.
+/// What the metrics listener serves: never the API's address, since the metrics show every
+/// tenant's volumes to whoever reaches them.
+pub const METRICS_ENDPOINTS: &[Endpoint] =
+    &[Endpoint { method: Method::GET, path: "/metrics", route: || web::get().to(health::metrics) }];
+
+/// The API: every endpoint of [`ENDPOINTS`].
 pub fn configure(cfg: &mut web::ServiceConfig) {
     extract::extractor_configs(cfg);
-    let mut paths: Vec<&str> = ENDPOINTS.iter().map(|endpoint| endpoint.path).collect();
+    register(cfg, ENDPOINTS);
+}
+
+/// The metrics listener: `GET /metrics` alone.
+pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
+    register(cfg, METRICS_ENDPOINTS);
+}
+
+/// Registers `endpoints`, one resource per path (so a known path with an unknown method is a 405,
+/// not a 404), and answers everything else with a problem too.
+fn register(cfg: &mut web::ServiceConfig, endpoints: &'static [Endpoint]) {
+    let mut paths: Vec<&str> = endpoints.iter().map(|endpoint| endpoint.path).collect();
     paths.dedup();
     for path in paths {
-        let routes = ENDPOINTS.iter().filter(|endpoint| endpoint.path == path);
+        let routes = endpoints.iter().filter(|endpoint| endpoint.path == path);
         let resource = routes.fold(web::resource(path), |resource, endpoint| resource.route((endpoint.route)()));
-        let allowed: Vec<&str> = ENDPOINTS.iter().filter(|e| e.path == path).map(|e| e.method.as_str()).collect();
+        let allowed: Vec<&str> = endpoints.iter().filter(|e| e.path == path).map(|e| e.method.as_str()).collect();
         let allowed = allowed.join(", ");
         cfg.service(resource.default_service(web::to(move || {
             let allowed = allowed.clone();

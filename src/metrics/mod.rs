@@ -1,4 +1,6 @@
-//! What a process counts, served as `GET /metrics` in the Prometheus text format.
+//! What a process counts, served as `GET /metrics` in the Prometheus text format, on a listener
+//! of its own (`PAYMENTS_METRICS_BIND`), never on the API's address: the figures are every
+//! tenant's volumes.
 //!
 //! Two kinds of figures:
 //! - **events this process saw**, counted as they happen (requests by idempotency outcome,
@@ -16,7 +18,8 @@ mod database;
 mod pool;
 mod tally;
 
-pub use tally::{AccountRequests, FLUSH_INTERVAL, flush_until_stopped, per_account};
+pub use database::COUNT_CAP;
+pub use tally::{AccountRequests, FLUSH_INTERVAL, flush_until_stopped, per_account, reap_request_counts};
 
 use std::time::{Duration, Instant};
 
@@ -165,7 +168,7 @@ pub struct Metrics {
     /// Each account's requests by outcome since the last flush (see [`tally`]).
     tally: Tally,
     /// The system's state as last read from the database, and when. However often `/metrics` is
-    /// asked (it is open to whoever reaches the port), one scrape at a time reads the database, so
+    /// asked (by whoever reaches the metrics listener), one scrape at a time reads the database, so
     /// scrapes can never hold more than one of the pool's connections; and scrapes that waited
     /// for a read that began after they arrived take its figures instead of reading again.
     state: tokio::sync::Mutex<Option<(Instant, Vec<MetricFamily>)>>,

@@ -132,6 +132,33 @@ impl AccountRequests {
     }
 }
 
+/// Deletes up to `batch` hourly rows that lie wholly outside `retention` (those `payments stats
+/// --hours N` with N the retention in hours no longer reads), oldest first, in one statement;
+/// returns how many. The index on `hour` serves the scan, and `SKIP LOCKED` lets reapers run side
+/// by side (and never waits on a flush, which only writes the current hour).
+pub async fn reap_request_counts(
+    conn: &mut diesel_async::AsyncPgConnection,
+    retention: Duration,
+    batch: i64,
+) -> Result<usize, StoreError> {
+    let retention_secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
+    db::query(
+        diesel::sql_query(
+            "DELETE FROM key_request_counts c
+             USING (SELECT account_id, hour FROM key_request_counts
+                    WHERE hour <= now() - $1 * interval '1 second'
+                    ORDER BY hour
+                    LIMIT $2
+                    FOR UPDATE SKIP LOCKED) old
+             WHERE c.account_id = old.account_id AND c.hour = old.hour",
+        )
+        .bind::<BigInt, _>(retention_secs)
+        .bind::<BigInt, _>(batch)
+        .execute(conn),
+    )
+    .await
+}
+
 /// Each account's requests in the last `hours` hours (the current one included), the accounts
 /// that repeat themselves most first.
 pub async fn per_account(

@@ -3,7 +3,8 @@
 //!
 //! - The [`Completer`] finishes requests whose clients went away: unfinished keys whose lock is
 //!   free or stale, re-driven from their recovery point through the same phases as the API.
-//! - The [`Reaper`] deletes finished keys once their retention is over.
+//! - The [`Reaper`] deletes finished keys once their retention is over, and the per-account
+//!   request counts once theirs is.
 //! - The [`Outbox`] delivers the events that finished payments staged.
 //!
 //! Each worker has `run_once`, one unit of work, which tests call to drain it deterministically;
@@ -59,7 +60,7 @@ impl Workers {
     pub fn new(state: Arc<AppState>, settings: &WorkerSettings) -> anyhow::Result<Workers> {
         Ok(Workers {
             completer: Completer::new(state.clone(), settings),
-            reaper: Reaper::new(state.clone()),
+            reaper: Reaper::new(state.clone(), settings),
             outbox: Outbox::new(state, settings)?,
             interval: settings.interval,
         })

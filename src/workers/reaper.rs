@@ -1,25 +1,34 @@
-//! The reaper: deletes finished keys once their retention is over.
+//! The reaper: deletes finished keys once their retention is over, and the per-account request
+//! counts once theirs is.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{Outcome, Worker};
+use crate::config::WorkerSettings;
 use crate::db;
 use crate::idempotency::reap_finished;
+use crate::metrics::reap_request_counts;
 use crate::state::AppState;
 
-/// Keys deleted per transaction: small, so a pass never holds many row locks or runs long.
+/// Rows deleted per statement, of each kind: small, so a pass never holds many row locks or runs
+/// long.
 const BATCH: i64 = 500;
 
 /// Deletes keys that finished longer than the retention ago, a batch per run. Unfinished keys are never
 /// deleted: they belong to the completer, or to an operator. Payments keep the client's key, so
 /// a retry that arrives after its key was reaped is answered 410 and charged nothing.
+///
+/// Deletes as well, a batch per run, the hourly request counts of `payments stats` that are older
+/// than their retention: one row per account and hour would otherwise pile up for ever.
 pub struct Reaper {
     state: Arc<AppState>,
+    request_counts_retention: Duration,
 }
 
 impl Reaper {
-    pub fn new(state: Arc<AppState>) -> Reaper {
-        Reaper { state }
+    pub fn new(state: Arc<AppState>, settings: &WorkerSettings) -> Reaper {
+        Reaper { state, request_counts_retention: settings.request_counts_retention }
     }
 }
 
@@ -33,7 +42,11 @@ impl Worker for Reaper {
             self.state.metrics.reaped(reaped);
             tracing::info!(reaped, "reaped finished keys past their retention");
         }
-        // A full batch means there may be more.
-        Ok(if reaped as i64 == BATCH { Outcome::Worked } else { Outcome::Idle })
+        let counts = reap_request_counts(&mut conn, self.request_counts_retention, BATCH).await?;
+        if counts > 0 {
+            tracing::info!(rows = counts, "deleted per-account request counts past their retention");
+        }
+        // A full batch of either means there may be more.
+        Ok(if reaped as i64 == BATCH || counts as i64 == BATCH { Outcome::Worked } else { Outcome::Idle })
     }
 }

@@ -3,7 +3,7 @@
 use payments::idempotency::needing_attention;
 use tokio::process::Command;
 
-use crate::helpers::{Lock, TestApp, new_key, payment_body};
+use crate::helpers::{Lock, TestApp, new_key, payment_body, plan_nodes, record_statements, sql_of, statements};
 
 async fn payments(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
@@ -83,7 +83,11 @@ async fn serve_refuses_to_put_its_mock_gateway_anywhere_but_where_it_was_told() 
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = taken.local_addr().unwrap().to_string();
     let data_dir = unused_data_dir();
-    let env = [("PAYMENTS_DATA_DIR", data_dir.as_str()), ("PAYMENTS_BIND", "127.0.0.1:0")];
+    let env = [
+        ("PAYMENTS_DATA_DIR", data_dir.as_str()),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
 
     let serve = payments(&["serve", "--mock-gateway-bind", &taken], &env).await;
 
@@ -95,7 +99,11 @@ async fn serve_refuses_to_put_its_mock_gateway_anywhere_but_where_it_was_told() 
 #[tokio::test]
 async fn serve_on_a_shared_database_needs_its_gateway_or_an_explicit_private_mock() {
     let app = TestApp::spawn().await;
-    let env = [("DATABASE_URL", app.database.url.as_str()), ("PAYMENTS_BIND", "127.0.0.1:0")];
+    let env = [
+        ("DATABASE_URL", app.database.url.as_str()),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
 
     let refused = payments(&["serve"], &env).await;
 
@@ -173,4 +181,42 @@ async fn stats_show_which_account_repeats_its_keys_most() {
     assert_eq!(rows[0][8], app.account_id.to_string());
     assert_eq!(rows[1][..8], ["1", "1", "0", "0", "0", "0", "0", "0.0%"], "{stats}");
     assert_eq!(rows[1][9], "(quiet)");
+}
+
+#[tokio::test]
+async fn stats_read_only_the_hours_asked_for_through_the_index_on_hour() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    // 90 days of hourly counts, the default retention, for 50 accounts (108,000 rows).
+    app.run_sql(
+        "INSERT INTO key_request_counts (account_id, hour, created, replayed)
+         SELECT ('00000000-0000-4000-8000-' || lpad(a::text, 12, '0'))::uuid,
+                date_trunc('hour', now(), 'UTC') - h * interval '1 hour', 2, 1
+         FROM generate_series(1, 50) a, generate_series(0, 2159) h",
+    )
+    .await;
+    app.run_sql("ANALYZE key_request_counts").await;
+
+    // As `payments stats --hours 24` asks, on a connection of the service's (whose statements are
+    // recorded).
+    let mut conn = payments::db::establish(&app.database.url).await.unwrap();
+    let accounts = payments::metrics::per_account(&mut conn, 24).await.unwrap();
+    assert_eq!(accounts.len(), 50);
+    // The last 24 hours (23 if the clock passed a whole hour since the rows were written).
+    let hours = accounts[0].replayed;
+    assert!(hours == 24 || hours == 23, "{accounts:?}");
+    assert!(accounts.iter().all(|account| (account.created, account.replayed) == (2 * hours, hours)), "{accounts:?}");
+
+    let executed = statements(&app.database.name).executed;
+    let read = executed.iter().find(|sql| sql.contains("FROM key_request_counts")).expect("the stats statement");
+    let mut conn = app.db().await;
+    let prepare = format!("PREPARE stats(int8) AS {}", sql_of(read));
+    diesel_async::RunQueryDsl::execute(diesel::sql_query(prepare), &mut conn).await.unwrap();
+    let plan = plan_nodes(&mut conn, "EXECUTE stats(24)").await;
+    let counts: Vec<_> = plan.iter().filter(|node| node.relation.as_deref() == Some("key_request_counts")).collect();
+    assert!(counts.iter().all(|node| node.node_type != "Seq Scan"), "no sequential scan: {plan:#?}");
+    assert!(
+        plan.iter().any(|node| node.index.as_deref() == Some("key_request_counts_hour_idx")),
+        "the hours read through their index: {plan:#?}"
+    );
 }

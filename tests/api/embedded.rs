@@ -15,8 +15,12 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     std::fs::set_permissions(&private, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
     let data_dir = private.join(".payments");
     let data = data_dir.to_str().unwrap();
-    let env =
-        [("PAYMENTS_DATA_DIR", data), ("PAYMENTS_BIND", "127.0.0.1:0"), ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0")];
+    let env = [
+        ("PAYMENTS_DATA_DIR", data),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
 
     let mut serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
     let printed = |text: &'static str| {

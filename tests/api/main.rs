@@ -1,5 +1,6 @@
 //! The integration tests: one binary, so the crate links once and the run shares one cluster.
 
+mod audit_archive;
 mod bench;
 mod chaos;
 mod commands;

@@ -1,20 +1,94 @@
-//! `GET /metrics`: each counter moves when its event happens, labels come from closed sets (route
-//! templates, never raw paths), and the system's state is read from the database.
+//! `GET /metrics`: served on a listener of its own, never on the API's address; each counter
+//! moves when its event happens, labels come from closed sets (route templates, never raw paths),
+//! and the system's state is read from the database, from indexes only, whatever the backlog.
 
 use std::time::Duration;
 
+use payments::problem::ProblemType;
 use payments::workers::Worker;
 use reqwest::StatusCode;
-use serde_json::json;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{Lock, Process, Scrape, TestApp, TestDatabase, new_key, payment_body};
+use crate::helpers::{
+    Lock, Process, Scrape, TestApp, TestDatabase, new_key, payment_body, plan_nodes, record_statements, sql_of,
+    statements,
+};
 
 const REQUESTS: &str = "idempotency_requests_total";
 
 /// `idempotency_requests_total{outcome}` now.
 fn requests(scrape: &Scrape, outcome: &str) -> f64 {
     scrape.count(REQUESTS, &[("outcome", outcome)])
+}
+
+/// Asserts that `response` is the API's 404 for a path that is no route.
+async fn assert_no_such_route(response: reqwest::Response) {
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], ProblemType::RouteNotFound.uri(), "{problem}");
+}
+
+#[tokio::test]
+async fn the_metrics_are_served_on_their_own_listener_and_the_api_address_knows_no_such_route() {
+    let app = TestApp::spawn().await;
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
+
+    assert_no_such_route(app.http.get(format!("{}/metrics", app.address)).send().await.unwrap()).await;
+    let scrape = app.metrics().await;
+    assert_eq!(requests(&scrape, "created"), 1.0, "the listener serves the app's own counters");
+    // And the listener serves nothing of the API.
+    let payments = app.http.get(format!("{}/v1/payments", app.metrics_address)).bearer_auth(&app.api_key);
+    assert_no_such_route(payments.send().await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn serve_prints_where_its_metrics_are_and_serves_them_only_there() {
+    let database = TestDatabase::create().await;
+    let gateway = Process::gateway().await;
+    let serve = Process::serve(&database.url, &gateway.url, &["--no-workers"], &[]).await;
+
+    let metrics = serve.metrics_url();
+    assert!(metrics.starts_with("http://127.0.0.1:") && metrics.ends_with("/metrics"), "{metrics}");
+    assert_ne!(metrics, format!("{}/metrics", serve.url), "a listener of its own");
+    let scrape = Scrape::of(&metrics).await;
+    assert_eq!(scrape.get("outbox_events_pending", &[]), Some(0.0));
+    assert_no_such_route(reqwest::get(format!("{}/metrics", serve.url)).await.unwrap()).await;
+}
+
+#[tokio::test]
+async fn serve_moves_its_metrics_off_a_taken_usual_address_and_says_so_but_never_off_one_it_was_given() {
+    let database = TestDatabase::create().await;
+    // Hold the usual address, unless something else already does.
+    let _held = std::net::TcpListener::bind(payments::config::DEFAULT_METRICS_BIND);
+    let env = [
+        ("DATABASE_URL", database.url.as_str()),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0"),
+    ];
+    let args = ["serve", "--private-mock-gateway", "--no-workers"];
+
+    // Not told where: a free port, and the line says why.
+    let serve = Process::start(&args, &env, payments::startup::LISTENING).await;
+    let line = serve.stdout.borrow().iter().find(|line| line.starts_with("metrics: ")).cloned().unwrap();
+    assert!(line.ends_with("/metrics (127.0.0.1:9464 is taken)"), "{line}");
+    assert!(!line.starts_with("metrics: http://127.0.0.1:9464/"), "{line}");
+    assert!(Scrape::of(&serve.metrics_url()).await.get("db_pool_connections", &[("state", "idle")]).is_some());
+    drop(serve);
+
+    // Told where: refused, with the address and the setting named. A worker alike.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let told = [env.as_slice(), &[("PAYMENTS_METRICS_BIND", taken.as_str()), ("GATEWAY_URL", "http://127.0.0.1:1")]];
+    for command in [&args[..1], &["worker"]] {
+        let mut process = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+        process.args(command).env_clear().envs(told.concat());
+        let refused = process.output().await.unwrap();
+        assert!(!refused.status.success(), "{command:?}: no quiet move to another port");
+        let error = String::from_utf8_lossy(&refused.stderr);
+        assert!(error.contains(&taken) && error.contains("PAYMENTS_METRICS_BIND"), "{command:?}: {error}");
+    }
 }
 
 #[tokio::test]
@@ -192,14 +266,48 @@ async fn a_scrape_without_the_database_still_answers_with_what_the_process_count
 async fn the_worker_process_serves_its_metrics_on_its_own_listener() {
     let database = TestDatabase::create().await;
     let gateway = Process::gateway().await;
-    let worker = Process::start(
-        &["worker"],
-        &[("DATABASE_URL", &database.url), ("GATEWAY_URL", &gateway.url), ("PAYMENTS_METRICS_BIND", "127.0.0.1:0")],
-        payments::commands::worker::METRICS_AT,
-    )
-    .await;
+    let worker = Process::worker(&database.url, &gateway.url, &[("PAYMENTS_METRICS_BIND", "127.0.0.1:0")]).await;
 
-    let scrape = Scrape::of(&worker.url).await;
+    let scrape = Scrape::of(&worker.metrics_url()).await;
     assert_eq!(scrape.get("idempotency_keys_needing_attention", &[]), Some(0.0));
     assert!(scrape.get("db_pool_connections", &[("state", "idle")]).is_some());
+}
+
+#[tokio::test]
+async fn a_scrape_reads_the_outbox_from_an_index_and_counts_only_up_to_a_cap_whatever_the_backlog() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    // A webhook receiver down for days, and dead letters nobody cleared: 100,000 events pending
+    // and 100,000 dead, one second apart, interleaved.
+    app.run_sql(&format!(
+        "INSERT INTO staged_jobs (account_id, job_name, job_args, created_at, dead_at)
+         SELECT '{}', 'payment.succeeded', '{{}}', now() - i * interval '1 second',
+                CASE WHEN i % 2 = 0 THEN now() END
+         FROM generate_series(1, 200000) i",
+        app.account_id
+    ))
+    .await;
+    app.run_sql("ANALYZE staged_jobs").await;
+
+    let scrape = app.metrics().await;
+
+    let executed = statements(&app.database.name).executed;
+    let read = executed.iter().find(|sql| sql.contains("events_dead")).expect("the scrape's statement");
+    let mut conn = app.db().await;
+    diesel_async::RunQueryDsl::execute(
+        diesel::sql_query(format!("PREPARE state(int8) AS {}", sql_of(read))),
+        &mut conn,
+    )
+    .await
+    .unwrap();
+    let plan = plan_nodes(&mut conn, &format!("EXECUTE state({})", payments::metrics::COUNT_CAP)).await;
+    let outbox: Vec<_> = plan.iter().filter(|node| node.relation.as_deref() == Some("staged_jobs")).collect();
+    assert!(outbox.iter().all(|node| node.node_type != "Seq Scan"), "no sequential scan of the outbox: {plan:#?}");
+    assert!(outbox.iter().all(|node| node.index.is_some()), "each part from an index: {plan:#?}");
+
+    let cap = payments::metrics::COUNT_CAP as f64;
+    assert_eq!(scrape.get("outbox_events_pending", &[]), Some(cap), "this many or more");
+    assert_eq!(scrape.get("outbox_events_dead", &[]), Some(cap));
+    let oldest = scrape.get("outbox_oldest_event_age_seconds", &[]).unwrap();
+    assert!(oldest >= 199_999.0, "the oldest pending event, exactly: {oldest}");
 }

@@ -1,5 +1,6 @@
 //! The reaper deletes finished keys past their retention, in batches, and never an unfinished
-//! one; a retry that arrives after its key was reaped is told so, and charged nothing.
+//! one; a retry that arrives after its key was reaped is told so, and charged nothing. It deletes
+//! the per-account request counts past theirs, in batches too.
 
 use std::time::Duration;
 
@@ -131,4 +132,50 @@ async fn retention_counts_from_when_a_key_finished_not_when_it_was_created() {
 
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.headers()["Idempotent-Replayed"], "true", "still replayed: it finished just now");
+}
+
+/// How many hourly request counts the database holds, and how many of them lie past a retention
+/// of `hours`.
+async fn request_counts(app: &TestApp, hours: u64) -> (i64, i64) {
+    #[derive(diesel::QueryableByName)]
+    struct Counts {
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        rows: i64,
+        #[diesel(sql_type = diesel::sql_types::BigInt)]
+        past: i64,
+    }
+    let sql = format!(
+        "SELECT count(*) AS rows, count(*) FILTER (WHERE hour <= now() - interval '{hours} hours') AS past
+         FROM key_request_counts"
+    );
+    let counts: Counts =
+        diesel_async::RunQueryDsl::get_result(diesel::sql_query(sql), &mut app.db().await).await.unwrap();
+    (counts.rows, counts.past)
+}
+
+#[tokio::test]
+async fn request_counts_past_their_retention_are_deleted_in_batches_and_newer_ones_kept() {
+    let hours = 24;
+    let app =
+        TestApp::builder().workers(|w| w.request_counts_retention = Duration::from_secs(hours * 3600)).spawn().await;
+    // Two accounts, each with this hour and the 22 before it (within the retention) and 288 hours
+    // from 25 to 312 hours back (past it). The hours at the edge are left out, so that the clock
+    // passing a whole hour during the test changes nothing.
+    for account in [app.account_id, uuid::Uuid::now_v7()] {
+        app.run_sql(&format!(
+            "INSERT INTO key_request_counts (account_id, hour, created, replayed)
+             SELECT '{account}', date_trunc('hour', now(), 'UTC') - h * interval '1 hour', 3, 1
+             FROM generate_series(0, 312) h WHERE h NOT IN (23, 24)"
+        ))
+        .await;
+    }
+    assert_eq!(request_counts(&app, hours).await, (2 * 311, 2 * 288));
+    let reaper = app.workers().reaper;
+
+    // A batch of 500 (more may follow), then the rest.
+    assert_eq!(reaper.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(request_counts(&app, hours).await.0, 2 * 311 - 500);
+    assert_eq!(reaper.run_once().await.unwrap(), Outcome::Idle);
+
+    assert_eq!(request_counts(&app, hours).await, (2 * 23, 0), "every hour within the retention kept, none past it");
 }

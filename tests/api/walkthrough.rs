@@ -26,8 +26,12 @@ async fn the_readme_walkthrough_answers_as_written() {
     assert!(steps.len() >= 8, "the walkthrough's steps: {}", steps.len());
     let data = std::env::temp_dir().join(format!("payments-walkthrough-{}", uuid::Uuid::new_v4().simple()));
     let data = data.to_str().unwrap();
-    let env =
-        [("PAYMENTS_DATA_DIR", data), ("PAYMENTS_BIND", "127.0.0.1:0"), ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0")];
+    let env = [
+        ("PAYMENTS_DATA_DIR", data),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
     let serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
     let gateway = serve
         .stdout

@@ -4,6 +4,7 @@ mod cluster;
 mod db_proxy;
 mod gateway;
 mod metrics;
+mod plans;
 mod process;
 mod seed;
 mod statements;
@@ -19,6 +20,7 @@ pub use gateway::{
     mount_no_charges_found,
 };
 pub use metrics::Scrape;
+pub use plans::{plan_nodes, sql_of};
 pub use process::Process;
 pub use seed::{KeyRowId, Lock, audited_phase};
 pub use statements::{record_statements, statements};

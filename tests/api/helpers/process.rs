@@ -15,7 +15,7 @@ pub struct Process {
     child: Child,
     /// The URL from its ready line.
     pub url: String,
-    /// Everything else it printed on stdout, in order.
+    /// Everything else it printed on stdout, in order (the lines before the ready line too).
     pub stdout: watch::Receiver<Vec<String>>,
     /// Its logs: every line it printed on stderr, a pipe as in production (`TEST_LOG=1` echoes them).
     pub stderr: watch::Receiver<Vec<String>>,
@@ -37,35 +37,55 @@ impl Process {
         }
         command.envs(env.iter().copied());
         let mut child = command.spawn().expect("starting the payments binary");
-        let stderr =
-            collect_lines(BufReader::new(child.stderr.take().unwrap()), std::env::var_os("TEST_LOG").is_some());
+        let stderr = collect_lines(
+            BufReader::new(child.stderr.take().unwrap()),
+            Vec::new(),
+            std::env::var_os("TEST_LOG").is_some(),
+        );
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut before = Vec::new();
         let url = tokio::time::timeout(READY_TIMEOUT, async {
             while let Some(line) = lines.next_line().await.unwrap() {
                 if let Some(rest) = line.strip_prefix(ready_prefix) {
                     return rest.trim().to_owned();
                 }
+                before.push(line);
             }
             panic!("payments {args:?} exited before printing {ready_prefix:?}");
         })
         .await
         .unwrap_or_else(|_| panic!("payments {args:?} did not print {ready_prefix:?} in time"));
-        let stdout = collect_lines(lines.into_inner(), false);
+        let stdout = collect_lines(lines.into_inner(), before, false);
         Process { child, url, stdout, stderr }
     }
 
-    /// `payments serve <args>` against `database_url`, on a free port, with these extra variables.
+    /// The URL of its metrics, from the `metrics:` line it prints before its ready line (`serve`
+    /// always; `worker` with `PAYMENTS_METRICS_BIND`).
+    pub fn metrics_url(&self) -> String {
+        let lines = self.stdout.borrow();
+        let line = lines.iter().find_map(|line| line.strip_prefix(payments::startup::METRICS_AT));
+        let url = line.and_then(|rest| rest.split_whitespace().next());
+        url.unwrap_or_else(|| panic!("no metrics line before the ready line in {lines:?}")).to_owned()
+    }
+
+    /// `payments serve <args>` against `database_url`, on free ports (the API's and the metrics'),
+    /// with these extra variables.
     pub async fn serve(database_url: &str, gateway_url: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
-        let mut all =
-            vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url), ("PAYMENTS_BIND", "127.0.0.1:0")];
+        let mut all = vec![
+            ("DATABASE_URL", database_url),
+            ("GATEWAY_URL", gateway_url),
+            ("PAYMENTS_BIND", "127.0.0.1:0"),
+            ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+        ];
         all.extend_from_slice(env);
         let args: Vec<&str> = ["serve"].iter().chain(args).copied().collect();
         Process::start(&args, &all, payments::startup::LISTENING).await
     }
 
-    /// `payments <args>` (a `serve` of some kind) with exactly these variables, once it listens.
+    /// `payments <args>` (a `serve` of some kind) with exactly these variables, on free ports
+    /// unless they say otherwise, once it listens.
     pub async fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Process {
-        let mut all = vec![("PAYMENTS_BIND", "127.0.0.1:0")];
+        let mut all = vec![("PAYMENTS_BIND", "127.0.0.1:0"), ("PAYMENTS_METRICS_BIND", "127.0.0.1:0")];
         all.extend_from_slice(env);
         Process::start(args, &all, payments::startup::LISTENING).await
     }
@@ -113,10 +133,14 @@ impl Process {
     }
 }
 
-/// Reads `output` to its end in a task of its own, so the pipe never fills, and keeps its lines for
-/// the tests that look (echoing them to the test's stderr if `echo`).
-fn collect_lines(output: impl AsyncBufRead + Unpin + Send + 'static, echo: bool) -> watch::Receiver<Vec<String>> {
-    let (sender, lines) = watch::channel(Vec::new());
+/// Reads `output` to its end in a task of its own, so the pipe never fills, and keeps its lines,
+/// after those already read, for the tests that look (echoing them to the test's stderr if `echo`).
+fn collect_lines(
+    output: impl AsyncBufRead + Unpin + Send + 'static,
+    read: Vec<String>,
+    echo: bool,
+) -> watch::Receiver<Vec<String>> {
+    let (sender, lines) = watch::channel(read);
     let mut output = output.lines();
     tokio::spawn(async move {
         while let Ok(Some(line)) = output.next_line().await {

@@ -12,7 +12,7 @@ use payments::config::{Settings, WorkerSettings};
 use payments::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
 use payments::gateway::GatewayClient;
 use payments::gateway::mock::{Controls, FaultPlan, MockGateway};
-use payments::startup::Application;
+use payments::startup::{Application, MetricsServer};
 use payments::state::AppState;
 use payments::workers::Workers;
 use reqwest::Response;
@@ -102,8 +102,11 @@ impl TestAppBuilder {
         let app = Application::build(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap(), 2).unwrap();
         let (address, server) = (format!("http://{}", app.addr()), app.handle());
         tokio::spawn(app.run_until_stopped());
+        let metrics = MetricsServer::start(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
+        let (metrics_address, metrics_server) = (format!("http://{}", metrics.addr()), metrics.handle());
         TestApp {
             address,
+            metrics_address,
             api_key,
             account_id: account.id,
             http: reqwest::Client::new(),
@@ -112,6 +115,7 @@ impl TestAppBuilder {
             state,
             worker_settings: self.workers,
             server,
+            metrics_server,
             mock,
             database,
         }
@@ -120,7 +124,10 @@ impl TestAppBuilder {
 
 /// A running application. Fields drop in order: the server and the gateway before the database.
 pub struct TestApp {
+    /// The API's base URL.
     pub address: String,
+    /// The metrics listener's base URL (never the API's: see `startup::MetricsServer`).
+    pub metrics_address: String,
     pub api_key: String,
     pub account_id: Uuid,
     pub http: reqwest::Client,
@@ -130,6 +137,7 @@ pub struct TestApp {
     state: Arc<AppState>,
     worker_settings: WorkerSettings,
     server: ServerHandle,
+    metrics_server: ServerHandle,
     mock: Option<MockGateway>,
     /// Must be the last field: dropping it drops the database.
     pub database: TestDatabase,
@@ -202,9 +210,9 @@ impl TestApp {
         self.state.metrics.flush_tally(&self.state.db).await.unwrap();
     }
 
-    /// `GET /metrics`.
+    /// `GET /metrics` on the metrics listener.
     pub async fn metrics(&self) -> super::Scrape {
-        super::Scrape::of(&format!("{}/metrics", self.address)).await
+        super::Scrape::of(&format!("{}/metrics", self.metrics_address)).await
     }
 
     /// `GET /v1/idempotency_keys?key=KEY` with the account's API key.
@@ -311,6 +319,7 @@ impl Drop for TestApp {
     fn drop(&mut self) {
         // Stop accepting; in-flight tasks die with the test's runtime.
         drop(self.server.stop(false));
+        drop(self.metrics_server.stop(false));
         drop(self.mock.take());
     }
 }

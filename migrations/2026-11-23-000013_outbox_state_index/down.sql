@@ -1,0 +1,1 @@
+DROP INDEX CONCURRENTLY IF EXISTS staged_jobs_dead_at_created_at_idx;

@@ -1,0 +1,11 @@
+-- What `GET /metrics` reads of the outbox at every scrape, whatever its backlog: events pending
+-- (`dead_at IS NULL`) and dead letters (`IS NOT NULL`) counted up to a cap, and the oldest pending
+-- event's age, each from this index alone (index-only scans: both columns are in it), instead of
+-- a sequential scan of the whole outbox. B-trees index NULLs, so one index serves both halves.
+--
+-- Built online: CONCURRENTLY takes only a SHARE UPDATE EXCLUSIVE lock, so events are staged and
+-- delivered while it builds. If it is interrupted it leaves an invalid index of this name, and the
+-- migration fails again until an operator drops it (`DROP INDEX CONCURRENTLY
+-- staged_jobs_dead_at_created_at_idx`): no IF NOT EXISTS, which would take the invalid index for
+-- a built one.
+CREATE INDEX CONCURRENTLY staged_jobs_dead_at_created_at_idx ON staged_jobs (dead_at, created_at);
