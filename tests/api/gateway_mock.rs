@@ -1,6 +1,8 @@
 //! The mock gateway over real HTTP: a `MockGateway` on port 0 per test,
 //! driven with reqwest.
 
+mod refunds;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -123,8 +125,8 @@ async fn a_charge_succeeds() {
     assert!(id.starts_with("ch_") && id.len() == 27, "{id}");
     assert!(id[3..].chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
     assert!(charge["created"].as_u64().is_some_and(|t| t > 1_600_000_000));
-    let expected = json!({"id": id, "object": "charge", "amount": 1234, "currency": "eur",
-        "description": "tea", "metadata": {"order": "42"}, "status": "succeeded",
+    let expected = json!({"id": id, "object": "charge", "amount": 1234, "amount_refunded": 0, "currency": "eur",
+        "description": "tea", "metadata": {"order": "42"}, "refunded": false, "status": "succeeded",
         "idempotency_key": "key-1", "created": charge["created"]});
     assert_eq!(charge, expected);
 
@@ -460,6 +462,8 @@ async fn the_control_endpoints_are_served_only_when_asked_for() {
     assert_eq!(forget.status(), StatusCode::NOT_FOUND);
     let stats = client.get(format!("{url}/_control/stats")).send().await.unwrap();
     assert_eq!(stats.status(), StatusCode::NOT_FOUND);
+    let settle = client.post(format!("{url}/_control/refunds/settle")).send().await.unwrap();
+    assert_eq!(settle.status(), StatusCode::NOT_FOUND);
     let charge = client
         .post(format!("{url}/v1/charges"))
         .header("Idempotency-Key", "k")

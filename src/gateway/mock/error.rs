@@ -8,7 +8,8 @@ use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
 use super::faults::{Fault, InvalidFaultSpec};
-use super::state::{InvalidCharge, StoredResponse};
+use super::requests::InvalidRequest;
+use super::state::{RefundRefusal, StoredResponse};
 
 /// Longest idempotency key accepted, as on Stripe.
 pub(super) const MAX_KEY_LEN: usize = 255;
@@ -21,11 +22,16 @@ pub(super) enum ApiError {
     #[error("An Idempotency-Key header of 1 to {MAX_KEY_LEN} characters is required.")]
     MissingKey,
     #[error(transparent)]
-    InvalidCharge(#[from] InvalidCharge),
+    InvalidRequest(#[from] InvalidRequest),
     #[error(transparent)]
     InvalidFaults(#[from] InvalidFaultSpec),
     #[error("No such charge: '{0}'")]
     NoSuchCharge(String),
+    #[error("No such refund: '{0}'")]
+    NoSuchRefund(String),
+    /// A refund the charge cannot give (stored under the key, like any answer).
+    #[error(transparent)]
+    RefundRefused(#[from] RefundRefusal),
     #[error("Unrecognized request URL ({0} {1}).")]
     NoRoute(Method, String),
     #[error("{0} is not allowed on {1}.")]
@@ -41,8 +47,8 @@ pub(super) enum ApiError {
     KeyReused,
     #[error("injected fault: {}", .0.name())]
     Injected(Fault),
-    /// The task processing a charge died; a bug in the mock.
-    #[error("The charge could not be processed.")]
+    /// The task processing a request died; a bug in the mock.
+    #[error("The request could not be processed.")]
     Internal,
 }
 
@@ -70,9 +76,12 @@ impl ApiError {
             Self::Unparsable(..) | Self::InvalidFaults(_) => (INVALID, None),
             Self::NoRoute(..) | Self::WrongMethod(..) => (INVALID, None),
             Self::MissingKey => (INVALID, Some("parameter_missing")),
-            Self::InvalidCharge(InvalidCharge::NoSuchToken(_)) => (INVALID, Some("resource_missing")),
-            Self::InvalidCharge(_) => (INVALID, Some("parameter_invalid")),
-            Self::NoSuchCharge(_) => (INVALID, Some("resource_missing")),
+            Self::InvalidRequest(InvalidRequest::NoSuchToken(_)) => (INVALID, Some("resource_missing")),
+            Self::InvalidRequest(_) => (INVALID, Some("parameter_invalid")),
+            Self::NoSuchCharge(_) | Self::NoSuchRefund(_) => (INVALID, Some("resource_missing")),
+            Self::RefundRefused(RefundRefusal::NoSuchCharge(_)) => (INVALID, Some("resource_missing")),
+            Self::RefundRefused(RefundRefusal::AlreadyRefunded(_)) => (INVALID, Some("charge_already_refunded")),
+            Self::RefundRefused(RefundRefusal::AmountTooLarge { .. }) => (INVALID, Some("amount_too_large")),
             Self::CardDeclined => ("card_error", Some("card_declined")),
             Self::KeyInUse => ("idempotency_error", Some("idempotency_key_in_use")),
             Self::KeyReused => ("idempotency_error", None),
@@ -83,7 +92,9 @@ impl ApiError {
     fn body(&self) -> Vec<u8> {
         let (r#type, code) = self.kind();
         let param = match self {
-            Self::InvalidCharge(InvalidCharge::NoSuchToken(_)) => Some("source"),
+            Self::InvalidRequest(invalid) => Some(invalid.param()),
+            Self::RefundRefused(RefundRefusal::NoSuchCharge(_) | RefundRefusal::AlreadyRefunded(_)) => Some("charge"),
+            Self::RefundRefused(RefundRefusal::AmountTooLarge { .. }) => Some("amount"),
             _ => None,
         };
         let message = self.to_string();
@@ -101,9 +112,11 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             Self::Unparsable(status, _) => *status,
-            Self::MissingKey | Self::InvalidCharge(_) | Self::InvalidFaults(_) => StatusCode::BAD_REQUEST,
+            Self::MissingKey | Self::InvalidRequest(_) | Self::InvalidFaults(_) => StatusCode::BAD_REQUEST,
             Self::KeyReused => StatusCode::BAD_REQUEST,
-            Self::NoSuchCharge(_) | Self::NoRoute(..) => StatusCode::NOT_FOUND,
+            Self::RefundRefused(RefundRefusal::NoSuchCharge(_)) => StatusCode::NOT_FOUND,
+            Self::RefundRefused(_) => StatusCode::BAD_REQUEST,
+            Self::NoSuchCharge(_) | Self::NoSuchRefund(_) | Self::NoRoute(..) => StatusCode::NOT_FOUND,
             Self::WrongMethod(..) => StatusCode::METHOD_NOT_ALLOWED,
             Self::CardDeclined => StatusCode::PAYMENT_REQUIRED,
             Self::KeyInUse => StatusCode::CONFLICT,

@@ -1,50 +1,68 @@
 //! A mock payment gateway: a small Stripe-like HTTP server that the payment
-//! service charges cards through, in demos and tests.
+//! service charges cards and refunds charges through, in demos and tests.
 //!
 //! It exists to make the hard part of talking to a processor testable: not
-//! knowing whether a charge went through. The mock speaks Stripe's
+//! knowing whether a charge or refund went through. The mock speaks Stripe's
 //! idempotency protocol (`Idempotency-Key`; a retry with the same key and
 //! body replays the stored response byte for byte, with
-//! `Idempotent-Replayed: true`; a different body is refused; a key still in
-//! use gets 409) and can be told to fail on purpose.
+//! `Idempotent-Replayed: true`; a different body, or the key of a charge
+//! sent to refunds or the reverse, is refused; a key still in use gets 409)
+//! and can be told to fail on purpose.
 //!
 //! # Routes
 //!
 //! - `POST /v1/charges`: `tok_chargeDeclined` is declined (402), any other
 //!   `tok_…` source succeeds, anything else is an unknown token (400).
+//!   `tok_refundPending` and `tok_refundFails` charge too, and choose how the
+//!   charge's refunds end.
 //! - `GET /v1/charges/{id}` and `GET /v1/charges?idempotency_key=K`: look-ups
 //!   by id and by key. Charges keep their key for good, so a client can find
 //!   out whether an earlier attempt charged even after the gateway has
-//!   forgotten the key.
+//!   forgotten the key. A charge shows `amount_refunded` (its refunds that
+//!   have not failed, pending ones included) and `refunded` (all of it).
+//! - `POST /v1/refunds` with `{charge, amount?, reason?, metadata?}`: a refund
+//!   of the charge, by default of all it has left, `succeeded` at once; for a
+//!   `tok_refundPending` charge `pending`, then `succeeded` 2 s later; for a
+//!   `tok_refundFails` charge `pending`, then `failed`, which gives its amount
+//!   back to the charge. More than the charge has left is refused (400
+//!   `amount_too_large`, or `charge_already_refunded` when nothing is left),
+//!   as is an unknown charge (404 `resource_missing`); these answers are
+//!   stored under the key like any other.
+//! - `GET /v1/refunds/{id}` and `GET /v1/refunds?idempotency_key=K`: look-ups,
+//!   as for charges. A pending refund settles when anything looks at the
+//!   books after its time (no timer runs), so no reader sees it pending late.
 //! - `GET /v1/account`: the gateway's identity, `acct_…`, new each time it
 //!   starts (its memory is new too). Every answer also names it, in the
 //!   `Gateway-Account` header.
 //! - `/_control/…`, only when started with [`Controls::Served`]: `faults`
 //!   (`POST` a plan, `GET` it, `DELETE` it), `DELETE idempotency-keys` (forget
-//!   every answered key, keep the charges), and `GET stats`.
+//!   every answered key, keep the charges and refunds), `POST refunds/settle`
+//!   (settle every pending refund now), and `GET stats`.
 //!
 //! # Fault model
 //!
 //! `POST /_control/faults` with `{"mode", "count", "latency_ms", "rate"}`
-//! sets a plan for the next `count` (default 1) charge requests: every
-//! `POST /v1/charges`, replays and refused ones included, uses one up. Faults
-//! sit on the way in or out of the gateway and are never stored, so a retry
-//! with the same key sees what really happened:
+//! sets a plan for the next `count` (default 1) charge and refund requests:
+//! every `POST /v1/charges` and `POST /v1/refunds`, replays and refused ones
+//! included, uses one up. Faults sit on the way in or out of the gateway and
+//! are never stored, so a retry with the same key sees what really happened:
 //!
 //! - `error_before`: 500, and the request is not processed at all;
-//! - `error_after`: processed normally, then 500 (the charge exists);
+//! - `error_after`: processed normally, then 500 (the charge or refund exists);
 //! - `timeout_after`: processed normally, then no answer until the client
-//!   gives up (the charge exists);
+//!   gives up (the charge or refund exists);
 //! - `latency`: processed after a delay; the key is claimed on arrival, so a
 //!   concurrent retry gets 409;
 //! - `random`: each request, with probability `rate`, gets one of the three
 //!   failures above.
 //!
 //! Processing runs in its own task, so a client hanging up never leaves a
-//! charge half made. All state lives in memory for the server's lifetime.
+//! charge or refund half made. All state lives in memory for the server's
+//! lifetime.
 
 mod error;
 mod faults;
+mod requests;
 mod routes;
 mod state;
 

@@ -2,18 +2,20 @@
 //! [`FaultPlan`].
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::ContentType;
 use actix_web::{HttpRequest, HttpResponse, Resource, ResponseError, web};
 use rand::Rng;
 use rand::distr::Alphanumeric;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, MAX_KEY_LEN};
 use super::faults::{Fault, FaultPlan, FaultSpec};
-use super::state::{Charge, ChargeRequest, Claim, Ledger, Outcome, StoredResponse};
+use super::requests::{ChargeRequest, Create, Endpoint, RefundRequest};
+use super::state::{Claim, Ledger, StoredResponse};
 
 /// What the handlers share.
 pub(super) struct AppState {
@@ -36,11 +38,20 @@ impl AppState {
         &self.account_id
     }
 
-    /// Counts an incoming charge request and draws its fault.
-    fn arrive(&self) -> Fault {
+    /// The books, with every pending refund whose time has come settled: whoever looks (a
+    /// read, a new refund's check of what its charge has left, the stats) never sees one
+    /// pending past its time.
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        let mut ledger = lock(&self.ledger);
+        ledger.settle_due(Instant::now());
+        ledger
+    }
+
+    /// Counts an incoming request to `endpoint` and draws its fault.
+    fn arrive(&self, endpoint: Endpoint) -> Fault {
         let fault = lock(&self.faults).draw(&mut rand::rng());
         let mut ledger = lock(&self.ledger);
-        ledger.count_request();
+        ledger.count_request(endpoint);
         if fault.is_failure() {
             ledger.count_fault();
         }
@@ -67,11 +78,14 @@ pub(super) fn configure(cfg: &mut web::ServiceConfig, controls: Controls) {
     cfg.app_data(web::JsonConfig::default().error_handler(|err, _| payload_error(err)))
         .app_data(web::QueryConfig::default().error_handler(|err, _| payload_error(err)))
         .service(resource("/v1/account").get(account))
-        .service(resource("/v1/charges").post(create_charge).get(list_charges))
-        .service(resource("/v1/charges/{id}").get(get_charge));
+        .service(resource("/v1/charges").post(create::<ChargeRequest>).get(list_charges))
+        .service(resource("/v1/charges/{id}").get(get_charge))
+        .service(resource("/v1/refunds").post(create::<RefundRequest>).get(list_refunds))
+        .service(resource("/v1/refunds/{id}").get(get_refund));
     if controls == Controls::Served {
         cfg.service(resource("/_control/faults").get(show_faults).post(set_faults).delete(clear_faults))
             .service(resource("/_control/idempotency-keys").delete(forget_keys))
+            .service(resource("/_control/refunds/settle").post(settle_refunds))
             .service(resource("/_control/stats").get(stats));
     }
     cfg.default_service(web::to(unknown_route));
@@ -92,14 +106,42 @@ fn payload_error(err: impl ResponseError) -> actix_web::Error {
     ApiError::Unparsable(err.status_code(), err.to_string()).into()
 }
 
-/// `POST /v1/charges`. The body is taken as a `Result` so that even a
+/// A request body that makes a charge or a refund: what the ledger makes of it, as the answer
+/// stored under its key.
+trait Make: Create + DeserializeOwned + Send + 'static {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse;
+}
+
+impl Make for ChargeRequest {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
+        match ledger.create_charge(key, self) {
+            Ok(charge) => ok(&charge),
+            Err(_declined) => ApiError::CardDeclined.stored(),
+        }
+    }
+}
+
+impl Make for RefundRequest {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
+        match ledger.create_refund(key, self, Instant::now()) {
+            Ok(refund) => ok(&refund),
+            Err(refusal) => ApiError::from(refusal).stored(),
+        }
+    }
+}
+
+fn ok(object: &impl Serialize) -> StoredResponse {
+    StoredResponse { status: StatusCode::OK, body: serde_json::to_vec(object).expect("an object always serializes") }
+}
+
+/// `POST /v1/charges` and `POST /v1/refunds`. The body is taken as a `Result` so that even a
 /// malformed request is counted and uses up its fault before being refused.
-async fn create_charge(
+async fn create<R: Make>(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: Result<web::Json<ChargeRequest>, actix_web::Error>,
+    body: Result<web::Json<R>, actix_web::Error>,
 ) -> actix_web::Result<HttpResponse> {
-    let fault = state.arrive();
+    let fault = state.arrive(R::ENDPOINT);
     if fault == Fault::ErrorBefore {
         return Err(ApiError::Injected(fault).into());
     }
@@ -114,7 +156,7 @@ async fn create_charge(
         _ => None,
     };
     // A client hanging up drops this handler; the spawned task is not
-    // dropped with it, so a charge is never left half made.
+    // dropped with it, so a charge or refund is never left half made.
     let task = tokio::spawn(process(state.into_inner(), key, request, claim, latency));
     let (stored, replayed) = task.await.map_err(|_| ApiError::Internal)??;
     match fault {
@@ -125,12 +167,12 @@ async fn create_charge(
     }
 }
 
-/// The part of a charge request that must run to the end once started.
+/// The part of a request that must run to the end once started.
 /// Returns the response and whether it is a replay.
-async fn process(
+async fn process<R: Make>(
     state: Arc<AppState>,
     key: String,
-    request: ChargeRequest,
+    request: R,
     claim: Claim,
     latency: Option<Duration>,
 ) -> Result<(StoredResponse, bool), ApiError> {
@@ -139,14 +181,8 @@ async fn process(
     }
     match claim {
         Claim::Granted => {
-            let mut ledger = lock(&state.ledger);
-            let stored = match ledger.settle(&key, &request) {
-                Outcome::Charged(charge) => StoredResponse {
-                    status: StatusCode::OK,
-                    body: serde_json::to_vec(&charge).expect("a charge always serializes"),
-                },
-                Outcome::Declined => ApiError::CardDeclined.stored(),
-            };
+            let mut ledger = state.ledger();
+            let stored = request.make(&mut ledger, &key);
             ledger.finish(&key, stored.clone());
             Ok((stored, false))
         }
@@ -173,10 +209,19 @@ fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
     response.content_type(ContentType::json()).body(stored.body.clone())
 }
 
+/// `GET /v1/charges/{id}`: the charge as it is now (its refunds included).
 async fn get_charge(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    match lock(&state.ledger).charge(&id) {
+    match state.ledger().charge(&id) {
         Some(charge) => Ok(HttpResponse::Ok().json(charge)),
         None => Err(ApiError::NoSuchCharge(id.into_inner())),
+    }
+}
+
+/// `GET /v1/refunds/{id}`: the refund as it is now.
+async fn get_refund(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    match state.ledger().refund(&id) {
+        Some(refund) => Ok(HttpResponse::Ok().json(refund)),
+        None => Err(ApiError::NoSuchRefund(id.into_inner())),
     }
 }
 
@@ -186,18 +231,24 @@ struct ListQuery {
 }
 
 #[derive(Serialize)]
-struct ChargeList {
+struct List<T> {
     object: &'static str,
-    data: Vec<Charge>,
+    data: Vec<T>,
 }
 
 /// `GET /v1/charges?idempotency_key=K`, answered from the charges themselves
 /// so that it works after the idempotency cache has been forgotten.
 async fn list_charges(state: web::Data<AppState>, query: web::Query<ListQuery>) -> HttpResponse {
-    let mut ledger = lock(&state.ledger);
-    ledger.count_look_up();
-    let data = ledger.charges_with_key(&query.idempotency_key);
-    HttpResponse::Ok().json(ChargeList { object: "list", data })
+    let mut ledger = state.ledger();
+    ledger.count_look_up(Endpoint::Charges);
+    HttpResponse::Ok().json(List { object: "list", data: ledger.charges_with_key(&query.idempotency_key) })
+}
+
+/// `GET /v1/refunds?idempotency_key=K`, from the refunds themselves, as for charges.
+async fn list_refunds(state: web::Data<AppState>, query: web::Query<ListQuery>) -> HttpResponse {
+    let mut ledger = state.ledger();
+    ledger.count_look_up(Endpoint::Refunds);
+    HttpResponse::Ok().json(List { object: "list", data: ledger.refunds_with_key(&query.idempotency_key) })
 }
 
 async fn show_faults(state: web::Data<AppState>) -> HttpResponse {
@@ -221,8 +272,15 @@ async fn forget_keys(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::NoContent().finish()
 }
 
+/// `POST /_control/refunds/settle`: every pending refund settles now, as it would have when its
+/// time came, so that a test need not wait for it.
+async fn settle_refunds(state: web::Data<AppState>) -> HttpResponse {
+    let settled = state.ledger().settle_all();
+    HttpResponse::Ok().json(serde_json::json!({ "settled": settled }))
+}
+
 async fn stats(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(lock(&state.ledger).stats())
+    HttpResponse::Ok().json(state.ledger().stats())
 }
 
 async fn unknown_route(req: HttpRequest) -> HttpResponse {
