@@ -100,6 +100,11 @@ label! {
         Charge = "charge",
         /// Looking a charge up by its key, before charging a resumed payment.
         Lookup = "lookup",
+        Refund = "refund",
+        /// Looking a refund up by its key, before refunding again.
+        RefundLookup = "refund_lookup",
+        /// Reading a refund by its id, to learn whether a pending one has settled.
+        RefundRead = "refund_read",
     }
 }
 
@@ -107,11 +112,17 @@ label! {
     /// What a gateway call ended with.
     pub enum GatewayOutcome {
         Succeeded = "succeeded",
-        /// A look-up that found no charge under the key.
+        /// A refund the gateway has not settled yet.
+        Pending = "pending",
+        /// A refund that failed (its money not moved).
+        Failed = "failed",
+        /// A look-up that found nothing under the key, or a read of a refund the gateway does not
+        /// know.
         NotFound = "not_found",
         /// The card was declined, or the source is unknown (402 to our client).
         Declined = "declined",
-        /// Refused for another definitive reason (502 to our client).
+        /// Refused for another definitive reason (502 to our client): for a refund, more than the
+        /// charge has left, or an unknown charge.
         Rejected = "rejected",
         /// No definitive answer: a timeout, a connection error, a 5xx, a 409 or 429.
         Indeterminate = "indeterminate",

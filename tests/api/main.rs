@@ -15,6 +15,7 @@ mod fencing;
 mod gateway_faults;
 mod gateway_identity;
 mod gateway_mock;
+mod gateway_refunds;
 mod helpers;
 mod key_story;
 mod logs;
