@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{body_json, header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{Scrape, TestDatabase};
+use crate::helpers::{GatewayControl, Scrape, TestDatabase};
 
 const KEY: &str = "payments:acct:key";
 const CHARGE: &str = "ch_1";
@@ -286,16 +286,11 @@ fn refund_of(charge: &str, amount: i64) -> RefundRequest<'_> {
     RefundRequest { charge, amount, reason: Some("requested_by_customer"), metadata: &NO_METADATA }
 }
 
-async fn settle_refunds(gateway: &MockGateway) {
-    let response = reqwest::Client::new().post(format!("{}/_control/refunds/settle", gateway.url())).send().await;
-    assert!(response.unwrap().status().is_success());
-}
-
 #[tokio::test]
 async fn the_client_reads_the_mock_gateway_as_it_means() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let gateway = MockGateway::start(listener, FaultPlan::none(), Controls::Served).unwrap();
-    let client = client_at(&gateway.url());
+    let (client, control) = (client_at(&gateway.url()), GatewayControl::new(&gateway.url()));
     let account = client.id().await.unwrap();
     let charge = charged(&client, "c1", 1000, "tok_refundFails").await;
 
@@ -308,9 +303,10 @@ async fn the_client_reads_the_mock_gateway_as_it_means() {
     let unknown_charge = client.refund("r3", &refund_of("ch_nope", 1)).await.unwrap().answer;
     assert!(matches!(unknown_charge, Err(GatewayError::Rejected { status: 404, .. })), "{unknown_charge:?}");
 
-    settle_refunds(&gateway).await;
+    assert_eq!(control.settle_refunds().await, 1);
 
     let failed = RefundStatus::Failed { code: "expired_or_canceled_card".into() };
+    assert_eq!(control.refunds_for("r1").await[0]["status"], "failed");
     assert_eq!(client.get_refund(&pending.id).await.unwrap().answer.unwrap().status, failed);
     let found = client.find_refund("r1", &refund_of(&charge, 400)).await.unwrap().answer;
     assert_eq!(found.unwrap().unwrap(), Refund { id: pending.id.clone(), status: failed });
@@ -322,7 +318,7 @@ async fn the_client_reads_the_mock_gateway_as_it_means() {
 
     let later = charged(&client, "c2", 1000, "tok_refundPending").await;
     let pending = client.refund("r5", &refund_of(&later, 1000)).await.unwrap().answer.unwrap();
-    settle_refunds(&gateway).await;
+    assert_eq!(control.settle_refunds().await, 2, "this one, and the one made again");
     assert_eq!(client.get_refund(&pending.id).await.unwrap().answer.unwrap().status, RefundStatus::Succeeded);
     let at_once = charged(&client, "c3", 1000, "tok_visa").await;
     let refund = client.refund("r6", &refund_of(&at_once, 1)).await.unwrap().answer.unwrap();
@@ -336,12 +332,13 @@ async fn refund_calls_are_counted_by_operation_and_outcome() {
     let gateway = MockGateway::start(listener, FaultPlan::none(), Controls::Served).unwrap();
     let metrics = Arc::new(Metrics::new());
     let client = client_at(&gateway.url()).observed_by(metrics.clone());
+    let control = GatewayControl::new(&gateway.url());
     let charge = charged(&client, "c1", 1000, "tok_refundPending").await;
 
     let pending = client.refund("r1", &refund_of(&charge, 400)).await.unwrap().answer.unwrap();
     client.refund("r2", &refund_of(&charge, 601)).await.unwrap().answer.unwrap_err();
     client.find_refund("r3", &refund_of(&charge, 1)).await.unwrap();
-    settle_refunds(&gateway).await;
+    assert_eq!(control.settle_refunds().await, 1);
     client.find_refund("r1", &refund_of(&charge, 400)).await.unwrap();
     client.get_refund(&pending.id).await.unwrap();
     client.get_refund("re_nope").await.unwrap();

@@ -66,7 +66,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Whether the gateway serves its `/_control/*` endpoints, which let whoever reaches them inject
-/// faults and make it forget keys: only for demos and tests, never by default.
+/// faults, make it forget keys and settle refunds early: only for demos and tests, never by
+/// default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Controls {
     Served,
