@@ -4,7 +4,9 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, new_key};
+use payments::workers::Worker;
+
+use crate::helpers::{GatewayControl, TestApp, new_key, wait_until};
 
 async fn problem(response: reqwest::Response) -> (StatusCode, Value) {
     let status = response.status();
@@ -83,4 +85,69 @@ async fn a_key_used_for_a_payment_is_refused_for_a_refund() {
     let payment: Value = payment.json().await.unwrap();
     let (status, _) = problem(app.post_refund(&key, &json!({ "payment": payment["id"] })).await).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+/// A refund whose gateway answer is lost (`mode`), retried, or left to the completer: one refund
+/// at the gateway, the one the answer names.
+async fn a_lost_refund_answer_is_healed_with_one_refund(mode: &str, by_completer: bool) {
+    let app = TestApp::builder()
+        .gateway_timeout(std::time::Duration::from_millis(500))
+        .workers(|w| w.completer_backoff = std::time::Duration::ZERO)
+        .spawn()
+        .await;
+    let gateway = GatewayControl::new(app.gateway_url());
+    let payment = app.paid(1000, "tok_visa").await;
+    let (key, body) = (new_key(), json!({ "payment": payment["id"], "amount": 250 }));
+    gateway.fault(mode, 1).await;
+    assert_eq!(app.post_refund(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The gateway forgets its keys: only the look-up by key can find what it did.
+    gateway.forget_keys().await;
+
+    if by_completer {
+        let workers = app.workers();
+        wait_until(std::time::Duration::from_secs(10), "the completer finishes the refund", || async {
+            workers.completer.run_once().await.unwrap();
+            app.key_row(&key).await.is_some_and(|row| row.recovery_point == "finished")
+        })
+        .await;
+    }
+    let retry = app.post_refund(&key, &body).await;
+    assert_eq!(retry.status(), StatusCode::CREATED);
+    let refund: Value = retry.json().await.unwrap();
+    let stats = gateway.all_stats().await;
+    assert_eq!((stats["refunds"].as_u64(), stats["refunded_amount"].as_u64()), (Some(1), Some(250)));
+    let key_id = app.key_row(&key).await.unwrap().id;
+    let at_gateway = gateway.refunds_for(&app.downstream_key(key_id)).await;
+    assert_eq!(at_gateway.len(), 1);
+    assert_eq!(refund["gateway_refund_id"], at_gateway[0]["id"]);
+    let now: Value = app.get(&format!("/v1/payments/{}", payment["id"].as_str().unwrap())).await.json().await.unwrap();
+    assert_eq!(now["amount_refunded"], 250);
+}
+
+#[tokio::test]
+async fn a_refund_whose_answer_was_lost_after_it_was_made_is_adopted_on_retry() {
+    a_lost_refund_answer_is_healed_with_one_refund("error_after", false).await;
+}
+
+#[tokio::test]
+async fn a_refund_that_timed_out_after_it_was_made_is_adopted_by_the_completer() {
+    a_lost_refund_answer_is_healed_with_one_refund("timeout_after", true).await;
+}
+
+#[tokio::test]
+async fn a_refund_key_tells_its_story() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let key = new_key();
+    assert_eq!(app.post_refund(&key, &json!({ "payment": payment["id"] })).await.status(), StatusCode::CREATED);
+
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(story["recovery_point"], "finished");
+    assert_eq!(story["refund"]["status"], "succeeded");
+    let actions: Vec<&str> = story["trail"].as_array().unwrap().iter().map(|e| e["action"].as_str().unwrap()).collect();
+    assert_eq!(
+        actions,
+        ["idempotency_key.claimed", "refund.created", "refund.outcome_recorded", "refund.finished"],
+        "{story}"
+    );
 }
