@@ -143,15 +143,16 @@ pub async fn create_payment(
         None => {}
     }
     let mut conn = db::connect(&state.db).await?;
-    let retention = state.settings.key_retention;
     let lock = match claim(&mut conn, &new_key, state.settings.lock_timeout).await? {
         Claim::Mismatch => {
             metrics.key(account_id, KeyOutcome::KeyReused);
             return Err(CreateError::KeyReused);
         }
-        Claim::Replay { response, finished_ago } => {
+        Claim::Replay { response, expires } => {
             metrics.key(account_id, KeyOutcome::Replayed);
-            state.replays.remember(&new_key, &response, retention.saturating_sub(finished_ago));
+            if let Some(expires) = expires {
+                state.replays.remember(&new_key, &response, expires);
+            }
             return Ok(Created { response, replayed: true });
         }
         Claim::InFlight => {
@@ -170,8 +171,10 @@ pub async fn create_payment(
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
     let driver = Driver::new(state, lock, key.clone(), request, Actor::Api, request_id.clone());
     let driver = Driver { conn: Some(conn), fault, ..driver };
+    // Counted from before the key finishes, at our retention: no later than the expiry recorded.
+    let expires = crate::idempotency::Deadline::after(state.settings.key_retention);
     let response = driver.run().await.inspect_err(|error| metrics.unfinished(error.unfinished()))?;
-    state.replays.remember(&new_key, &response, retention);
+    state.replays.remember(&new_key, &response, expires);
     Ok(Created { response, replayed: false })
 }
 
@@ -437,7 +440,8 @@ impl<'a> Driver<'a> {
         let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
         let audit = audit(account_id, payment.id, self.actor, "payment.finished", data, &self.request_id);
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
-        let transition = Transition::Finish(response.clone());
+        let transition =
+            Transition::Finish { response: response.clone(), retention: self.state.settings.key_retention };
         let _: Payment = atomic_phase(conn, &mut self.lock, transition, writes).await?;
         let failure = payment.failure().map_or("none", |failure| failure.as_str());
         self.state.metrics.payment_finished(payment.status.as_str(), failure);

@@ -3,7 +3,7 @@
 //!
 //! - The [`Completer`] finishes requests whose clients went away: unfinished keys whose lock is
 //!   free or stale, re-driven from their recovery point through the same phases as the API.
-//! - The [`Reaper`] deletes finished keys once their retention is over.
+//! - The [`Reaper`] deletes finished keys once they expire.
 //! - The [`Outbox`] delivers the events that finished payments staged.
 //!
 //! Each worker has `run_once`, one unit of work, which tests call to drain it deterministically;

@@ -1,4 +1,4 @@
-//! The reaper: deletes finished keys once their retention is over.
+//! The reaper: deletes finished keys once they expire.
 
 use std::sync::Arc;
 
@@ -7,12 +7,14 @@ use crate::db;
 use crate::idempotency::reap_finished;
 use crate::state::AppState;
 
-/// Keys deleted per transaction: small, so a pass never holds many row locks or runs long.
+/// Keys deleted per transaction, of each kind (see [`reap_finished`]): small, so a pass never holds
+/// many row locks or runs long.
 const BATCH: i64 = 500;
 
-/// Deletes keys that finished longer than the retention ago, a batch per run. Unfinished keys are never
-/// deleted: they belong to the completer, or to an operator. Payments keep the client's key, so
-/// a retry that arrives after its key was reaped is answered 410 and charged nothing.
+/// Deletes keys past the expiry recorded when they finished (whatever this process's retention;
+/// that applies only to keys finished before expiries were recorded), a batch per run. Unfinished
+/// keys are never deleted: they belong to the completer, or to an operator. Payments keep the
+/// client's key, so a retry that arrives after its key expired is answered 410 and charged nothing.
 pub struct Reaper {
     state: Arc<AppState>,
 }
@@ -31,9 +33,9 @@ impl Worker for Reaper {
         let reaped = reap_finished(&mut conn, self.state.settings.key_retention, BATCH).await?;
         if reaped > 0 {
             self.state.metrics.reaped(reaped);
-            tracing::info!(reaped, "reaped finished keys past their retention");
+            tracing::info!(reaped, "reaped finished keys past their expiry");
         }
-        // A full batch means there may be more.
-        Ok(if reaped as i64 == BATCH { Outcome::Worked } else { Outcome::Idle })
+        // A full batch (of either kind) means there may be more.
+        Ok(if reaped as i64 >= BATCH { Outcome::Worked } else { Outcome::Idle })
     }
 }
