@@ -4,11 +4,15 @@
 
 use std::time::Duration;
 
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_migrations::MigrationHarness;
+use payments::db::migrate::MIGRATIONS;
 use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{TestApp, new_key, payment_body, wait_until};
+use crate::helpers::{TestApp, TestDatabase, new_key, payment_body, wait_until};
 
 /// A process that keeps keys two seconds, and one beside it on the same database that keeps them
 /// a day (the default).
@@ -88,4 +92,62 @@ async fn a_key_finished_before_expiries_were_recorded_is_replayed_from_the_datab
     app.run_sql("UPDATE idempotency_keys SET finished_at = now() - interval '25 hours'").await;
     beside.workers().reaper.run_once().await.unwrap();
     assert!(app.key_row(&key).await.is_none());
+}
+
+/// Reverts the migrations from `000015` on, so that a test can apply them to a database as it was.
+fn revert_to_before_expiries(url: &str) {
+    let mut conn = <AsyncConnectionWrapper<AsyncPgConnection> as diesel::Connection>::establish(url).unwrap();
+    while conn.applied_migrations().unwrap().iter().any(|version| version.to_string().as_str() >= "20261123000015") {
+        conn.revert_last_migration(MIGRATIONS).unwrap();
+    }
+}
+
+fn migrate(url: &str) -> Result<(), String> {
+    let mut conn = <AsyncConnectionWrapper<AsyncPgConnection> as diesel::Connection>::establish(url).unwrap();
+    conn.run_pending_migrations(MIGRATIONS).map(|_| ()).map_err(|error| error.to_string())
+}
+
+#[tokio::test]
+async fn recording_expiries_rewrites_no_table_and_gives_up_rather_than_queue_requests() {
+    let database = TestDatabase::create().await;
+    let url = database.url.clone();
+    tokio::task::spawn_blocking(move || revert_to_before_expiries(&url)).await.unwrap();
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (account, _) = payments::accounts::create(&mut conn, "populated").await.unwrap();
+    conn.batch_execute(&format!(
+        "INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
+                                       request_fingerprint, request_params, recovery_point, response_status,
+                                       response_body, finished_at)
+         SELECT gen_random_uuid(), '{}', 'k-' || i, 'POST', '/v1/payments', decode(repeat('00', 32), 'hex'), '{{}}',
+                'finished', 201, '{{}}'::bytea, now()
+         FROM generate_series(1, 10000) i",
+        account.id
+    ))
+    .await
+    .unwrap();
+    let filenode = "SELECT pg_relation_filenode('idempotency_keys') AS n";
+    #[derive(diesel::QueryableByName, PartialEq, Debug)]
+    struct Filenode {
+        #[diesel(sql_type = diesel::sql_types::Oid)]
+        n: u32,
+    }
+    let before: Filenode = diesel::sql_query(filenode).get_result(&mut conn).await.unwrap();
+
+    // A long transaction that has read the table: the migration waits for it only so long, and
+    // then gives up (while it waits, every request on the table would wait behind it).
+    let mut reader = AsyncPgConnection::establish(&database.url).await.unwrap();
+    reader.batch_execute("BEGIN; SELECT count(*) FROM idempotency_keys").await.unwrap();
+    let url = database.url.clone();
+    let migration = tokio::task::spawn_blocking(move || migrate(&url));
+    let blocked = tokio::time::timeout(Duration::from_secs(60), migration).await;
+    reader.batch_execute("COMMIT").await.unwrap();
+    let blocked = blocked.expect("the migration waited behind the transaction instead of giving up").unwrap();
+    assert!(blocked.as_ref().is_err_and(|error| error.contains("lock timeout")), "{blocked:?}");
+
+    let url = database.url.clone();
+    tokio::task::spawn_blocking(move || migrate(&url)).await.unwrap().unwrap();
+    let after: Filenode = diesel::sql_query(filenode).get_result(&mut conn).await.unwrap();
+    assert_eq!(before, after, "the table was not rewritten");
+    let index_is_valid = "SELECT indisvalid FROM pg_index WHERE indexrelid = 'idempotency_keys_expiry_idx'::regclass";
+    assert!(TestApp::database_says_on(&mut conn, index_is_valid).await);
 }

@@ -272,13 +272,18 @@ impl TestApp {
 
     /// Whether `condition`, an SQL expression, holds in the test database now (by its clock).
     pub async fn database_says(&self, condition: &str) -> bool {
+        TestApp::database_says_on(&mut self.db().await, condition).await
+    }
+
+    /// Whether `condition`, an SQL expression, holds now in the database of `conn`.
+    pub async fn database_says_on(conn: &mut AsyncPgConnection, condition: &str) -> bool {
         #[derive(QueryableByName)]
         struct Holds {
             #[diesel(sql_type = diesel::sql_types::Bool)]
             holds: bool,
         }
         let sql = format!("SELECT coalesce(({condition}), false) AS holds");
-        let answer = diesel::sql_query(&sql).get_result::<Holds>(&mut self.db().await).await;
+        let answer = diesel::sql_query(&sql).get_result::<Holds>(conn).await;
         answer.unwrap_or_else(|e| panic!("{sql}: {e}")).holds
     }
 
