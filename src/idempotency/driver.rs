@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::abandoned::Abandoned;
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
+use super::clock::Deadline;
 use super::replays::{Remembered, ReplayCache};
 use super::store::{Claim, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim};
 use super::{IdempotencyKey, RecoveryPoint};
@@ -119,9 +120,12 @@ pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'
             metrics.key(account_id, KeyOutcome::KeyReused);
             return Err(DriveError::KeyReused);
         }
-        Claim::Replay { response, finished_ago } => {
+        Claim::Replay { response, expires } => {
             metrics.key(account_id, KeyOutcome::Replayed);
-            ctx.replays.remember(new, &response, ctx.key_retention.saturating_sub(finished_ago));
+            // A key finished before expiries were recorded is never kept in memory.
+            if let Some(expires) = expires {
+                ctx.replays.remember(new, &response, expires);
+            }
             return Ok(TakenIn::Replayed(response));
         }
         Claim::InFlight => {
@@ -189,6 +193,9 @@ impl<'a> Run<'a> {
         mut phases: impl Phases,
         new: Option<&NewKey<'_>>,
     ) -> Result<StoredResponse, DriveError> {
+        // Counted from before the key finishes, at our retention: no later than the expiry that
+        // the finishing phase records.
+        let expires = Deadline::after(self.ctx.key_retention);
         let result = async {
             while self.lock.recovery_point() != RecoveryPoint::Finished {
                 phases.advance(&mut self).await?;
@@ -199,7 +206,7 @@ impl<'a> Run<'a> {
         match &result {
             Ok(response) => {
                 if let Some(new) = new {
-                    self.ctx.replays.remember(new, response, self.ctx.key_retention);
+                    self.ctx.replays.remember(new, response, expires);
                 }
             }
             Err(error) => {
@@ -240,15 +247,14 @@ impl<'a> Run<'a> {
         &self.request_id
     }
 
-    /// Runs one atomic phase (see [`atomic_phase`]) on the run's connection. A phase that
-    /// finishes the key keeps its response for [`Run::drive`].
+    /// Runs one atomic phase (see [`atomic_phase`]) on the run's connection.
     pub async fn phase<W, R>(&mut self, transition: Transition, writes: W) -> Result<R, DriveError>
     where
         W: PhaseWrites,
         R: QueryableByName<Pg> + Send + 'static,
     {
         let finished = match &transition {
-            Transition::Finish(response) => Some(response.clone()),
+            Transition::Finish { response, .. } => Some(response.clone()),
             _ => None,
         };
         if self.conn.is_none() {
@@ -258,6 +264,16 @@ impl<'a> Run<'a> {
         let result = atomic_phase(conn, &mut self.lock, transition, writes).await?;
         self.response = finished;
         Ok(result)
+    }
+
+    /// Runs the phase that finishes the key: the `response` stored (and kept for [`Run::drive`]),
+    /// the lock released, and the key's expiry recorded, this process's retention from now.
+    pub async fn finish<W, R>(&mut self, response: StoredResponse, writes: W) -> Result<R, DriveError>
+    where
+        W: PhaseWrites,
+        R: QueryableByName<Pg> + Send + 'static,
+    {
+        self.phase(Transition::Finish { response, retention: self.ctx.key_retention }, writes).await
     }
 
     /// The run's connection, checked out on first use after it was let go of: for reads between

@@ -311,7 +311,7 @@ impl<'a> PaymentPhases<'a> {
         let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
         let audit = audit(account_id, payment.id, run.actor(), "payment.finished", data, &request_id);
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
-        let _: Payment = run.phase(Transition::Finish(response), writes).await?;
+        let _: Payment = run.finish(response, writes).await?;
         let failure = payment.failure().map_or("none", |failure| failure.as_str());
         self.state.metrics.payment_finished(payment.status.as_str(), failure);
         Ok(())

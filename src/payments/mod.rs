@@ -10,5 +10,5 @@ mod writes;
 pub use create::{Created, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, ValidationError};
-pub use story::KeyStory;
+pub use story::{KeyStory, TRAIL_LIMIT};
 pub use view::{PaymentList, PaymentView};

@@ -29,6 +29,16 @@ const SHOWN: [&str; 11] = [
     "attempts",
 ];
 
+/// The most audit records one story holds. A key's trail is short (claimed, three phases, reaped,
+/// and two more for each run that stopped short), but a client that retries through a long outage
+/// lengthens it without end: a hundred records cover dozens of interrupted runs and keep an answer
+/// to a few tens of kilobytes, and `trail_after` reads on from there.
+pub const TRAIL_LIMIT: u32 = 100;
+
+/// The actions whose latest record the story's summary reads, wherever they are in the trail.
+const SUMMARISED: [&str; 4] =
+    ["idempotency_key.claimed", "idempotency_key.needs_attention", "idempotency_key.reaped", "payment.finished"];
+
 /// The story of one key of an account.
 #[derive(Debug, Serialize)]
 pub struct KeyStory {
@@ -37,8 +47,8 @@ pub struct KeyStory {
     /// The key row's id, as audit records name it.
     id: Uuid,
     recovery_point: RecoveryPoint,
-    /// Whether a driver holds the key now (a lease that ran out holds nothing: the next request or
-    /// the completer takes the key over).
+    /// Whether a driver holds the key now, by the database's clock (a lease that ran out holds
+    /// nothing: the next request or the completer takes the key over).
     locked: bool,
     locked_until: Option<DateTime<Utc>>,
     completer_attempts: i32,
@@ -49,28 +59,35 @@ pub struct KeyStory {
     created_at: Option<DateTime<Utc>>,
     last_run_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
-    /// The key's record was deleted after its retention: only its payment and its trail remain.
+    /// When the finished key expires (answered `410` from then on), as recorded when it finished.
+    expires_at: Option<DateTime<Utc>>,
+    /// The key's record was deleted after it expired: only its payment and its trail remain.
     reaped: bool,
     /// The HTTP status of the stored answer.
     response_status: Option<i16>,
-    /// The payment the key made, as the API shows payments.
-    #[serde(serialize_with = "as_view")]
+    /// The payment the key made, as the API shows payments but for the gateway's own words.
+    #[serde(serialize_with = "as_facts")]
     payment: Option<Payment>,
-    /// Every audit record about the key and its payment, oldest first.
+    /// The audit records about the key and its payment, oldest first: at most [`TRAIL_LIMIT`],
+    /// after the first `trail_after`.
     trail: Vec<AuditEntry>,
+    /// Whether more records follow: ask again with `trail_after` raised by the records shown.
+    trail_has_more: bool,
 }
 
-fn as_view<S: serde::Serializer>(payment: &Option<Payment>, serializer: S) -> Result<S::Ok, S::Error> {
-    payment.as_ref().map(PaymentView::from).serialize(serializer)
+fn as_facts<S: serde::Serializer>(payment: &Option<Payment>, serializer: S) -> Result<S::Ok, S::Error> {
+    payment.as_ref().map(PaymentView::facts_only).serialize(serializer)
 }
 
 impl KeyStory {
     /// The story of the account's `key`, if the account ever used it (a reaped key's too, as long
-    /// as its payment remains). Another account's key is none of this account's business: none.
+    /// as its payment remains), with its trail from after the first `trail_after` records. Another
+    /// account's key is none of this account's business: none.
     pub async fn find(
         conn: &mut AsyncPgConnection,
         account_id: Uuid,
         key: &IdempotencyKey,
+        trail_after: u32,
     ) -> Result<Option<KeyStory>, StoreError> {
         let record = db::query(KeyRecord::find(conn, account_id, key)).await?;
         let payment = match &record {
@@ -82,25 +99,29 @@ impl KeyStory {
         let Some(key_id) = key_id else { return Ok(None) };
         let mut resources = vec![("idempotency_key", key_id)];
         resources.extend(payment.as_ref().map(|payment| ("payment", payment.id)));
-        let trail = db::query(audit::trail(conn, account_id, &resources)).await?;
-        Ok(Some(KeyStory::new(key, key_id, record, payment, trail)))
+        // One more than shown, to know whether more follow.
+        let (skip, limit) = (i64::from(trail_after), i64::from(TRAIL_LIMIT) + 1);
+        let mut trail = db::query(audit::trail(conn, account_id, &resources, skip, limit)).await?;
+        let trail_has_more = trail.len() > TRAIL_LIMIT as usize;
+        trail.truncate(TRAIL_LIMIT as usize);
+        let summary = db::query(audit::latest(conn, account_id, &resources, &SUMMARISED)).await?;
+        let story = KeyStory::new(key, key_id, record, payment, &summary);
+        Ok(Some(KeyStory { trail: trail.into_iter().map(facts_only).collect(), trail_has_more, ..story }))
     }
 
+    /// The story, but for its trail: what the record says, or (once it is reaped) what the
+    /// `summary` of the trail does, the latest record of each of [`SUMMARISED`].
     fn new(
         key: &IdempotencyKey,
         id: Uuid,
         record: Option<KeyRecord>,
         payment: Option<Payment>,
-        mut trail: Vec<AuditEntry>,
+        summary: &[AuditEntry],
     ) -> KeyStory {
-        for entry in &mut trail {
-            if let Some(data) = entry.data.as_object_mut() {
-                data.retain(|field, _| SHOWN.contains(&field.as_str()));
-            }
-        }
-        let gave_up = trail.iter().rev().find(|entry| entry.action == "idempotency_key.needs_attention");
+        let latest = |action: &str| summary.iter().find(|entry| entry.action == action);
+        let gave_up = latest("idempotency_key.needs_attention");
         let attention_code = gave_up.and_then(|entry| entry.data["reason_code"].as_str()).map(str::to_owned);
-        let at = |action: &str| trail.iter().find(|entry| entry.action == action).map(|entry| entry.created_at);
+        let at = |action: &str| latest(action).map(|entry| entry.created_at);
         let story = KeyStory {
             object: "idempotency_key",
             key: key.as_str().to_owned(),
@@ -115,15 +136,17 @@ impl KeyStory {
             created_at: None,
             last_run_at: None,
             finished_at: None,
+            expires_at: None,
             reaped: false,
             response_status: None,
             payment: None,
             trail: Vec::new(),
+            trail_has_more: false,
         };
         let story = match record {
             Some(record) => KeyStory {
                 recovery_point: record.recovery_point,
-                locked: record.locked_until.is_some_and(|until| until > Utc::now()),
+                locked: record.locked,
                 locked_until: record.locked_until,
                 completer_attempts: record.completer_attempts,
                 needs_attention: record.needs_attention_at.is_some(),
@@ -132,13 +155,13 @@ impl KeyStory {
                 created_at: Some(record.created_at),
                 last_run_at: Some(record.last_run_at),
                 finished_at: record.finished_at,
+                expires_at: record.expires_at,
                 response_status: record.response_status,
                 ..story
             },
-            // Reaped: only finished keys are, and what the row said is in the trail.
+            // Reaped: only finished keys are, and what the row said is in the trail (its summary).
             None => {
-                let reaped = trail.iter().find(|entry| entry.action == "idempotency_key.reaped");
-                let status = reaped.and_then(|entry| entry.data["response_status"].as_i64());
+                let status = latest("idempotency_key.reaped").and_then(|entry| entry.data["response_status"].as_i64());
                 KeyStory {
                     reaped: true,
                     created_at: at("idempotency_key.claimed").or(payment.as_ref().map(|p| p.created_at)),
@@ -148,6 +171,14 @@ impl KeyStory {
                 }
             }
         };
-        KeyStory { payment, trail, ..story }
+        KeyStory { payment, ..story }
     }
+}
+
+/// An audit record as the key's owner sees it: only the facts in [`SHOWN`].
+fn facts_only(mut entry: AuditEntry) -> AuditEntry {
+    if let Some(data) = entry.data.as_object_mut() {
+        data.retain(|field, _| SHOWN.contains(&field.as_str()));
+    }
+    entry
 }

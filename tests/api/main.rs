@@ -16,6 +16,7 @@ mod gateway_faults;
 mod gateway_identity;
 mod gateway_mock;
 mod helpers;
+mod key_expiry;
 mod key_story;
 mod logs;
 mod many_instances;
