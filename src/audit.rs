@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::AstPass;
-use diesel::sql_types::{Array, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{Array, BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde::Serialize;
 use uuid::Uuid;
@@ -77,22 +77,51 @@ pub struct AuditEntry {
     pub data: serde_json::Value,
 }
 
-/// What the account's audit trail holds about the resources `(type, id)`, in the order it
-/// happened (records are numbered as they are written).
+/// A stretch of what the account's audit trail holds about the resources `(type, id)`, in the
+/// order it happened (records are numbered as they are written): at most `limit` records, after
+/// the first `skip`.
 pub async fn trail(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,
     resources: &[(&str, Uuid)],
+    skip: i64,
+    limit: i64,
 ) -> QueryResult<Vec<AuditEntry>> {
     let (types, ids): (Vec<&str>, Vec<Uuid>) = resources.iter().copied().unzip();
     diesel::sql_query(
         "SELECT created_at, action, actor, request_id, data FROM audit_records
          WHERE account_id = $1 AND (resource_type, resource_id) IN (SELECT * FROM unnest($2::text[], $3::uuid[]))
-         ORDER BY id",
+         ORDER BY id
+         OFFSET $4 LIMIT $5",
     )
     .bind::<SqlUuid, _>(account_id)
     .bind::<Array<Text>, _>(types)
     .bind::<Array<SqlUuid>, _>(ids)
+    .bind::<BigInt, _>(skip)
+    .bind::<BigInt, _>(limit)
+    .load(conn)
+    .await
+}
+
+/// The latest record of each of `actions` about the resources `(type, id)`, wherever it is in
+/// the trail.
+pub async fn latest(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    resources: &[(&str, Uuid)],
+    actions: &[&str],
+) -> QueryResult<Vec<AuditEntry>> {
+    let (types, ids): (Vec<&str>, Vec<Uuid>) = resources.iter().copied().unzip();
+    diesel::sql_query(
+        "SELECT DISTINCT ON (action) created_at, action, actor, request_id, data FROM audit_records
+         WHERE account_id = $1 AND (resource_type, resource_id) IN (SELECT * FROM unnest($2::text[], $3::uuid[]))
+           AND action = ANY ($4)
+         ORDER BY action, id DESC",
+    )
+    .bind::<SqlUuid, _>(account_id)
+    .bind::<Array<Text>, _>(types)
+    .bind::<Array<SqlUuid>, _>(ids)
+    .bind::<Array<Text>, _>(actions)
     .load(conn)
     .await
 }

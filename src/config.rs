@@ -47,6 +47,9 @@ pub const DEFAULT_METRICS_BIND: &str = "127.0.0.1:9464";
 pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 90_000;
 /// A day, like Stripe: comfortably longer than any client's retry horizon.
 pub const DEFAULT_KEY_RETENTION_SECS: u64 = 86_400;
+/// Ten years: far past any need, and well within what the database can add to its clock when it
+/// records a key's expiry (a longer retention would fail every finishing statement).
+const MAX_KEY_RETENTION_SECS: u64 = 10 * 366 * 86_400;
 pub const DEFAULT_GATEWAY_TIMEOUT_MS: u64 = 10_000;
 /// Idle workers look again this often: a second of latency for background work is plenty.
 pub const DEFAULT_WORKER_INTERVAL_MS: u64 = 1_000;
@@ -299,6 +302,13 @@ impl Settings {
                 LEASE_MARGIN.as_millis(),
             );
         }
+        if self.key_retention > Duration::from_secs(MAX_KEY_RETENTION_SECS) {
+            anyhow::bail!(
+                "PAYMENTS_KEY_RETENTION_SECS ({} s) must be at most {MAX_KEY_RETENTION_SECS} s (ten years): each key's \
+                 expiry is recorded as a time. Lower the retention.",
+                self.key_retention.as_secs()
+            );
+        }
         if self.key_retention < self.lock_timeout {
             anyhow::bail!(
                 "PAYMENTS_KEY_RETENTION_SECS ({} s) must not be shorter than PAYMENTS_LOCK_TIMEOUT_MS ({} ms): \
@@ -386,6 +396,13 @@ mod tests {
         // With a short gateway timeout, the database's share decides: 3 s + 1 s + 7.5 s + 1 s.
         let fast_gateway = Settings { gateway_timeout: Duration::from_secs(1), ..Settings::default() };
         assert_eq!(fast_gateway.min_lock_timeout(), Duration::from_millis(12_500));
+    }
+
+    #[test]
+    fn a_retention_past_what_the_database_can_record_is_refused() {
+        let settings = Settings { key_retention: Duration::from_secs(u64::MAX), ..Settings::default() };
+        assert!(settings.check().unwrap_err().to_string().contains("at most"));
+        Settings { key_retention: Duration::from_secs(MAX_KEY_RETENTION_SECS), ..Settings::default() }.check().unwrap();
     }
 
     #[test]

@@ -29,5 +29,6 @@ pub mod refunds;
 pub mod request_id;
 pub mod startup;
 pub mod state;
+pub mod story;
 pub mod telemetry;
 pub mod workers;

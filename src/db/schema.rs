@@ -43,6 +43,7 @@ diesel::table! {
         needs_attention_at -> Nullable<Timestamptz>,
         attention_reason -> Nullable<Text>,
         finished_at -> Nullable<Timestamptz>,
+        expires_at -> Nullable<Timestamptz>,
     }
 }
 

@@ -7,18 +7,21 @@ use super::error::ApiError;
 use super::extract::AuthenticatedAccount;
 use crate::db;
 use crate::idempotency::IdempotencyKey;
-use crate::payments::KeyStory;
 use crate::state::AppState;
+use crate::story::KeyStory;
 
 /// The query of `GET /v1/idempotency_keys`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KeyQuery {
     key: String,
+    /// How many of the trail's records to skip: those a client already read.
+    #[serde(default)]
+    trail_after: u32,
 }
 
-/// `GET /v1/idempotency_keys?key=KEY`: where the caller's key stands, the payment it made, and
-/// its audit trail.
+/// `GET /v1/idempotency_keys?key=KEY&trail_after=N`: where the caller's key stands, the payment
+/// it made, and its audit trail, a page at a time.
 pub async fn key_story(
     state: web::Data<AppState>,
     account: AuthenticatedAccount,
@@ -26,6 +29,7 @@ pub async fn key_story(
 ) -> Result<HttpResponse, ApiError> {
     let key = IdempotencyKey::named(&query.key)?;
     let mut conn = db::connect(&state.db).await?;
-    let story = KeyStory::find(&mut conn, account.id, &key).await?.ok_or(ApiError::IdempotencyKeyNotFound)?;
+    let story = KeyStory::find(&mut conn, account.id, &key, query.trail_after).await?;
+    let story = story.ok_or(ApiError::IdempotencyKeyNotFound)?;
     Ok(HttpResponse::Ok().json(story))
 }

@@ -9,7 +9,8 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::store::{Lease, Reason, since_boot};
+use super::clock::since_boot;
+use super::store::{Lease, Reason};
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
 use crate::db::{self, StoreError};
 use crate::request_id::RequestId;

@@ -12,6 +12,7 @@ use diesel_async::AsyncPgConnection;
 use uuid::Uuid;
 
 use super::abandoned::Abandoned;
+use super::clock::Deadline;
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Remembered, ReplayCache};
 use super::store::{Claim, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim};
@@ -100,15 +101,15 @@ pub enum TakenIn<'a> {
 /// Takes a request in under its key: from the replay cache if its answer is there, else by the
 /// claim. Counts what became of it.
 pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'a>, DriveError> {
-    let (metrics, account_id) = (ctx.metrics, new.account_id);
+    let (metrics, account_id, endpoint) = (ctx.metrics, new.account_id, new.endpoint.label);
     // A finished key's answer may be in memory: answered from there, with no database at all.
     match ctx.replays.recall(new) {
         Some(Remembered::Replay(response)) => {
-            metrics.key(account_id, KeyOutcome::Replayed);
+            metrics.key(account_id, endpoint, KeyOutcome::Replayed);
             return Ok(TakenIn::Replayed(response));
         }
         Some(Remembered::Mismatch) => {
-            metrics.key(account_id, KeyOutcome::KeyReused);
+            metrics.key(account_id, endpoint, KeyOutcome::KeyReused);
             return Err(DriveError::KeyReused);
         }
         None => {}
@@ -116,25 +117,28 @@ pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'
     let mut conn = db::connect(ctx.db).await?;
     let lock = match claim(&mut conn, new, ctx.lock_timeout).await? {
         Claim::Mismatch => {
-            metrics.key(account_id, KeyOutcome::KeyReused);
+            metrics.key(account_id, endpoint, KeyOutcome::KeyReused);
             return Err(DriveError::KeyReused);
         }
-        Claim::Replay { response, finished_ago } => {
-            metrics.key(account_id, KeyOutcome::Replayed);
-            ctx.replays.remember(new, &response, ctx.key_retention.saturating_sub(finished_ago));
+        Claim::Replay { response, expires } => {
+            metrics.key(account_id, endpoint, KeyOutcome::Replayed);
+            // A key finished before expiries were recorded is never kept in memory.
+            if let Some(expires) = expires {
+                ctx.replays.remember(new, &response, expires);
+            }
             return Ok(TakenIn::Replayed(response));
         }
         Claim::InFlight => {
-            metrics.key(account_id, KeyOutcome::InFlight);
+            metrics.key(account_id, endpoint, KeyOutcome::InFlight);
             return Err(DriveError::InFlight);
         }
         Claim::Expired { id } => {
-            metrics.key(account_id, KeyOutcome::Expired);
+            metrics.key(account_id, endpoint, KeyOutcome::Expired);
             return Ok(TakenIn::Expired { id });
         }
         Claim::Acquired(lock) => lock,
     };
-    metrics.key(account_id, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
+    metrics.key(account_id, endpoint, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
     let key = new.key.clone();
     let run = Run { conn: Some(conn), ..Run::new(ctx, lock, key, Actor::Api, new.request_id.clone()) };
@@ -189,6 +193,9 @@ impl<'a> Run<'a> {
         mut phases: impl Phases,
         new: Option<&NewKey<'_>>,
     ) -> Result<StoredResponse, DriveError> {
+        // Counted from before the key finishes, at our retention: no later than the expiry that
+        // the finishing phase records.
+        let expires = Deadline::after(self.ctx.key_retention);
         let result = async {
             while self.lock.recovery_point() != RecoveryPoint::Finished {
                 phases.advance(&mut self).await?;
@@ -199,13 +206,14 @@ impl<'a> Run<'a> {
         match &result {
             Ok(response) => {
                 if let Some(new) = new {
-                    self.ctx.replays.remember(new, response, self.ctx.key_retention);
+                    self.ctx.replays.remember(new, response, expires);
                 }
             }
             Err(error) => {
-                // A worker's runs are counted as its own (see the completer).
-                if self.actor == Actor::Api {
-                    self.ctx.metrics.unfinished(error.unfinished());
+                // A client's request is counted here; a worker's runs are counted as its own (see
+                // the completer).
+                if let Some(new) = new {
+                    self.ctx.metrics.unfinished(new.endpoint.label, error.unfinished());
                 }
                 if !matches!(error, DriveError::Phase(PhaseError::LockLost)) {
                     self.release(error).await;
@@ -240,15 +248,14 @@ impl<'a> Run<'a> {
         &self.request_id
     }
 
-    /// Runs one atomic phase (see [`atomic_phase`]) on the run's connection. A phase that
-    /// finishes the key keeps its response for [`Run::drive`].
+    /// Runs one atomic phase (see [`atomic_phase`]) on the run's connection.
     pub async fn phase<W, R>(&mut self, transition: Transition, writes: W) -> Result<R, DriveError>
     where
         W: PhaseWrites,
         R: QueryableByName<Pg> + Send + 'static,
     {
         let finished = match &transition {
-            Transition::Finish(response) => Some(response.clone()),
+            Transition::Finish { response, .. } => Some(response.clone()),
             _ => None,
         };
         if self.conn.is_none() {
@@ -258,6 +265,16 @@ impl<'a> Run<'a> {
         let result = atomic_phase(conn, &mut self.lock, transition, writes).await?;
         self.response = finished;
         Ok(result)
+    }
+
+    /// Runs the phase that finishes the key: the `response` stored (and kept for [`Run::drive`]),
+    /// the lock released, and the key's expiry recorded, this process's retention from now.
+    pub async fn finish<W, R>(&mut self, response: StoredResponse, writes: W) -> Result<R, DriveError>
+    where
+        W: PhaseWrites,
+        R: QueryableByName<Pg> + Send + 'static,
+    {
+        self.phase(Transition::Finish { response, retention: self.ctx.key_retention }, writes).await
     }
 
     /// The run's connection, checked out on first use after it was let go of: for reads between

@@ -12,7 +12,10 @@
 //!    whose writes commit together with the key row's new state, and only while the caller still
 //!    holds the lock. Between two phases
 //!    there is at most one foreign side effect (the gateway call), never inside one.
-//! 3. Finish: the last phase stores the response and releases the lock in the same transaction.
+//! 3. Finish: the last phase stores the response, records when the key expires (the finishing
+//!    process's retention after the database's `now()`), and releases the lock, in the same
+//!    transaction. That expiry is the one every process goes by: the claim answers a key past it
+//!    as expired, no process keeps its answer in memory past it, and the reaper deletes by it.
 //!
 //! Invariants: a finished phase is never repeated (each resumes at the recorded point, and a phase
 //! that stays at its point is written to find its own earlier work); a request that loses its
@@ -20,6 +23,7 @@
 //! retry runs again. The payment's phases themselves are in [`crate::payments::create`].
 
 mod abandoned;
+mod clock;
 mod driver;
 mod fingerprint;
 mod key;
@@ -33,6 +37,7 @@ mod story;
 pub use abandoned::{
     Abandoned, NeedsAttention, claim_abandoned, mark_needs_attention, needing_attention, retry_needing_attention,
 };
+pub use clock::Deadline;
 pub use driver::{Context, DriveError, LeaseRunningOut, Phases, Run, TakenIn, release, take_in};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
@@ -40,5 +45,5 @@ pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, ato
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Remembered, ReplayCache};
-pub use store::{Claim, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim};
+pub use store::{Claim, Endpoint, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim};
 pub use story::KeyRecord;

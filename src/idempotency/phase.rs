@@ -6,7 +6,8 @@ use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
 use diesel::sql_types::{BigInt, Bytea, SmallInt, Text, Untyped, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
-use super::store::{KeyLock, Transition, millis, since_boot};
+use super::clock::since_boot;
+use super::store::{KeyLock, Transition, millis};
 use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
@@ -125,17 +126,19 @@ struct Fence<'a, W> {
     /// The phase's writes, whose requirement the fence adds to its own.
     writes: &'a W,
     lease_ms: i64,
-    /// The response's status, as stored (with [`Transition::Finish`]).
+    /// The response's status, as stored, and how long the key is kept after it finishes, in
+    /// milliseconds (with [`Transition::Finish`]).
     status: i16,
+    retention_ms: i64,
 }
 
 impl<'a, W> Fence<'a, W> {
     fn new(lock: &'a KeyLock, transition: &'a Transition, writes: &'a W) -> Self {
-        let status = match transition {
-            Transition::Finish(response) => response.status as i16,
-            _ => 0,
+        let (status, retention_ms) = match transition {
+            Transition::Finish { response, retention } => (response.status as i16, millis(*retention)),
+            _ => (0, 0),
         };
-        Fence { lock, transition, writes, lease_ms: millis(lock.lease()), status }
+        Fence { lock, transition, writes, lease_ms: millis(lock.lease()), status, retention_ms }
     }
 }
 
@@ -150,18 +153,22 @@ impl<W: PhaseWrites> QueryFragment<Pg> for Fence<'_, W> {
                 out.push_bind_param::<Text, _>(point)?;
                 out.push_sql(", ");
             }
-            Transition::Finish(response) => {
+            Transition::Finish { response, .. } => {
                 out.push_sql("recovery_point = 'finished', finished_at = now(), response_status = ");
                 out.push_bind_param::<SmallInt, _>(&self.status)?;
                 out.push_sql(", response_body = ");
                 out.push_bind_param::<Bytea, _>(&response.body)?;
+                // The key's one expiry, which every process and the reaper go by.
+                out.push_sql(", expires_at = now() + ");
+                out.push_bind_param::<BigInt, _>(&self.retention_ms)?;
+                out.push_sql(" * interval '1 millisecond'");
                 // Unlocked; and a key a worker gave up on may still be finished by its client's retry.
                 out.push_sql(
                     ", locked_until = NULL, lock_token = NULL, needs_attention_at = NULL, attention_reason = NULL",
                 );
             }
         }
-        if !matches!(self.transition, Transition::Finish(_)) {
+        if !matches!(self.transition, Transition::Finish { .. }) {
             out.push_sql("locked_until = now() + ");
             out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
             out.push_sql(" * interval '1 millisecond'");

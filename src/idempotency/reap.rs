@@ -7,21 +7,35 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use crate::db::{self, StoreError};
 
-/// Deletes up to `batch` keys that finished more than `retention` ago, oldest first, with an
-/// audit record for each, in one statement; returns how many. The partial index on finished keys
-/// by age serves the scan, and `SKIP LOCKED` lets reapers run side by side. A payment outlives
-/// its key, and keeps the key's id (for the key's story).
+/// Deletes finished keys whose expiry has come, with an audit record for each, in one statement;
+/// returns how many. A key's expiry is the one its finishing statement recorded (`expires_at`),
+/// whatever the reaper's own retention: up to `batch` of those, soonest expired first. Keys
+/// finished before expiries were recorded have none, and expire `retention` (the reaper's own)
+/// after they finished, as before: up to `batch` of those too.
+///
+/// One partial index on `(expires_at, finished_at)` of finished keys serves both scans: a range
+/// of its leading column, and its null `expires_at` entries by `finished_at` (which are none once
+/// the keys finished before the upgrade are gone). `SKIP LOCKED` lets reapers run side by side. A
+/// payment outlives its key, and keeps the key's id (for the key's story).
 pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, batch: i64) -> Result<usize, StoreError> {
     let retention_secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
     db::query(
         diesel::sql_query(
-            "WITH reaped AS (
+            "WITH expired AS (
+             SELECT account_id, id FROM idempotency_keys
+             WHERE finished_at IS NOT NULL AND expires_at <= now()
+             ORDER BY expires_at
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED
+         ), expired_unrecorded AS (
+             SELECT account_id, id FROM idempotency_keys
+             WHERE finished_at IS NOT NULL AND expires_at IS NULL
+               AND finished_at < now() - $1 * interval '1 second'
+             LIMIT $2
+             FOR UPDATE SKIP LOCKED
+         ), reaped AS (
              DELETE FROM idempotency_keys k
-             USING (SELECT account_id, id FROM idempotency_keys
-                    WHERE finished_at < now() - $1 * interval '1 second'
-                    ORDER BY finished_at
-                    LIMIT $2
-                    FOR UPDATE SKIP LOCKED) old
+             USING (SELECT * FROM expired UNION ALL SELECT * FROM expired_unrecorded) old
              WHERE k.account_id = old.account_id AND k.id = old.id
              RETURNING k.account_id, k.id, k.idempotency_key, k.response_status
          )

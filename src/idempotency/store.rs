@@ -9,10 +9,12 @@ use diesel::sql_types::{BigInt, Bool, Bytea, Jsonb, Nullable, SmallInt, Text, Un
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
+use super::clock::{Deadline, since_boot};
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
 use crate::db::{self, StoreError};
+use crate::metrics::KeyEndpoint;
 use crate::request_id::RequestId;
 
 /// What a driver keeps in hand when it checks that its lease covers something it is about to do.
@@ -29,12 +31,21 @@ use crate::request_id::RequestId;
 /// charge. Keeping the database hosts' clocks synchronised is part of running it.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
+/// An endpoint whose requests are made safe to retry by keys: each key is bound to the endpoint
+/// it was first used on (on another, it is a mismatch).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub method: &'static str,
+    pub path: &'static str,
+    /// How metrics name it.
+    pub label: KeyEndpoint,
+}
+
 /// A request about to claim its key.
 pub struct NewKey<'a> {
     pub account_id: Uuid,
     pub key: &'a IdempotencyKey,
-    pub method: &'a str,
-    pub path: &'a str,
+    pub endpoint: &'static Endpoint,
     pub fingerprint: Fingerprint,
     /// The validated request, stored so that a worker can re-drive it without its client.
     pub params: &'a serde_json::Value,
@@ -47,15 +58,18 @@ pub struct NewKey<'a> {
 pub enum Claim {
     /// The key was used with another request body, method or path (422).
     Mismatch,
-    /// The key's request finished, `finished_ago`: replay its stored response.
-    Replay { response: StoredResponse, finished_ago: Duration },
+    /// The key's request finished: replay its stored response. `expires` is when the key expires,
+    /// on this process's clock, so that the answer is kept in memory no longer; none for a key
+    /// finished before expiries were recorded, which no process keeps in memory.
+    Replay { response: StoredResponse, expires: Option<Deadline> },
     /// Another request holds the key and its lock is not stale (409).
     InFlight,
     /// We hold the key: a new one, an unlocked one, or one whose lease ran out.
     Acquired(KeyLock),
-    /// The key's record was reaped after its retention, but what its request made on this
-    /// endpoint remains (`id`: a payment, a refund): whatever the body, the request is a late
-    /// retry and must not do it again. (Made on another endpoint, it is a [`Claim::Mismatch`].)
+    /// The key expired (its record past its recorded expiry, or already reaped), but what its
+    /// request made on this endpoint remains (`id`: a payment, a refund): whatever the body, the
+    /// request is a late retry and must not do it again. (Made on another endpoint, it is a
+    /// [`Claim::Mismatch`].)
     Expired { id: Uuid },
 }
 
@@ -86,14 +100,6 @@ pub struct KeyLock {
     expires: Duration,
 }
 
-/// Time since the machine booted, suspensions included (`CLOCK_BOOTTIME`). `Instant` would not
-/// do: on Linux it stops while the machine sleeps, and a lease judged by it would seem to last
-/// longer than it did.
-pub(super) fn since_boot() -> Duration {
-    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).expect("Linux has CLOCK_BOOTTIME");
-    Duration::from(now)
-}
-
 /// How a phase leaves the key row, applied in the phase's own transaction.
 #[derive(Debug, Clone)]
 pub enum Transition {
@@ -101,21 +107,28 @@ pub enum Transition {
     Stay,
     /// On to the next recovery point.
     Advance(RecoveryPoint),
-    /// Done: store the response, release the lock.
-    Finish(StoredResponse),
+    /// Done: store the response, release the lock, and record when the key expires: `retention`
+    /// (the finishing process's `PAYMENTS_KEY_RETENTION_SECS`) after the database's `now()`.
+    Finish { response: StoredResponse, retention: Duration },
 }
 
 /// Claims `new.key` in one statement, which is race-free without any check-then-insert:
-/// - `existing` reads the key's row, if any (one unique-index probe);
-/// - `expired` looks, only when there is no row, for what the key made under a row since reaped
-///   (the view `made_by_keys`: a probe of each endpoint's table by its unique client key);
+/// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
+///   its recorded expiry has come, by the database's clock;
+/// - `expired` looks, only when there is no row or an expired one, for what the key made (the view
+///   `made_by_keys`: a probe of each endpoint's table by its unique client key). An expired key is
+///   answered as one since reaped would be, whoever reads it and whatever its own retention: no
+///   process replays a key past its expiry, from the database or from memory. (An expired key that
+///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
 /// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
 ///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
 ///   statement again, which then sees that request's row;
 /// - `taken` locks an existing row for us if it is the same request, unfinished, and unlocked or
 ///   its lease over. Its conditions are re-checked on the row's latest version under the row
 ///   lock, so of two requests racing for an expired lease exactly one takes it;
-/// - a replay never writes: a finished key skips `taken` altogether;
+/// - a replay never writes: a finished key skips `taken` altogether. It comes with how long the
+///   key has left before it expires, by the database's clock, which is as long as a process may
+///   keep the answer in memory;
 /// - `audited` records a claim that took the key: `claimed` (new), `resumed` (unlocked: its last
 ///   request stopped short and let go) or `taken_over` (its lease had run out: its driver died).
 ///
@@ -123,7 +136,9 @@ pub enum Transition {
 pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Duration) -> Result<Claim, StoreError> {
     let token = Uuid::new_v4();
     let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease) };
-    // One retry covers the one race (both inserting a new key); two more are a safety margin.
+    // One retry covers the one race (both inserting a new key); two more are a safety margin. (An
+    // expired key without its payment would also return nothing, but the finishing phase requires
+    // the payment, and payments are never deleted.)
     for _ in 0..3 {
         let sent = since_boot();
         let Some(row) = db::query(async { query.get_result::<ClaimRow>(conn).await.optional() }).await? else {
@@ -136,9 +151,11 @@ pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Durati
                 Claim::Acquired(KeyLock::new(new.account_id, id, recovery_point, !fresh, lease))
             }
             ClaimRow { same_request: false, .. } => Claim::Mismatch,
-            ClaimRow { response_status: Some(status), response_body: Some(body), finished_ms_ago, .. } => {
-                let finished_ago = Duration::from_millis(finished_ms_ago.unwrap_or_default().try_into().unwrap_or(0));
-                Claim::Replay { response: StoredResponse { status: status as u16, body }, finished_ago }
+            ClaimRow { response_status: Some(status), response_body: Some(body), expires_in_ms, .. } => {
+                let left = |ms: i64| Duration::from_millis(ms.try_into().unwrap_or(0));
+                // Counted from before the claim was sent: it ends no later than the key does.
+                let expires = expires_in_ms.map(|ms| Deadline::counted_from(sent, left(ms)));
+                Claim::Replay { response: StoredResponse { status: status as u16, body }, expires }
             }
             ClaimRow { .. } => Claim::InFlight,
         });
@@ -221,7 +238,7 @@ impl KeyLock {
         match transition {
             Transition::Stay => {}
             Transition::Advance(point) => self.recovery_point = *point,
-            Transition::Finish(_) => self.recovery_point = RecoveryPoint::Finished,
+            Transition::Finish { .. } => self.recovery_point = RecoveryPoint::Finished,
         }
     }
 
@@ -285,9 +302,10 @@ struct ClaimRow {
     /// Set when the key's row is gone but what it made on this endpoint remains.
     #[diesel(sql_type = Nullable<SqlUuid>)]
     made_id: Option<Uuid>,
-    /// How long ago a finished key finished, by the database's clock.
+    /// How long a finished key has left before it expires, by the database's clock; none if no
+    /// expiry was recorded.
     #[diesel(sql_type = Nullable<BigInt>)]
-    finished_ms_ago: Option<i64>,
+    expires_in_ms: Option<i64>,
 }
 
 /// The claim statement. A type of its own (rather than `sql_query`) so that diesel prepares it
@@ -303,12 +321,12 @@ struct ClaimQuery<'a> {
 /// Everything after the parameters, which are bound once, by name, in the `input` row.
 const CLAIM_SQL: &str = "
 ), existing AS (
-    SELECT k.* FROM idempotency_keys k, input i
+    SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k, input i
     WHERE k.account_id = i.account_id AND k.idempotency_key = i.idempotency_key
 ), expired AS (
     SELECT m.id, m.request_method = i.method AND m.request_path = i.path AS same_endpoint
     FROM made_by_keys m, input i
-    WHERE NOT EXISTS (SELECT FROM existing)
+    WHERE (NOT EXISTS (SELECT FROM existing) OR EXISTS (SELECT FROM existing WHERE expired))
       AND m.account_id = i.account_id AND m.idempotency_key = i.idempotency_key
 ), inserted AS (
     INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
@@ -341,7 +359,7 @@ const CLAIM_SQL: &str = "
     FROM taken t, existing e, input i
 )
 SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body,
-       NULL::uuid AS made_id, NULL::bigint AS finished_ms_ago
+       NULL::uuid AS made_id, NULL::bigint AS expires_in_ms
 FROM inserted
 UNION ALL
 SELECT true, false, id, true, recovery_point, response_status, response_body, NULL, NULL
@@ -350,9 +368,9 @@ UNION ALL
 SELECT false, false, e.id,
        e.request_fingerprint = i.fingerprint AND e.request_method = i.method AND e.request_path = i.path,
        e.recovery_point, e.response_status, e.response_body, NULL,
-       (extract(epoch FROM now() - e.finished_at) * 1000)::bigint
+       (extract(epoch FROM e.expires_at - now()) * 1000)::bigint
 FROM existing e, input i
-WHERE NOT EXISTS (SELECT FROM taken)
+WHERE NOT EXISTS (SELECT FROM taken) AND NOT (e.expired AND EXISTS (SELECT FROM expired))
 UNION ALL
 SELECT false, false, x.id, x.same_endpoint, 'finished', NULL, NULL, CASE WHEN x.same_endpoint THEN x.id END, NULL
 FROM expired x";
@@ -370,9 +388,9 @@ impl QueryFragment<Pg> for ClaimQuery<'_> {
         out.push_sql(", ");
         out.push_bind_param::<SqlUuid, _>(&self.key_id)?;
         out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.method)?;
+        out.push_bind_param::<Text, _>(new.endpoint.method)?;
         out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.path)?;
+        out.push_bind_param::<Text, _>(new.endpoint.path)?;
         out.push_sql(", ");
         out.push_bind_param::<Bytea, _>(new.fingerprint.as_bytes())?;
         out.push_sql(", ");

@@ -1,7 +1,10 @@
 //! A key as it stands now, for the key's story (`GET /v1/idempotency_keys?key=`).
 
 use chrono::{DateTime, Utc};
+use diesel::dsl;
+use diesel::expression::SqlLiteral;
 use diesel::prelude::*;
+use diesel::sql_types::Bool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
@@ -18,12 +21,19 @@ pub struct KeyRecord {
     pub recovery_point: RecoveryPoint,
     /// When the holder's lease ends; none while nobody holds the key.
     pub locked_until: Option<DateTime<Utc>>,
+    /// Whether the lease has not ended yet, by the database's clock: the one that set
+    /// `locked_until` and that every claim judges it by.
+    #[diesel(select_expression = dsl::sql::<Bool>("coalesce(locked_until > now(), false)"))]
+    #[diesel(select_expression_type = SqlLiteral<Bool>)]
+    pub locked: bool,
     /// How many times the completer took the key over.
     pub completer_attempts: i32,
     pub needs_attention_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub last_run_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// When the finished key expires, as recorded when it finished (none before that was recorded).
+    pub expires_at: Option<DateTime<Utc>>,
     /// The stored answer's HTTP status, once finished.
     pub response_status: Option<i16>,
 }

@@ -141,6 +141,14 @@ label! {
 }
 
 label! {
+    /// An endpoint whose requests take idempotency keys.
+    pub enum KeyEndpoint {
+        Payments = "payments",
+        Refunds = "refunds",
+    }
+}
+
+label! {
     /// How an event's delivery ended.
     pub enum DeliveryOutcome {
         Delivered = "delivered",
@@ -191,13 +199,13 @@ impl Metrics {
         let metrics = Metrics {
             requests: counter(
                 "idempotency_requests_total",
-                "Requests with an Idempotency-Key, by how their key was taken in.",
-                &["outcome"],
+                "Requests with an Idempotency-Key, by endpoint and how their key was taken in.",
+                &["endpoint", "outcome"],
             ),
             unfinished: counter(
                 "idempotency_requests_unfinished_total",
-                "Requests that held their key but answered without finishing it, by why.",
-                &["reason"],
+                "Requests that held their key but answered without finishing it, by endpoint and why.",
+                &["endpoint", "reason"],
             ),
             payments: counter(
                 "payments_total",
@@ -248,11 +256,16 @@ impl Metrics {
         metrics.registry.register(Box::new(metrics.reaped.clone())).expect("registered once");
         // Every series of a closed set is there from the start, at 0: an alert on a rate then
         // sees the first event, and a dashboard shows a zero rather than nothing.
-        for &outcome in KeyOutcome::ALL {
-            metrics.requests.with_label_values(&[outcome.as_str()]);
+        for &endpoint in KeyEndpoint::ALL {
+            for &outcome in KeyOutcome::ALL {
+                metrics.requests.with_label_values(&[endpoint.as_str(), outcome.as_str()]);
+            }
+            for &reason in Unfinished::ALL {
+                metrics.unfinished.with_label_values(&[endpoint.as_str(), reason.as_str()]);
+            }
         }
-        for &reason in Unfinished::ALL {
-            metrics.unfinished.with_label_values(&[reason.as_str()]);
+        for &status in ["pending", "succeeded", "failed"].iter() {
+            metrics.refunds.with_label_values(&[status]);
         }
         for &operation in GatewayOperation::ALL {
             for &outcome in GatewayOutcome::ALL {
@@ -268,9 +281,10 @@ impl Metrics {
         metrics
     }
 
-    /// A request of `account_id` was taken in: counted here, and in the account's tally.
-    pub fn key(&self, account_id: Uuid, outcome: KeyOutcome) {
-        self.requests.with_label_values(&[outcome.as_str()]).inc();
+    /// A request of `account_id` to `endpoint` was taken in: counted here, and in the account's
+    /// tally.
+    pub fn key(&self, account_id: Uuid, endpoint: KeyEndpoint, outcome: KeyOutcome) {
+        self.requests.with_label_values(&[endpoint.as_str(), outcome.as_str()]).inc();
         self.tally.count(account_id, outcome);
     }
 
@@ -279,8 +293,8 @@ impl Metrics {
         self.tally.flush(pool).await
     }
 
-    pub fn unfinished(&self, reason: Unfinished) {
-        self.unfinished.with_label_values(&[reason.as_str()]).inc();
+    pub fn unfinished(&self, endpoint: KeyEndpoint, reason: Unfinished) {
+        self.unfinished.with_label_values(&[endpoint.as_str(), reason.as_str()]).inc();
     }
 
     /// A payment's final answer was stored: `reason` is `none` for a success, else why it failed.

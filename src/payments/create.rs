@@ -44,16 +44,16 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse, TakenIn,
-    Transition, take_in,
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse,
+    TakenIn, Transition, take_in,
 };
+use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
-/// The method and path a payment key is bound to: a key used on another endpoint is a mismatch.
-const METHOD: &str = "POST";
-const PATH: &str = "/v1/payments";
+/// The endpoint: a payment key is bound to it (used on another, it is a mismatch).
+pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/payments", label: KeyEndpoint::Payments };
 
 /// The answer to a create request.
 #[derive(Debug)]
@@ -78,8 +78,7 @@ pub async fn create_payment(
     let new = NewKey {
         account_id,
         key: &key,
-        method: METHOD,
-        path: PATH,
+        endpoint: &ENDPOINT,
         fingerprint: Fingerprint::of(&params),
         params: &params,
         request_id,
@@ -311,7 +310,7 @@ impl<'a> PaymentPhases<'a> {
         let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
         let audit = audit(account_id, payment.id, run.actor(), "payment.finished", data, &request_id);
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
-        let _: Payment = run.phase(Transition::Finish(response), writes).await?;
+        let _: Payment = run.finish(response, writes).await?;
         let failure = payment.failure().map_or("none", |failure| failure.as_str());
         self.state.metrics.payment_finished(payment.status.as_str(), failure);
         Ok(())

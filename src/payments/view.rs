@@ -21,7 +21,10 @@ pub struct PaymentView<'a> {
     pub metadata: &'a serde_json::Value,
     pub gateway_charge_id: Option<&'a str>,
     pub failure_code: Option<&'a str>,
-    pub failure_message: Option<&'a str>,
+    /// The gateway's own words about a failure (`null` when there are none). Left out altogether
+    /// (`None`) where only facts and codes are shown: a key's story.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<Option<&'a str>>,
     /// The sum of its succeeded refunds, and whether that is all of it.
     pub amount_refunded: i64,
     pub refunded: bool,
@@ -40,11 +43,19 @@ impl<'a> From<&'a Payment> for PaymentView<'a> {
             metadata: &payment.metadata,
             gateway_charge_id: payment.gateway_charge_id.as_deref(),
             failure_code: payment.failure_code.as_deref(),
-            failure_message: payment.failure_message.as_deref(),
+            failure_message: Some(payment.failure_message.as_deref()),
             amount_refunded: payment.amount_refunded,
             refunded: payment.amount_refunded == payment.amount,
             created_at: payment.created_at,
         }
+    }
+}
+
+impl<'a> PaymentView<'a> {
+    /// The payment without the gateway's own words (`failure_message`, which may say anything),
+    /// for a view that shows only facts and codes: its `failure_code` is there.
+    pub fn facts_only(payment: &'a Payment) -> Self {
+        PaymentView { failure_message: None, ..PaymentView::from(payment) }
     }
 }
 

@@ -35,17 +35,17 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse, TakenIn,
-    Transition, take_in,
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse,
+    TakenIn, Transition, take_in,
 };
+use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
 use crate::payments::Created;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
-/// The method and path a refund key is bound to.
-const METHOD: &str = "POST";
-const PATH: &str = "/v1/refunds";
+/// The endpoint: a refund key is bound to it (used on another, it is a mismatch).
+pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/refunds", label: KeyEndpoint::Refunds };
 
 /// How long after the gateway answered `pending` a refund is first looked up again.
 pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -65,8 +65,7 @@ pub async fn create_refund(
     let new = NewKey {
         account_id,
         key: &key,
-        method: METHOD,
-        path: PATH,
+        endpoint: &ENDPOINT,
         fingerprint: Fingerprint::of(&params),
         params: &params,
         request_id,
@@ -208,8 +207,7 @@ impl<'a> RefundPhases<'a> {
             data,
             request_id: Some(request_id.as_str()),
         };
-        let _: writes::Finished =
-            run.phase(Transition::Finish(response), writes::Finish { event: None, audit }).await?;
+        let _: writes::Finished = run.finish(response, writes::Finish { event: None, audit }).await?;
         Ok(())
     }
 
@@ -308,7 +306,7 @@ impl<'a> RefundPhases<'a> {
             settle_in_ms: writes::millis(FIRST_SETTLE_DELAY),
             finish: writes::Finish { event: Some(&event), audit },
         };
-        let _: writes::Finished = run.phase(Transition::Finish(response), writes).await?;
+        let _: writes::Finished = run.finish(response, writes).await?;
         self.state.metrics.refund_finished(refund.status.as_str());
         Ok(())
     }

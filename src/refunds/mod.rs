@@ -7,7 +7,7 @@ mod request;
 mod view;
 mod writes;
 
-pub use create::{complete_abandoned, create_refund};
+pub use create::{ENDPOINT, complete_abandoned, create_refund};
 pub use model::{Refund, RefundStatus};
 pub use request::{CreateRefundBody, RefundReason, RefundRequest};
 pub use view::{RefundList, RefundView};

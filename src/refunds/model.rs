@@ -77,6 +77,21 @@ impl Refund {
             .optional()
     }
 
+    /// The refund the client's `key` made, if any: found even after the key's row is reaped.
+    pub async fn find_by_client_key(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key: &str,
+    ) -> QueryResult<Option<Refund>> {
+        refunds::table
+            .filter(refunds::account_id.eq(account_id))
+            .filter(refunds::idempotency_key.eq(key))
+            .select(Refund::as_select())
+            .get_result(conn)
+            .await
+            .optional()
+    }
+
     /// Where the account's refund `id` stands in creation order, for paging past it.
     pub async fn position(conn: &mut AsyncPgConnection, account_id: Uuid, id: Uuid) -> QueryResult<Option<i64>> {
         refunds::table

@@ -3,8 +3,8 @@
 //!
 //! - The [`Completer`] finishes requests whose clients went away: unfinished keys whose lock is
 //!   free or stale, re-driven from their recovery point through the same phases as the API.
-//! - The [`Reaper`] deletes finished keys once their retention is over, and the per-account
-//!   request counts once theirs is.
+//! - The [`Reaper`] deletes finished keys once they expire, and the per-account request counts
+//!   once their retention is over.
 //! - The [`Outbox`] delivers the events that finished payments staged.
 //!
 //! Each worker has `run_once`, one unit of work, which tests call to drain it deterministically;

@@ -1,5 +1,5 @@
-//! The reaper: deletes finished keys once their retention is over, and the per-account request
-//! counts once theirs is.
+//! The reaper: deletes finished keys once they expire, and the per-account request counts once
+//! their retention is over.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,13 +11,14 @@ use crate::idempotency::reap_finished;
 use crate::metrics::reap_request_counts;
 use crate::state::AppState;
 
-/// Rows deleted per statement, of each kind: small, so a pass never holds many row locks or runs
-/// long.
+/// Keys deleted per transaction, of each kind (see [`reap_finished`]): small, so a pass never holds
+/// many row locks or runs long.
 const BATCH: i64 = 500;
 
-/// Deletes keys that finished longer than the retention ago, a batch per run. Unfinished keys are never
-/// deleted: they belong to the completer, or to an operator. Payments keep the client's key, so
-/// a retry that arrives after its key was reaped is answered 410 and charged nothing.
+/// Deletes keys past the expiry recorded when they finished (whatever this process's retention;
+/// that applies only to keys finished before expiries were recorded), a batch per run. Unfinished
+/// keys are never deleted: they belong to the completer, or to an operator. Payments keep the
+/// client's key, so a retry that arrives after its key expired is answered 410 and charged nothing.
 ///
 /// Deletes as well, a batch per run, the hourly request counts of `payments stats` that are older
 /// than their retention: one row per account and hour would otherwise pile up for ever.
@@ -40,13 +41,13 @@ impl Worker for Reaper {
         let reaped = reap_finished(&mut conn, self.state.settings.key_retention, BATCH).await?;
         if reaped > 0 {
             self.state.metrics.reaped(reaped);
-            tracing::info!(reaped, "reaped finished keys past their retention");
+            tracing::info!(reaped, "reaped finished keys past their expiry");
         }
         let counts = reap_request_counts(&mut conn, self.request_counts_retention, BATCH).await?;
         if counts > 0 {
             tracing::info!(rows = counts, "deleted per-account request counts past their retention");
         }
-        // A full batch of either means there may be more.
-        Ok(if reaped as i64 == BATCH || counts as i64 == BATCH { Outcome::Worked } else { Outcome::Idle })
+        // A full batch of either kind means there may be more.
+        Ok(if reaped as i64 >= BATCH || counts as i64 == BATCH { Outcome::Worked } else { Outcome::Idle })
     }
 }

@@ -3,11 +3,13 @@
 
 use std::time::Duration;
 
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
+use payments::story::TRAIL_LIMIT;
 use payments::workers::Worker;
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::helpers::{Lock, TestApp, new_key, payment_body};
+use crate::helpers::{Lock, TestApp, TestDatabase, new_key, payment_body};
 
 /// The story of `key`, which must exist.
 async fn story(app: &TestApp, key: &str) -> Value {
@@ -36,10 +38,14 @@ async fn a_finished_key_tells_every_phase_with_the_request_that_committed_it() {
     assert_eq!(story["recovery_point"], "finished");
     assert_eq!(story["locked"], false);
     assert!(story["locked_until"].is_null() && story["finished_at"].is_string() && story["created_at"].is_string());
+    assert!(story["expires_at"].as_str() > story["finished_at"].as_str(), "{story}");
+    assert_eq!(story["trail_has_more"], false);
     assert_eq!(story["response_status"], 201);
     assert_eq!(story["needs_attention"], false);
     assert_eq!(story["reaped"], false);
-    assert_eq!(story["payment"], payment);
+    let mut shown = payment.clone();
+    shown.as_object_mut().unwrap().remove("failure_message");
+    assert_eq!(story["payment"], shown, "the payment as the API shows it, but for the gateway's words");
     assert_eq!(
         actions(&story),
         ["idempotency_key.claimed", "payment.created", "payment.charge_recorded", "payment.finished"]
@@ -177,4 +183,109 @@ async fn a_key_is_named_exactly_and_must_be_a_valid_key() {
     }
     let no_key = app.get("/v1/idempotency_keys").await;
     assert_eq!(no_key.status(), StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_long_trail_is_read_a_page_at_a_time() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+    // A client that kept retrying through an outage: 123 more runs released and resumed.
+    let key_id = app.key_row(&key).await.unwrap().id;
+    app.run_sql(&format!(
+        "INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         SELECT '{}', CASE WHEN i % 2 = 1 THEN 'idempotency_key.released' ELSE 'idempotency_key.resumed' END,
+                'idempotency_key', '{key_id}', 'api', '{{\"recovery_point\": \"started\"}}'
+         FROM generate_series(1, 246) i",
+        app.account_id
+    ))
+    .await;
+
+    let (mut read, mut pages, mut after) = (Vec::new(), Vec::new(), 0);
+    loop {
+        let page = app.get(&format!("/v1/idempotency_keys?key={key}&trail_after={after}")).await;
+        assert_eq!(page.status(), StatusCode::OK);
+        let page: Value = page.json().await.unwrap();
+        assert_eq!(page["response_status"], 201, "every page tells where the key stands");
+        let trail = page["trail"].as_array().unwrap();
+        pages.push(trail.len());
+        read.extend(trail.iter().map(|entry| entry["action"].as_str().unwrap().to_owned()));
+        if page["trail_has_more"] != true {
+            break;
+        }
+        after += trail.len();
+    }
+
+    let limit = TRAIL_LIMIT as usize;
+    assert_eq!(pages, [limit, limit, 250 - 2 * limit], "at most {limit} records an answer");
+    let whole: Vec<String> = app.audit_trail().await.into_iter().map(|(action, _)| action).collect();
+    assert_eq!(read, whole, "the pages, in order, are the whole trail");
+    let past_the_end: Value =
+        app.get(&format!("/v1/idempotency_keys?key={key}&trail_after=1000")).await.json().await.unwrap();
+    assert_eq!(past_the_end["trail"], json!([]));
+    assert_eq!(past_the_end["trail_has_more"], false);
+    for invalid in ["-1", "x", "4294967296", ""] {
+        let response = app.get(&format!("/v1/idempotency_keys?key={key}&trail_after={invalid}")).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "trail_after={invalid}");
+    }
+
+    // Reaped, its story still sums up the whole trail on every page (the claim and the finish
+    // are on the first, the reaping on the last).
+    app.run_sql("UPDATE idempotency_keys SET expires_at = now()").await;
+    app.workers().reaper.run_once().await.unwrap();
+    let last: Value = app.get(&format!("/v1/idempotency_keys?key={key}&trail_after=200")).await.json().await.unwrap();
+    assert_eq!(last["reaped"], true);
+    assert_eq!(last["response_status"], 201);
+    assert!(last["created_at"].is_string() && last["finished_at"].is_string(), "{last}");
+    assert_eq!(actions(&last).last(), Some(&"idempotency_key.reaped"));
+}
+
+#[tokio::test]
+async fn whether_a_key_is_locked_is_the_databases_call_not_the_apps_clock() {
+    // A database whose clock is an hour ahead of the app's (say, after a failover to a host whose
+    // clock differs): its `now()` is shadowed by one that adds the hour.
+    let database = TestDatabase::create().await;
+    let ahead = format!(
+        "CREATE SCHEMA clock;
+         CREATE FUNCTION clock.now() RETURNS timestamptz LANGUAGE sql STABLE
+             AS 'SELECT pg_catalog.now() + interval ''1 hour''';
+         ALTER DATABASE {} SET search_path = clock, pg_catalog, public;",
+        database.name
+    );
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    conn.batch_execute(&ahead).await.unwrap();
+    let app = TestApp::builder().spawn_on(database).await;
+    let (ran_out, held) = (new_key(), new_key());
+    app.seed_key(&ran_out, &payment_body(), "started", Lock::Free).await;
+    app.seed_key(&held, &payment_body(), "started", Lock::Free).await;
+    // Leases as the database sets them: one that ran out a minute ago by its clock (and ends in
+    // 59 minutes by the app's), one with a minute left.
+    for (key, end) in [(&ran_out, "- interval '1 minute'"), (&held, "+ interval '1 minute'")] {
+        app.run_sql(&format!(
+            "UPDATE idempotency_keys SET locked_until = now() {end}, lock_token = gen_random_uuid()
+             WHERE idempotency_key = '{key}'"
+        ))
+        .await;
+    }
+
+    assert_eq!(story(&app, &ran_out).await["locked"], false, "its lease ran out: nobody holds it");
+    assert_eq!(story(&app, &held).await["locked"], true);
+}
+
+#[tokio::test]
+async fn a_declined_payments_story_shows_its_code_never_the_gateways_words() {
+    let app = TestApp::spawn().await;
+    let key = new_key();
+    let body = json!({ "amount": 500, "currency": "usd", "source": "tok_chargeDeclined" });
+    let declined = app.post_payment(&key, &body).await;
+    assert_eq!(declined.status(), StatusCode::PAYMENT_REQUIRED);
+    let declined: Value = declined.json().await.unwrap();
+    let words = declined["payment"]["failure_message"].as_str().expect("the API shows the gateway's message");
+
+    let story = story(&app, &key).await;
+
+    assert_eq!(story["payment"]["status"], "failed");
+    assert_eq!(story["payment"]["failure_code"], declined["payment"]["failure_code"]);
+    assert!(story["payment"].get("failure_message").is_none(), "{story}");
+    assert!(!story.to_string().contains(words), "{story}");
 }

@@ -17,6 +17,7 @@ mod gateway_identity;
 mod gateway_mock;
 mod gateway_refunds;
 mod helpers;
+mod key_expiry;
 mod key_story;
 mod logs;
 mod many_instances;

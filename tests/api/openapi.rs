@@ -6,6 +6,7 @@ use payments::http::{ENDPOINTS, OPENAPI_YAML};
 use payments::idempotency::IdempotencyKey;
 use payments::payments::CreatePaymentBody;
 use payments::problem::ProblemType;
+use payments::story::TRAIL_LIMIT;
 use regex::Regex;
 use serde_json::json;
 use yaml_rust2::{Yaml, YamlLoader};
@@ -64,6 +65,13 @@ fn the_spec_and_the_parser_accept_the_same_idempotency_keys() {
     for value in values {
         assert_eq!(pattern.is_match(&value), IdempotencyKey::parse(value.as_bytes()).is_ok(), "{value:?}");
     }
+}
+
+#[test]
+fn the_spec_caps_a_keys_trail_where_the_code_does() {
+    let spec = spec();
+    let trail = &spec["components"]["schemas"]["KeyStory"]["properties"]["trail"];
+    assert_eq!(trail["maxItems"].as_i64(), Some(i64::from(TRAIL_LIMIT)));
 }
 
 #[test]

@@ -151,3 +151,21 @@ async fn a_refund_key_tells_its_story() {
         "{story}"
     );
 }
+
+#[tokio::test]
+async fn refund_requests_are_counted_apart_from_payments() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let key = new_key();
+    for _ in 0..2 {
+        app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 10 })).await;
+    }
+
+    let scrape = app.metrics().await;
+    let count = |endpoint, outcome| {
+        scrape.count("idempotency_requests_total", &[("endpoint", endpoint), ("outcome", outcome)])
+    };
+    assert_eq!((count("refunds", "created"), count("refunds", "replayed")), (1.0, 1.0));
+    assert_eq!((count("payments", "created"), count("payments", "replayed")), (1.0, 0.0));
+    assert_eq!(scrape.count("refunds_total", &[("status", "succeeded")]), 1.0);
+}

@@ -57,6 +57,8 @@ async fn execute(url: &str, sql: &str) {
 pub struct TestDatabase {
     pub name: String,
     pub url: String,
+    /// False for an [`alias`](TestDatabase::alias), which leaves the database to its owner.
+    owned: bool,
 }
 
 impl TestDatabase {
@@ -65,7 +67,12 @@ impl TestDatabase {
         let cluster = &*CLUSTER;
         let sql = format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE} STRATEGY FILE_COPY");
         execute(&cluster.url("postgres"), &sql).await;
-        TestDatabase { url: cluster.url(&name), name }
+        TestDatabase { url: cluster.url(&name), name, owned: true }
+    }
+
+    /// The same database, for another app on it; dropping the alias leaves the database be.
+    pub fn alias(&self) -> TestDatabase {
+        TestDatabase { name: self.name.clone(), url: self.url.clone(), owned: false }
     }
 
     /// The cluster's socket directory (for a TCP proxy in front of it).
@@ -76,6 +83,9 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let (admin, sql) = (CLUSTER.url("postgres"), format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
         let _ = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(execute(&admin, &sql))

@@ -86,6 +86,18 @@ impl TestAppBuilder {
     pub async fn spawn_on(self, database: TestDatabase) -> TestApp {
         let mut conn = AsyncPgConnection::establish(&database.url).await.expect("connecting to the test database");
         let (account, api_key) = payments::accounts::create(&mut conn, "test").await.expect("creating an account");
+        self.start(database, account.id, api_key).await
+    }
+
+    /// Another app on `first`'s database, for its account and (unless told otherwise) through its
+    /// gateway, with settings of its own: another process of the same deployment. `first` owns
+    /// the database: it goes when `first` does.
+    pub async fn spawn_beside(mut self, first: &TestApp) -> TestApp {
+        self.gateway_url.get_or_insert_with(|| first.gateway_url.clone());
+        self.start(first.database.alias(), first.account_id, first.api_key.clone()).await
+    }
+
+    async fn start(self, database: TestDatabase, account_id: Uuid, api_key: String) -> TestApp {
         let mock = match &self.gateway_url {
             Some(_) => None,
             None => Some(
@@ -108,7 +120,7 @@ impl TestAppBuilder {
             address,
             metrics_address,
             api_key,
-            account_id: account.id,
+            account_id,
             http: reqwest::Client::new(),
             gateway: GatewayControl::new(&gateway_url),
             gateway_url,
@@ -287,6 +299,33 @@ impl TestApp {
             .await
             .optional()
             .unwrap()
+    }
+
+    /// Whether `condition`, an SQL expression, holds in the test database now (by its clock).
+    pub async fn database_says(&self, condition: &str) -> bool {
+        TestApp::database_says_on(&mut self.db().await, condition).await
+    }
+
+    /// Whether `condition`, an SQL expression, holds now in the database of `conn`.
+    pub async fn database_says_on(conn: &mut AsyncPgConnection, condition: &str) -> bool {
+        #[derive(QueryableByName)]
+        struct Holds {
+            #[diesel(sql_type = diesel::sql_types::Bool)]
+            holds: bool,
+        }
+        let sql = format!("SELECT coalesce(({condition}), false) AS holds");
+        let answer = diesel::sql_query(&sql).get_result::<Holds>(conn).await;
+        answer.unwrap_or_else(|e| panic!("{sql}: {e}")).holds
+    }
+
+    /// Whether this account's `key` has expired, by the database's clock: its row is past the
+    /// expiry recorded when it finished.
+    pub async fn key_has_expired(&self, key: &str) -> bool {
+        self.database_says(&format!(
+            "SELECT expires_at <= now() FROM idempotency_keys WHERE account_id = '{}' AND idempotency_key = '{key}'",
+            self.account_id
+        ))
+        .await
     }
 
     /// How many rows each table holds: (keys, payments, audit records, staged jobs).

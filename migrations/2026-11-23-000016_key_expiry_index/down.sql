@@ -1,0 +1,1 @@
+DROP INDEX CONCURRENTLY IF EXISTS idempotency_keys_expiry_idx;

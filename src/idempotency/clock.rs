@@ -1,0 +1,66 @@
+//! The clock a process keeps the database's times on: leases and expiries, each learnt from a
+//! statement and counted here without asking the database again.
+
+use std::time::Duration;
+
+/// How much of the time left a [`Deadline`] gives up, as a fraction (1/1000): the database's clock
+/// and ours may run at slightly different rates (NTP slews a clock by at most 500 parts per
+/// million), and over a retention of a day that is up to 43 s, by which a cache could outlive what
+/// it holds. Twice the worst slew, so it never does.
+const RATE_MARGIN_DIVISOR: u32 = 1000;
+
+/// Time since the machine booted, suspensions included (`CLOCK_BOOTTIME`). `Instant` would not
+/// do: on Linux it stops while the machine sleeps, and a lease judged by it would seem to last
+/// longer than it did.
+pub(super) fn since_boot() -> Duration {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).expect("Linux has CLOCK_BOOTTIME");
+    Duration::from(now)
+}
+
+/// A moment the database decides (a key's expiry), on this process's [`since_boot`] clock, early
+/// rather than late: counted from before the statement that learnt it was sent (the database's
+/// `now()` is later than that), less [`RATE_MARGIN_DIVISOR`]'s share of the time left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Deadline {
+    /// On [`since_boot`].
+    at: Duration,
+}
+
+impl Deadline {
+    /// `left` after `sent`, a reading of [`since_boot`] taken before the statement that said so
+    /// was sent.
+    pub(super) fn counted_from(sent: Duration, left: Duration) -> Deadline {
+        Deadline { at: sent.saturating_add(left - left / RATE_MARGIN_DIVISOR) }
+    }
+
+    /// `left` from now, for a moment the database is about to set to at least its `now()` plus
+    /// `left` (a key about to finish).
+    pub fn after(left: Duration) -> Deadline {
+        Deadline::counted_from(since_boot(), left)
+    }
+
+    /// How long until it comes; zero once it has.
+    pub fn time_left(&self) -> Duration {
+        self.at.saturating_sub(since_boot())
+    }
+
+    /// Whether it has come.
+    pub fn has_passed(&self) -> bool {
+        self.time_left().is_zero()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_comes_early_never_late() {
+        let sent = since_boot();
+        let deadline = Deadline::counted_from(sent, Duration::from_secs(86_400));
+        assert!(deadline.at <= sent + Duration::from_secs(86_400) - Duration::from_secs(86));
+        assert!(Deadline::counted_from(sent, Duration::ZERO).has_passed());
+        assert!(!Deadline::after(Duration::from_secs(60)).has_passed());
+        assert_eq!(Deadline::counted_from(Duration::MAX, Duration::MAX).at, Duration::MAX, "saturates");
+    }
+}

@@ -1,0 +1,210 @@
+//! A key's whole story, whichever endpoint it was used on: where the key stands, the payment or
+//! refund it made, and every step of its audit trail, for a person (or support) to follow one
+//! request through its recovery points.
+
+use chrono::{DateTime, Utc};
+use diesel_async::AsyncPgConnection;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::audit::{self, AuditEntry};
+use crate::db::{self, StoreError};
+use crate::idempotency::{IdempotencyKey, KeyRecord, RecoveryPoint};
+use crate::payments::{Payment, PaymentView};
+use crate::refunds::{Refund, RefundView};
+
+/// What of an audit record's data the key's owner sees: facts about the request, never an
+/// error's text or a gateway's identity, which may name servers or database errors (operators
+/// read those in `payments attention list`, the logs, or the audit table).
+const SHOWN: [&str; 14] = [
+    "recovery_point",
+    "reason_code",
+    "answered_by",
+    "status",
+    "gateway_charge_id",
+    "gateway_refund_id",
+    "failure_code",
+    "refusal",
+    "payment",
+    "response_status",
+    "amount",
+    "currency",
+    "attempt",
+    "attempts",
+];
+
+/// The most audit records one story holds. A key's trail is short (claimed, three phases, reaped,
+/// and two more for each run that stopped short), but a client that retries through a long outage
+/// lengthens it without end: a hundred records cover dozens of interrupted runs and keep an answer
+/// to a few tens of kilobytes, and `trail_after` reads on from there.
+pub const TRAIL_LIMIT: u32 = 100;
+
+/// The actions whose latest record the story's summary reads, wherever they are in the trail.
+const SUMMARISED: [&str; 6] = [
+    "idempotency_key.claimed",
+    "idempotency_key.needs_attention",
+    "idempotency_key.reaped",
+    "payment.finished",
+    "refund.finished",
+    "refund.refused",
+];
+
+/// The story of one key of an account.
+#[derive(Debug, Serialize)]
+pub struct KeyStory {
+    object: &'static str,
+    key: String,
+    /// The key row's id, as audit records name it.
+    id: Uuid,
+    recovery_point: RecoveryPoint,
+    /// Whether a driver holds the key now, by the database's clock (a lease that ran out holds
+    /// nothing: the next request or the completer takes the key over).
+    locked: bool,
+    locked_until: Option<DateTime<Utc>>,
+    completer_attempts: i32,
+    needs_attention: bool,
+    /// Why the completer gave up, as a code: `unknown_outcome`, `lock_lost`, `database`, `internal`.
+    attention_reason: Option<String>,
+    needs_attention_at: Option<DateTime<Utc>>,
+    created_at: Option<DateTime<Utc>>,
+    last_run_at: Option<DateTime<Utc>>,
+    finished_at: Option<DateTime<Utc>>,
+    /// When the finished key expires (answered `410` from then on), as recorded when it finished.
+    expires_at: Option<DateTime<Utc>>,
+    /// The key's record was deleted after it expired: only what it made and its trail remain.
+    reaped: bool,
+    /// The HTTP status of the stored answer.
+    response_status: Option<i16>,
+    /// The payment the key made, as the API shows payments but for the gateway's own words.
+    #[serde(serialize_with = "as_facts")]
+    payment: Option<Payment>,
+    /// The refund the key made, as the API shows refunds.
+    #[serde(serialize_with = "as_refund")]
+    refund: Option<Refund>,
+    /// The audit records about the key and what it made, oldest first: at most [`TRAIL_LIMIT`],
+    /// after the first `trail_after`.
+    trail: Vec<AuditEntry>,
+    /// Whether more records follow: ask again with `trail_after` raised by the records shown.
+    trail_has_more: bool,
+}
+
+fn as_facts<S: serde::Serializer>(payment: &Option<Payment>, serializer: S) -> Result<S::Ok, S::Error> {
+    payment.as_ref().map(PaymentView::facts_only).serialize(serializer)
+}
+
+fn as_refund<S: serde::Serializer>(refund: &Option<Refund>, serializer: S) -> Result<S::Ok, S::Error> {
+    refund.as_ref().map(RefundView::from).serialize(serializer)
+}
+
+impl KeyStory {
+    /// The story of the account's `key`, if the account ever used it (a reaped key's too, as long
+    /// as what it made remains), with its trail from after the first `trail_after` records. Another
+    /// account's key is none of this account's business: none.
+    pub async fn find(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key: &IdempotencyKey,
+        trail_after: u32,
+    ) -> Result<Option<KeyStory>, StoreError> {
+        let record = db::query(KeyRecord::find(conn, account_id, key)).await?;
+        let (payment, refund) = match &record {
+            Some(record) => (
+                db::query(Payment::find_by_key(conn, account_id, record.id)).await?,
+                db::query(Refund::find_by_key(conn, account_id, record.id)).await?,
+            ),
+            // The key row is gone; what it made remembers the key and the row it was made under.
+            None => (
+                db::query(Payment::find_by_client_key(conn, account_id, key.as_str())).await?,
+                db::query(Refund::find_by_client_key(conn, account_id, key.as_str())).await?,
+            ),
+        };
+        let made_under =
+            payment.as_ref().and_then(|p| p.idempotency_key_id).or(refund.as_ref().map(|r| r.idempotency_key_id));
+        let Some(key_id) = record.as_ref().map(|record| record.id).or(made_under) else { return Ok(None) };
+        let mut resources = vec![("idempotency_key", key_id)];
+        resources.extend(payment.as_ref().map(|payment| ("payment", payment.id)));
+        resources.extend(refund.as_ref().map(|refund| ("refund", refund.id)));
+        // One more than shown, to know whether more follow.
+        let (skip, limit) = (i64::from(trail_after), i64::from(TRAIL_LIMIT) + 1);
+        let mut trail = db::query(audit::trail(conn, account_id, &resources, skip, limit)).await?;
+        let trail_has_more = trail.len() > TRAIL_LIMIT as usize;
+        trail.truncate(TRAIL_LIMIT as usize);
+        let summary = db::query(audit::latest(conn, account_id, &resources, &SUMMARISED)).await?;
+        let story = KeyStory { refund, ..KeyStory::new(key, key_id, record, payment, &summary) };
+        Ok(Some(KeyStory { trail: trail.into_iter().map(facts_only).collect(), trail_has_more, ..story }))
+    }
+
+    /// The story, but for its trail: what the record says, or (once it is reaped) what the
+    /// `summary` of the trail does, the latest record of each of [`SUMMARISED`].
+    fn new(
+        key: &IdempotencyKey,
+        id: Uuid,
+        record: Option<KeyRecord>,
+        payment: Option<Payment>,
+        summary: &[AuditEntry],
+    ) -> KeyStory {
+        let latest = |action: &str| summary.iter().find(|entry| entry.action == action);
+        let gave_up = latest("idempotency_key.needs_attention");
+        let attention_code = gave_up.and_then(|entry| entry.data["reason_code"].as_str()).map(str::to_owned);
+        let at = |action: &str| latest(action).map(|entry| entry.created_at);
+        let story = KeyStory {
+            object: "idempotency_key",
+            key: key.as_str().to_owned(),
+            id,
+            recovery_point: RecoveryPoint::Finished,
+            locked: false,
+            locked_until: None,
+            completer_attempts: 0,
+            needs_attention: false,
+            attention_reason: None,
+            needs_attention_at: None,
+            created_at: None,
+            last_run_at: None,
+            finished_at: None,
+            expires_at: None,
+            reaped: false,
+            response_status: None,
+            payment: None,
+            refund: None,
+            trail: Vec::new(),
+            trail_has_more: false,
+        };
+        let story = match record {
+            Some(record) => KeyStory {
+                recovery_point: record.recovery_point,
+                locked: record.locked,
+                locked_until: record.locked_until,
+                completer_attempts: record.completer_attempts,
+                needs_attention: record.needs_attention_at.is_some(),
+                attention_reason: record.needs_attention_at.and(attention_code),
+                needs_attention_at: record.needs_attention_at,
+                created_at: Some(record.created_at),
+                last_run_at: Some(record.last_run_at),
+                finished_at: record.finished_at,
+                expires_at: record.expires_at,
+                response_status: record.response_status,
+                ..story
+            },
+            // Reaped: only finished keys are, and what the row said is in the trail (its summary).
+            None => {
+                let status = latest("idempotency_key.reaped").and_then(|entry| entry.data["response_status"].as_i64());
+                KeyStory {
+                    reaped: true,
+                    created_at: at("idempotency_key.claimed").or(payment.as_ref().map(|p| p.created_at)),
+                    finished_at: at("payment.finished").or(at("refund.finished")).or(at("refund.refused")),
+                    response_status: status.and_then(|status| i16::try_from(status).ok()),
+                    ..story
+                }
+            }
+        };
+        KeyStory { payment, ..story }
+    }
+}
+
+/// An audit record as the key's owner sees it: only the facts in [`SHOWN`].
+fn facts_only(mut entry: AuditEntry) -> AuditEntry {
+    if let Some(data) = entry.data.as_object_mut() {
+        data.retain(|field, _| SHOWN.contains(&field.as_str()));
+    }
+    entry
+}
