@@ -98,7 +98,7 @@ mod tests {
         let request = body(&format!(r#"{{"payment": "{PAYMENT}", "amount": 500.0}}"#)).unwrap().validate().unwrap();
         assert_eq!(
             serde_json::to_string(&request.to_params()).unwrap(),
-            format!(r#"{{"payment":"{PAYMENT}","amount":500,"reason":null,"metadata":{{}}}}"#)
+            format!(r#"{{"amount":500,"metadata":{{}},"payment":"{PAYMENT}","reason":null}}"#)
         );
         let whole = body(&format!(r#"{{"payment": "{PAYMENT}", "reason": "duplicate", "metadata": null}}"#));
         let whole = whole.unwrap().validate().unwrap();
