@@ -4,6 +4,7 @@
 mod answers;
 mod charge;
 mod client;
+pub mod signature;
 pub mod mock;
 mod refund;
 
