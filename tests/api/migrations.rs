@@ -35,11 +35,12 @@ use diesel::QueryableByName;
 use diesel::connection::SimpleConnection;
 use diesel::migration::{Migration, MigrationSource};
 use diesel::pg::Pg;
-use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text};
+use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Uuid as SqlUuid};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::MigrationHarness;
 use payments::db::migrate::MIGRATIONS;
+use uuid::Uuid;
 
 use crate::helpers::TestDatabase;
 
@@ -431,6 +432,76 @@ async fn watch(url: &str, name: &str) -> Verdict {
         }
     }
     verdict
+}
+
+#[derive(QueryableByName, Debug, PartialEq)]
+struct KeyOfPayment {
+    #[diesel(sql_type = Text)]
+    idempotency_key: String,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    idempotency_key_id: Option<Uuid>,
+}
+
+/// Before 000007 a retry after a key was reaped made a key row of its own, which answered 410 and
+/// was reaped in turn: a client key can have several reaping records. 000011 gives a payment whose
+/// key row was reaped the id of the first, whatever order the records lie in on disk; one with
+/// only a 410's record is left without.
+#[tokio::test]
+async fn the_000011_backfill_gives_a_payment_the_key_row_that_made_it() {
+    let database = TestDatabase::empty().await;
+    let (before, _): (Vec<_>, Vec<_>) = names().into_iter().partition(|name| name.as_str() < "2026-11-22-000011");
+    migrate(&database.url, before).await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let account = Uuid::new_v4();
+    // The key rows: the one that made the payment, and a later one that answered 410.
+    let key_rows: BTreeMap<(&str, i32), Uuid> =
+        [("in-order", 201), ("in-order", 410), ("reversed", 201), ("reversed", 410), ("only-410", 410)]
+            .into_iter()
+            .map(|row| (row, Uuid::new_v4()))
+            .collect();
+    let made = |key: &str| key_rows[&(key, 201)];
+    let answered_410 = |key: &str| key_rows[&(key, 410)];
+    let reaped = |id: i64, key: &str, key_row: Uuid, status: i32| {
+        format!(
+            "({id}, '{account}', 'idempotency_key.reaped', 'idempotency_key', '{key_row}', 'reaper', \
+             jsonb_build_object('idempotency_key', '{key}', 'response_status', {status}))"
+        )
+    };
+    // Key `in-order`'s records lie on disk in the order they were written, `reversed`'s the other
+    // way round, so that whichever way the backfill's join reads them, a pick by position is wrong
+    // for one of them.
+    let records = [
+        reaped(1, "in-order", made("in-order"), 201),
+        reaped(3, "in-order", answered_410("in-order"), 410),
+        reaped(4, "reversed", answered_410("reversed"), 410),
+        reaped(2, "reversed", made("reversed"), 201),
+        reaped(5, "only-410", answered_410("only-410"), 410),
+    ];
+    conn.batch_execute(&format!(
+        "INSERT INTO accounts (id, name, api_key_hash) VALUES ('{account}', 'a', sha256('a'));
+         INSERT INTO payments (id, account_id, idempotency_key, amount, currency)
+         SELECT gen_random_uuid(), '{account}', key, 1000, 'usd' FROM unnest(ARRAY['in-order', 'reversed', 'only-410']) key;
+         INSERT INTO audit_records (id, account_id, action, resource_type, resource_id, actor, data)
+         OVERRIDING SYSTEM VALUE VALUES {};
+         ANALYZE",
+        records.join(", ")
+    ))
+    .await
+    .unwrap();
+
+    migrate(&database.url, vec!["2026-11-22-000011_request_ids_and_key_stories".to_owned()]).await;
+
+    let keys: Vec<KeyOfPayment> =
+        diesel::sql_query("SELECT idempotency_key::text, idempotency_key_id FROM payments ORDER BY idempotency_key")
+            .load(&mut conn)
+            .await
+            .unwrap();
+    let expected = [("in-order", Some(made("in-order"))), ("only-410", None), ("reversed", Some(made("reversed")))];
+    let expected: Vec<KeyOfPayment> = expected
+        .into_iter()
+        .map(|(key, id)| KeyOfPayment { idempotency_key: key.to_owned(), idempotency_key_id: id })
+        .collect();
+    assert_eq!(keys, expected);
 }
 
 /// README's advice for a migration that needs a lock for a moment: with `lock_timeout` in
