@@ -20,8 +20,8 @@
 //!   `run_in_transaction = false` one, PostgreSQL's implicit transaction around a file sent as one
 //!   query) and keeps every lock until it ends: one that took a blocking lock and touched a row
 //!   kept the service waiting while it did. Every table holds rows when a migration is watched, so
-//!   a scan of any is seen; a table that a later migration creates must be given rows in
-//!   `populate.sql`, or the test says so.
+//!   a scan of any is seen: a table that a migration creates needs rows in `populate.sql` once a
+//!   later migration is watched, and the test says so until it has them.
 //!
 //! Not watched: how long a migration waits for its locks behind the service's own transactions
 //! (requests queue behind a waiting `ACCESS EXCLUSIVE`; README says how to bound that), and a
@@ -168,8 +168,10 @@ async fn watch_in_turn(url: &str, names: &[String]) -> Vec<(String, Verdict)> {
         populate_empty_tables(url).await;
         verdicts.push((name.to_owned(), watch(url, name).await));
     }
-    // Also with nothing to watch (no migration after 000012 yet): the database fills.
-    populate_empty_tables(url).await;
+    if names.is_empty() {
+        // Nothing to watch (no migration after 000012 yet): the database still has to fill.
+        populate_empty_tables(url).await;
+    }
     verdicts
 }
 
@@ -194,7 +196,10 @@ async fn populate_empty_tables(url: &str) {
         .unwrap_or_else(|error| panic!("populating {empty:?}: {error}"));
     conn.batch_execute("VACUUM ANALYZE").await.unwrap();
     let still = empty_tables(&mut conn).await;
-    assert!(still.is_empty(), "populate.sql gives no row to {still:?}: a scan of them would go unseen");
+    assert!(
+        still.is_empty(),
+        "populate.sql gives no row to {still:?}: add them there, or a later migration's scan of them goes unseen"
+    );
     conn.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
 }
 
