@@ -520,11 +520,18 @@ async fn a_lock_timeout_in_database_url_stops_a_migration_queueing_behind_a_tran
     // A long transaction that has read the audit trail: 000011 needs ACCESS EXCLUSIVE on it.
     let mut reader = AsyncPgConnection::establish(&database.url).await.unwrap();
     reader.batch_execute("BEGIN; SELECT count(*) FROM audit_records").await.unwrap();
-    let url = format!("{} options='-c lock_timeout=100'", database.url);
+    // DATABASE_URL in either of its forms.
+    let socket_dir = TestDatabase::socket_path().parent().unwrap().to_string_lossy().replace('/', "%2F");
+    let urls = [
+        format!("{} options='-c lock_timeout=100'", database.url),
+        format!("postgresql://postgres@{socket_dir}:5432/{}?options=-c%20lock_timeout%3D100", database.name),
+    ];
 
-    let error = payments::db::migrate::run_pending(&url).await.unwrap_err();
-    assert!(error.to_string().contains("lock timeout"), "{error}");
+    for url in &urls {
+        let error = payments::db::migrate::run_pending(url).await.unwrap_err();
+        assert!(error.to_string().contains("lock timeout"), "{url}: {error}");
+    }
 
     reader.batch_execute("COMMIT").await.unwrap();
-    payments::db::migrate::run_pending(&url).await.unwrap();
+    payments::db::migrate::run_pending(&urls[1]).await.unwrap();
 }
