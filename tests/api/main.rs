@@ -22,6 +22,7 @@ mod key_story;
 mod logs;
 mod many_instances;
 mod metrics;
+mod migrations;
 mod openapi;
 mod outbox;
 mod pay;
