@@ -269,3 +269,23 @@ async fn a_refund_still_pending_is_looked_up_with_doubling_backoff_and_turns_ove
     assert_eq!(scrape.count("settler_runs_total", &[("outcome", "pending")]), 2.0);
     assert_eq!(scrape.count("settler_runs_total", &[("outcome", "overdue")]), 1.0, "the third look-up is overdue");
 }
+
+#[tokio::test]
+async fn a_refund_is_never_due_again_before_its_look_up_can_have_ended() {
+    let app = TestApp::builder().workers(|w| w.settler_backoff = Duration::ZERO).spawn().await;
+    let payment = app.paid(1000, "tok_refundPending").await;
+    let refund = pending_refund(&app, &payment, Some(400)).await;
+    let identity = app.gateway_id().await;
+    let gateway = gateway_answering(&identity, refund["gateway_refund_id"].as_str().unwrap(), "pending").await;
+    make_due(&app, &refund).await;
+
+    let before = db_now(&app).await;
+    assert_eq!(app.workers_at_gateway(&gateway.uri()).settler.run_once().await.unwrap(), Outcome::Worked);
+    let after = db_now(&app).await;
+
+    // The gateway timeout (10 s), and 2.5 s for the lease's own statement: with no backoff at
+    // all, another settler still cannot take the refund while this one may be asking about it.
+    let lease = chrono::Duration::milliseconds(12_500);
+    let due = schedule(&app, &refund).await.1.unwrap();
+    assert!(before + lease <= due && due <= after + lease, "due {due}, not 12.5 s after the look-up began");
+}
