@@ -80,9 +80,9 @@ impl Settler {
             }
             Err(outcome) if due.attempts.unsigned_abs() >= self.overdue_attempts => {
                 tracing::error!(
-                    attempt = due.attempts, gateway = %due.refund.gateway, gateway_refund_id = due.refund.gateway_refund_id,
-                    last = outcome.as_str(),
-                    "a refund is still pending after many look-ups: a person should look at it (at its gateway)"
+                    attempt = due.attempts, gateway = %due.refund.gateway,
+                    gateway_refund_id = due.refund.gateway_refund_id, last = outcome.as_str(),
+                    "a refund is still not settled after many look-ups: a person should look at it at its gateway"
                 );
                 SettlerOutcome::Overdue
             }
@@ -104,7 +104,10 @@ impl Settler {
         let found = match self.state.gateway.get_refund(id).await {
             Ok(Answered { by, answer }) if *by == *refund.gateway => answer,
             Ok(Answered { by, .. }) => {
-                tracing::warn!(gateway = %refund.gateway, answered_by = %by, "another gateway answers for the refund's; its answer says nothing about it");
+                tracing::warn!(
+                    gateway = %refund.gateway, answered_by = %by,
+                    "another gateway than the refund's answered; its answer says nothing about the refund"
+                );
                 return Err(SettlerOutcome::WrongGateway);
             }
             Err(error) => {
