@@ -27,6 +27,7 @@ mod openapi;
 mod outbox;
 mod pay;
 mod reaper;
+mod refund_settlement;
 mod refunds;
 mod replay;
 mod request_id;
