@@ -112,7 +112,7 @@ pub fn verify(
     let matches = |signature: &Vec<u8>| match Output::<Hmac<Sha256>>::try_from(signature.as_slice()) {
         Ok(signature) => {
             let signature = CtOutput::new(signature);
-            tags.iter().any(|tag| *tag == signature)
+            tags.contains(&signature)
         }
         Err(_) => false,
     };
