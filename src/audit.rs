@@ -20,6 +20,8 @@ text_enum! {
         Completer = "completer",
         Reaper = "reaper",
         Outbox = "outbox",
+        /// The worker that settles refunds the gateway left pending.
+        Settler = "settler",
         Operator = "operator",
     }
 }

@@ -27,7 +27,7 @@ pub enum Command {
     /// PostgreSQL (embedded mode), and without GATEWAY_URL an in-process mock gateway, so it works
     /// with no set-up.
     Serve(ServeArgs),
-    /// Run the background workers (completer, reaper, outbox) alone, with no HTTP.
+    /// Run the background workers (completer, reaper, outbox, settler) alone, with no HTTP.
     Worker(WorkerCommandArgs),
     /// Run the mock payment gateway as a process of its own.
     Gateway(GatewayArgs),

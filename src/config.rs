@@ -20,6 +20,9 @@
 //! | `PAYMENTS_WEBHOOK_BACKOFF_MS` | `1000` | first wait before redelivering a failed event; doubles per attempt |
 //! | `PAYMENTS_WEBHOOK_MAX_ATTEMPTS` | `10` | delivery attempts after which an event is dead-lettered |
 //! | `PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS` | `2160` (90 days) | the reaper deletes per-account request counts older than this |
+//! | `PAYMENTS_SETTLER_BACKOFF_MS` | `15000` | the settler's wait after looking up a pending refund the first time; doubles per look-up |
+//! | `PAYMENTS_SETTLER_MAX_BACKOFF_MS` | `3600000` (an hour) | the settler's longest wait between two look-ups of a pending refund |
+//! | `PAYMENTS_SETTLER_OVERDUE_ATTEMPTS` | `32` (about a day) | look-ups after which a refund still pending is overdue: logged as an error, counted |
 //! | `PAYMENTS_LOG_FORMAT` | `text` | `text` (coloured only on a terminal) or `json` lines; in `cli.rs`, as every command logs |
 //!
 //! Flags and variables are parsed here and turned into typed values ([`Settings`], `Duration`s) at
@@ -66,6 +69,20 @@ pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
 /// Ninety days: `payments stats` can compare a client's retries this month with the two before,
 /// and the table holds at most 2,160 rows per account (one per hour it sent requests in).
 pub const DEFAULT_REQUEST_COUNTS_RETENTION_HOURS: u32 = 2_160;
+/// Longer than a look-up can take with the default gateway timeout (10 s, plus 2.5 s for the lease's
+/// statement), so the backoff, not the lease, decides when a refund is next looked up; short
+/// enough that a refund that settles within seconds, as the mock's do (2 s), is seen settled by the
+/// second look-up, a quarter minute after the first.
+pub const DEFAULT_SETTLER_BACKOFF_MS: u64 = 15_000;
+/// However long a refund stays pending (some take days), it is looked up at least hourly: 24
+/// look-ups a day per refund is nothing to a gateway, and an hour's delay nothing next to days.
+/// Gateway events, when they come, settle refunds sooner; this look-up is the backstop.
+pub const DEFAULT_SETTLER_MAX_BACKOFF_MS: u64 = 3_600_000;
+/// With the waits doubling from 15 s to an hour, the 32nd look-up comes about a day after the
+/// refund was made (eight doubling waits, about an hour, then hourly): a refund its gateway has
+/// left pending that long has a customer waiting on their money, and a person should look. The
+/// settler keeps looking all the same.
+pub const DEFAULT_SETTLER_OVERDUE_ATTEMPTS: u32 = 32;
 /// A hundred years, "for ever" in practice: the cut-off (now minus the retention) must stay a
 /// date PostgreSQL can hold.
 const MAX_REQUEST_COUNTS_RETENTION_HOURS: i64 = 876_000;
@@ -146,6 +163,20 @@ pub struct WorkerArgs {
           default_value_t = DEFAULT_REQUEST_COUNTS_RETENTION_HOURS,
           value_parser = clap::value_parser!(u32).range(1..=MAX_REQUEST_COUNTS_RETENTION_HOURS))]
     pub request_counts_retention_hours: u32,
+    /// Milliseconds the settler waits after its first look-up of a refund the gateway left
+    /// pending before the next; doubles with every look-up, up to the maximum. Never shorter than
+    /// a look-up can take (the gateway timeout plus 2.5 s), so two workers never look one refund
+    /// up at once.
+    #[arg(long, env = "PAYMENTS_SETTLER_BACKOFF_MS", default_value_t = DEFAULT_SETTLER_BACKOFF_MS)]
+    pub settler_backoff_ms: u64,
+    /// The settler's longest wait, in milliseconds, between two look-ups of a pending refund.
+    #[arg(long, env = "PAYMENTS_SETTLER_MAX_BACKOFF_MS", default_value_t = DEFAULT_SETTLER_MAX_BACKOFF_MS)]
+    pub settler_max_backoff_ms: u64,
+    /// Look-ups after which a refund the gateway still leaves pending is overdue: each further
+    /// look-up logs an error and counts as `overdue` (settler_runs_total), for a person to look.
+    #[arg(long, env = "PAYMENTS_SETTLER_OVERDUE_ATTEMPTS", default_value_t = DEFAULT_SETTLER_OVERDUE_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub settler_overdue_attempts: u32,
 }
 
 /// `payments serve`.
@@ -334,6 +365,12 @@ pub struct WorkerSettings {
     pub webhook_max_attempts: u32,
     /// How long the per-account request counts are kept.
     pub request_counts_retention: Duration,
+    /// The settler's first wait between two look-ups of a pending refund; doubles per look-up.
+    pub settler_backoff: Duration,
+    /// The settler's longest wait between two look-ups.
+    pub settler_max_backoff: Duration,
+    /// Look-ups after which a refund still pending is overdue.
+    pub settler_overdue_attempts: u32,
 }
 
 impl Default for WorkerSettings {
@@ -347,6 +384,9 @@ impl Default for WorkerSettings {
             webhook_backoff: Duration::from_millis(DEFAULT_WEBHOOK_BACKOFF_MS),
             webhook_max_attempts: DEFAULT_WEBHOOK_MAX_ATTEMPTS,
             request_counts_retention: hours(DEFAULT_REQUEST_COUNTS_RETENTION_HOURS),
+            settler_backoff: Duration::from_millis(DEFAULT_SETTLER_BACKOFF_MS),
+            settler_max_backoff: Duration::from_millis(DEFAULT_SETTLER_MAX_BACKOFF_MS),
+            settler_overdue_attempts: DEFAULT_SETTLER_OVERDUE_ATTEMPTS,
         }
     }
 }
@@ -362,6 +402,9 @@ impl WorkerArgs {
             webhook_backoff: Duration::from_millis(self.webhook_backoff_ms),
             webhook_max_attempts: self.webhook_max_attempts,
             request_counts_retention: hours(self.request_counts_retention_hours),
+            settler_backoff: Duration::from_millis(self.settler_backoff_ms),
+            settler_max_backoff: Duration::from_millis(self.settler_max_backoff_ms),
+            settler_overdue_attempts: self.settler_overdue_attempts,
         }
     }
 }

@@ -11,8 +11,19 @@ ALTER TABLE audit_records ADD COLUMN request_id request_id;
 -- Only the `started` phase writes it, from the fenced key row of the same statement.
 ALTER TABLE payments DROP CONSTRAINT payments_idempotency_key_fkey;
 -- Payments whose key rows were reaped before now lost the id; their reaping's audit record names it.
+-- A client key can have several such records: before 000007, a retry after its key row was reaped
+-- made a key row of its own, which answered 410 (no payment) and was reaped in turn. The payment's
+-- is the first: every later row under that key was made after it was deleted. So the backfill
+-- takes the earliest record, never a 410's; a payment with only a 410's record keeps no id. (An
+-- UPDATE joined to several rows takes whichever the plan meets first.) This choice was made after
+-- 000011 had run on deployed databases; there, diesel does not apply it again, and such a payment may
+-- name a 410's key row, whose trail its key's story then shows.
 UPDATE payments p SET idempotency_key_id = r.resource_id
-FROM audit_records r
+FROM (SELECT DISTINCT ON (account_id, data ->> 'idempotency_key')
+             account_id, data ->> 'idempotency_key' AS idempotency_key, resource_id
+      FROM audit_records
+      WHERE resource_type = 'idempotency_key' AND action = 'idempotency_key.reaped'
+        AND data -> 'response_status' IS DISTINCT FROM '410'
+      ORDER BY account_id, data ->> 'idempotency_key', id) r
 WHERE p.idempotency_key_id IS NULL
-  AND r.account_id = p.account_id AND r.resource_type = 'idempotency_key' AND r.action = 'idempotency_key.reaped'
-  AND r.data ->> 'idempotency_key' = p.idempotency_key;
+  AND r.account_id = p.account_id AND r.idempotency_key = p.idempotency_key;

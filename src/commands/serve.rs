@@ -93,7 +93,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(mock) => println!("gateway: in-process mock at {}", mock.url()),
         None => println!("gateway: {gateway_url}"),
     }
-    println!("workers: {}", if workers.is_some() { "completer, reaper, outbox" } else { "none (--no-workers)" });
+    println!(
+        "workers: {}",
+        if workers.is_some() { "completer, reaper, outbox, settler" } else { "none (--no-workers)" }
+    );
     if embedded.is_some() {
         let socket = EmbeddedDatabase::socket_dir(&args.database.data_dir);
         println!(

@@ -149,6 +149,29 @@ label! {
 }
 
 label! {
+    /// How a settler run on a refund the gateway had left pending ended.
+    pub enum SettlerOutcome {
+        /// The gateway said it succeeded: settled so.
+        Succeeded = "succeeded",
+        /// The gateway said it failed: settled so, its amount refundable again.
+        Failed = "failed",
+        /// Still pending at the gateway: looked up again after its backoff.
+        Pending = "pending",
+        /// Its gateway says it has no such refund: something is badly wrong; looked up again.
+        NotFound = "not_found",
+        /// No readable answer, or one that does not say where the refund stands; looked up again.
+        Unanswered = "unanswered",
+        /// Another gateway answered at the address: its answer says nothing about the refund.
+        WrongGateway = "wrong_gateway",
+        /// Settled by another run meanwhile: nothing written.
+        SettledMeanwhile = "settled_meanwhile",
+        /// Not settled (any of the four above) after the look-ups that make it overdue: a person
+        /// should look.
+        Overdue = "overdue",
+    }
+}
+
+label! {
     /// How an event's delivery ended.
     pub enum DeliveryOutcome {
         Delivered = "delivered",
@@ -171,6 +194,7 @@ pub struct Metrics {
     http_requests: IntCounterVec,
     http_duration: HistogramVec,
     completer_runs: IntCounterVec,
+    settler_runs: IntCounterVec,
     reaped: IntCounter,
     deliveries: IntCounterVec,
     /// Each account's requests by outcome since the last flush (see [`tally`]).
@@ -242,6 +266,11 @@ impl Metrics {
                 "Abandoned keys the completer took over, by how the run ended.",
                 &["outcome"],
             ),
+            settler_runs: counter(
+                "settler_runs_total",
+                "Look-ups of refunds the gateway had left pending, by how the run ended.",
+                &["outcome"],
+            ),
             reaped: IntCounter::new("reaper_keys_reaped_total", "Finished keys deleted after their retention.")
                 .expect("a valid counter"),
             deliveries: counter(
@@ -274,6 +303,9 @@ impl Metrics {
         }
         for &outcome in CompleterOutcome::ALL {
             metrics.completer_runs.with_label_values(&[outcome.as_str()]);
+        }
+        for &outcome in SettlerOutcome::ALL {
+            metrics.settler_runs.with_label_values(&[outcome.as_str()]);
         }
         for &outcome in DeliveryOutcome::ALL {
             metrics.deliveries.with_label_values(&[outcome.as_str()]);
@@ -321,6 +353,10 @@ impl Metrics {
 
     pub fn completer_run(&self, outcome: CompleterOutcome) {
         self.completer_runs.with_label_values(&[outcome.as_str()]).inc();
+    }
+
+    pub fn settler_run(&self, outcome: SettlerOutcome) {
+        self.settler_runs.with_label_values(&[outcome.as_str()]).inc();
     }
 
     pub fn reaped(&self, keys: usize) {

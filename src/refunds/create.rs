@@ -47,8 +47,10 @@ use crate::state::AppState;
 /// The endpoint: a refund key is bound to it (used on another, it is a mismatch).
 pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/refunds", label: KeyEndpoint::Refunds };
 
-/// How long after the gateway answered `pending` a refund is first looked up again.
-pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long after the gateway answered `pending` a refund is first looked up again: a refund that
+/// settles within seconds (the mock gateway's take 2) is then found settled at the first look-up,
+/// and the settler's backoff takes over for the slower ones.
+pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Refunds a payment, or answers for the refund this key already asked for. `request_id` names
 /// the HTTP request in the audit records it writes and in the answer it may store.

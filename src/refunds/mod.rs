@@ -4,10 +4,12 @@
 pub mod create;
 mod model;
 mod request;
+mod settle;
 mod view;
 mod writes;
 
 pub use create::{ENDPOINT, complete_abandoned, create_refund};
 pub use model::{Refund, RefundStatus};
 pub use request::{CreateRefundBody, RefundReason, RefundRequest};
+pub use settle::{Backoff, DueRefund, Settlement, lease_due_refund, settle_refund};
 pub use view::{RefundList, RefundView};

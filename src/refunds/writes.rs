@@ -235,8 +235,9 @@ pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// ` WHERE account_id = $a AND id = $r AND status = 'pending'`: the one refund a phase settles.
-fn walk_this_pending_refund<'b>(
+/// ` WHERE account_id = $a AND id = $r AND status = 'pending'`: the one refund a phase (or the
+/// settler) settles.
+pub(super) fn walk_this_pending_refund<'b>(
     account_id: &'b Uuid,
     refund_id: &'b Uuid,
     mut out: AstPass<'_, 'b, Pg>,

@@ -4,6 +4,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use diesel_async::RunQueryDsl;
 use payments::workers::Worker;
 
 use crate::helpers::{GatewayControl, TestApp, new_key, wait_until};
@@ -162,10 +163,79 @@ async fn refund_requests_are_counted_apart_from_payments() {
     }
 
     let scrape = app.metrics().await;
-    let count = |endpoint, outcome| {
-        scrape.count("idempotency_requests_total", &[("endpoint", endpoint), ("outcome", outcome)])
-    };
+    let count =
+        |endpoint, outcome| scrape.count("idempotency_requests_total", &[("endpoint", endpoint), ("outcome", outcome)]);
     assert_eq!((count("refunds", "created"), count("refunds", "replayed")), (1.0, 1.0));
     assert_eq!((count("payments", "created"), count("payments", "replayed")), (1.0, 0.0));
     assert_eq!(scrape.count("refunds_total", &[("status", "succeeded")]), 1.0);
+}
+
+#[tokio::test]
+async fn an_expired_refund_key_answers_410_naming_its_refund_and_refunds_nothing() {
+    let app = TestApp::builder().key_retention(std::time::Duration::from_secs(1)).spawn().await;
+    let gateway = GatewayControl::new(app.gateway_url());
+    let payment = app.paid(1000, "tok_visa").await;
+    let (key, body) = (new_key(), json!({ "payment": payment["id"], "amount": 100 }));
+    let refund: Value = app.post_refund(&key, &body).await.json().await.unwrap();
+    wait_until(std::time::Duration::from_secs(10), "the key expired", || app.key_has_expired(&key)).await;
+
+    // Expired, then reaped: the same answer, whatever the body, and never a second refund.
+    for reaped in [false, true] {
+        if reaped {
+            app.workers().reaper.run_once().await.unwrap();
+            assert!(app.key_row(&key).await.is_none(), "reaped");
+        }
+        let late = app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 999 })).await;
+        let (status, problem) = problem(late).await;
+        assert_eq!(status, StatusCode::GONE, "reaped: {reaped}");
+        assert_eq!(problem["refund"]["id"], refund["id"]);
+    }
+    assert_eq!(gateway.all_stats().await["refunds"], 1);
+    // A key that made a refund is still not a payment's, after its record is gone.
+    let as_payment = app.post_payment(&key, &json!({ "amount": 100, "currency": "usd", "source": "tok_visa" })).await;
+    assert_eq!(as_payment.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn a_refund_decides_on_the_payment_as_a_concurrent_refund_left_it_never_on_an_older_read() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(999, "tok_visa").await;
+    let id = payment["id"].as_str().unwrap().to_owned();
+    // Another refund's transaction holds the payment's row, having reserved 700, not committed yet.
+    let mut other = app.db().await;
+    let reserve = format!("UPDATE payments SET amount_refund_pending = amount_refund_pending + 700 WHERE id = '{id}'");
+    for sql in ["BEGIN", reserve.as_str()] {
+        diesel::sql_query(sql).execute(&mut other).await.unwrap();
+    }
+
+    // This refund's `started` waits for that row, and then sees what the other left: 299.
+    let (key, body) = (new_key(), json!({ "payment": id, "amount": 333 }));
+    let refund = app.post_refund(&key, &body);
+    let commit_once_it_waits = async {
+        wait_until(std::time::Duration::from_secs(10), "the refund waits for the payment's row", || {
+            app.database_says("SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        })
+        .await;
+        diesel::sql_query("COMMIT").execute(&mut other).await.unwrap();
+    };
+    let (refund, ()) = tokio::join!(refund, commit_once_it_waits);
+
+    let (status, refused) = problem(refund).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert_eq!(
+        (refused["type"].as_str(), refused["refundable"].as_i64()),
+        (Some("https://payments.example/problems/refund-exceeds-payment"), Some(299))
+    );
+}
+
+#[tokio::test]
+async fn the_database_refuses_refund_totals_beyond_the_payment() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(500, "tok_visa").await;
+    let id = payment["id"].as_str().unwrap();
+    for totals in ["amount_refunded = 400, amount_refund_pending = 101", "amount_refund_pending = -1"] {
+        let sql = format!("UPDATE payments SET {totals} WHERE id = '{id}'");
+        let refused = diesel::sql_query(&sql).execute(&mut app.db().await).await;
+        assert!(refused.is_err_and(|e| e.to_string().contains("payments_refund_totals_check")), "{sql}");
+    }
 }

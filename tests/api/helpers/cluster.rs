@@ -62,11 +62,20 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
+    /// A migrated one.
     pub async fn create() -> TestDatabase {
+        TestDatabase::new(&format!("TEMPLATE {TEMPLATE} STRATEGY FILE_COPY")).await
+    }
+
+    /// One with no migration applied, for tests that apply them one by one.
+    pub async fn empty() -> TestDatabase {
+        TestDatabase::new("").await
+    }
+
+    async fn new(options: &str) -> TestDatabase {
         let name = format!("t_{}", Uuid::new_v4().simple());
         let cluster = &*CLUSTER;
-        let sql = format!("CREATE DATABASE {name} TEMPLATE {TEMPLATE} STRATEGY FILE_COPY");
-        execute(&cluster.url("postgres"), &sql).await;
+        execute(&cluster.url("postgres"), &format!("CREATE DATABASE {name} {options}")).await;
         TestDatabase { url: cluster.url(&name), name, owned: true }
     }
 

@@ -1,6 +1,10 @@
 //! Talking to the mock gateway's control endpoints (in-process or a process of its own).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
@@ -134,7 +138,13 @@ impl ChargesOnlyProxy {
         let server = HttpServer::new(move || {
             let (upstream, http) = (upstream.clone(), http.clone());
             App::new().default_service(web::to(move |request: actix_web::HttpRequest, body: web::Bytes| {
-                forward(upstream.clone(), http.clone(), request, body)
+                let (upstream, http) = (upstream.clone(), http.clone());
+                async move {
+                    if !request.path().starts_with("/v1/charges") {
+                        return actix_web::HttpResponse::NotFound().finish();
+                    }
+                    forward(upstream, http, request, body).await
+                }
             }))
         })
         .listen(listener)
@@ -154,6 +164,64 @@ impl Drop for ChargesOnlyProxy {
     }
 }
 
+/// A proxy in front of a gateway that holds every request until the test lets one through: a
+/// test can tell that a gateway call is under way ([`HeldProxy::received`]) and choose when it is
+/// answered ([`HeldProxy::release`]), with what the gateway says then.
+pub struct HeldProxy {
+    pub url: String,
+    received: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    server: actix_web::dev::ServerHandle,
+}
+
+impl HeldProxy {
+    pub fn start(upstream: &str) -> HeldProxy {
+        use actix_web::{App, HttpServer, web};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.trim_end_matches('/').to_owned();
+        let (received, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Semaphore::new(0)));
+        let http = reqwest::Client::new();
+        let (counted, held) = (received.clone(), gate.clone());
+        let server = HttpServer::new(move || {
+            let (upstream, http, counted, held) = (upstream.clone(), http.clone(), counted.clone(), held.clone());
+            App::new().default_service(web::to(move |request: actix_web::HttpRequest, body: web::Bytes| {
+                let (upstream, http, counted, held) = (upstream.clone(), http.clone(), counted.clone(), held.clone());
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    held.acquire().await.unwrap().forget();
+                    forward(upstream, http, request, body).await
+                }
+            }))
+        })
+        .listen(listener)
+        .unwrap()
+        .workers(1)
+        .disable_signals()
+        .run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        HeldProxy { url, received, gate, server: handle }
+    }
+
+    /// Requests that reached the proxy so far (held or let through).
+    pub fn received(&self) -> usize {
+        self.received.load(Ordering::SeqCst)
+    }
+
+    /// Lets `requests` held (or yet to come) through to the gateway.
+    pub fn release(&self, requests: usize) {
+        self.gate.add_permits(requests);
+    }
+}
+
+impl Drop for HeldProxy {
+    fn drop(&mut self) {
+        drop(self.server.stop(false));
+    }
+}
+
+/// Sends a request on to `upstream` as it came, and its answer back as it came.
 async fn forward(
     upstream: String,
     http: reqwest::Client,
@@ -161,9 +229,6 @@ async fn forward(
     body: actix_web::web::Bytes,
 ) -> actix_web::HttpResponse {
     use actix_web::HttpResponse;
-    if !request.path().starts_with("/v1/charges") {
-        return HttpResponse::NotFound().finish();
-    }
     let url = format!("{upstream}{}", request.uri().path_and_query().map_or("/", |p| p.as_str()));
     let method = reqwest::Method::from_bytes(request.method().as_str().as_bytes()).unwrap();
     let mut outgoing = http.request(method, url).body(body.to_vec());

@@ -16,7 +16,7 @@ use std::time::Duration;
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
 pub use gateway::{
-    ChargePerKey, ChargesOnlyProxy, GatewayControl, GatewayStats, charge_requests, listed_charge,
+    ChargePerKey, ChargesOnlyProxy, GatewayControl, GatewayStats, HeldProxy, charge_requests, listed_charge,
     mount_no_charges_found,
 };
 pub use metrics::Scrape;

@@ -270,11 +270,21 @@ impl TestApp {
 
     /// The workers, on this app's database and settings but charging through another gateway.
     pub fn workers_at_gateway(&self, gateway_url: &str) -> Workers {
-        let state = Arc::new(AppState::new(
+        self.workers_of(self.state_at_gateway(gateway_url))
+    }
+
+    /// What another process on this app's database and settings would hold, at another gateway
+    /// (its metrics too: `Scrape::of_state`).
+    pub fn state_at_gateway(&self, gateway_url: &str) -> Arc<AppState> {
+        Arc::new(AppState::new(
             payments::db::pool(&self.database.url, 4),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
             self.state.settings.clone(),
-        ));
+        ))
+    }
+
+    /// The workers of `state`, with this app's worker settings.
+    pub fn workers_of(&self, state: Arc<AppState>) -> Workers {
         Workers::new(state, &self.worker_settings).unwrap()
     }
 
