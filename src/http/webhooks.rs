@@ -20,8 +20,9 @@ pub async fn receive_gateway_event(
     state: web::Data<AppState>,
     request: HttpRequest,
     request_id: RequestId,
-    body: web::Bytes,
+    body: Result<web::Bytes, actix_web::Error>,
 ) -> Result<HttpResponse, ApiError> {
+    let body = body.map_err(ApiError::from)?;
     let settings = &state.settings;
     let header = request.headers().get(SIGNATURE_HEADER).map(|value| value.as_bytes());
     let now = chrono::Utc::now().timestamp();

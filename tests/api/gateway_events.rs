@@ -81,6 +81,10 @@ async fn only_a_whole_signature_over_the_exact_bytes_within_the_tolerance_is_acc
         assert_eq!(problem["type"], "https://payments.example/problems/invalid-signature", "{case}");
     }
     assert_eq!(written(&app).await, before, "a refused event writes nothing");
+    let huge = vec![b' '; 20 * 1024];
+    let response = app.post_event(&huge, Some(&signed(&huge, &[SECRET], now()))).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
 
     // Rotation: the gateway signs with its old and its new secret; only the last matches ours... and
     // only the first does, for an app that still has the old one.
