@@ -4,9 +4,9 @@
 mod answers;
 mod charge;
 mod client;
-pub mod signature;
 pub mod mock;
 mod refund;
+pub mod signature;
 
 pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key};
 pub use client::{Answered, GatewayClient, IDENTITY_HEADER};

@@ -97,9 +97,8 @@ pub fn verify(
     if now.abs_diff(timestamp) > tolerance.unsigned_abs() {
         return Err(SignatureError::OutsideTolerance);
     }
-    let matches = |signature: &Vec<u8>| {
-        secrets.iter().any(|secret| secret.mac(timestamp, body).verify_slice(signature).is_ok())
-    };
+    let matches =
+        |signature: &Vec<u8>| secrets.iter().any(|secret| secret.mac(timestamp, body).verify_slice(signature).is_ok());
     match signatures.iter().any(matches) {
         true => Ok(timestamp),
         false => Err(SignatureError::NoMatch),
