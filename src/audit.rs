@@ -22,6 +22,8 @@ text_enum! {
         Outbox = "outbox",
         /// The worker that settles refunds the gateway left pending.
         Settler = "settler",
+        /// The gateway, by an event it sent (`POST /webhooks/gateway`).
+        Gateway = "gateway",
         Operator = "operator",
     }
 }

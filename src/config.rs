@@ -12,6 +12,8 @@
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
 //! | `PAYMENTS_GATEWAY_TIMEOUT_MS` | `10000` | timeout of one gateway call |
 //! | `PAYMENTS_FAULT_INJECTION` | off | `1` honours the `X-Fault-Inject` header (tests only) |
+//! | `PAYMENTS_GATEWAY_WEBHOOK_SECRETS` | unset: events refused (embedded mode makes its own) | the secrets the gateway's events are signed with, comma-separated |
+//! | `PAYMENTS_GATEWAY_WEBHOOK_TOLERANCE_SECS` | `300` | how far an event's signed time may be from this clock, either way |
 //! | `PAYMENTS_WORKER_INTERVAL_MS` | `1000` | how often an idle worker looks for work (jittered) |
 //! | `PAYMENTS_COMPLETER_BACKOFF_MS` | `5000` | the completer's first wait before re-driving a key; doubles per attempt |
 //! | `PAYMENTS_COMPLETER_MAX_ATTEMPTS` | `8` | completer attempts after which a key needs attention |
@@ -34,6 +36,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::db;
+use crate::gateway::signature::WebhookSecret;
 use crate::idempotency::{LEASE_MARGIN, MAX_PHASE_ATTEMPTS};
 use reqwest::Url;
 
@@ -54,6 +57,10 @@ pub const DEFAULT_KEY_RETENTION_SECS: u64 = 86_400;
 /// records a key's expiry (a longer retention would fail every finishing statement).
 const MAX_KEY_RETENTION_SECS: u64 = 10 * 366 * 86_400;
 pub const DEFAULT_GATEWAY_TIMEOUT_MS: u64 = 10_000;
+/// Five minutes either way, as Stripe's libraries allow: a signed event older than that is a
+/// replay to refuse, and a clock skew within it (one minute has refused valid events elsewhere)
+/// is no reason to.
+pub const DEFAULT_WEBHOOK_TOLERANCE_SECS: u64 = 300;
 /// Idle workers look again this often: a second of latency for background work is plenty.
 pub const DEFAULT_WORKER_INTERVAL_MS: u64 = 1_000;
 /// Gives a client that got a 503 a few seconds to retry by itself before a worker steps in.
@@ -128,6 +135,15 @@ pub struct ProtocolArgs {
     #[arg(long, env = "PAYMENTS_FAULT_INJECTION", value_parser = clap::builder::BoolishValueParser::new(),
           default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub fault_injection: bool,
+    /// The secrets the gateway signs its events with, comma-separated (more than one while a
+    /// secret is rolled: an event signed with any of them is accepted). Unset: every event is
+    /// refused, except in embedded mode, which makes its own and gives it to its mock gateway.
+    #[arg(long, env = "PAYMENTS_GATEWAY_WEBHOOK_SECRETS", hide_env_values = true, value_delimiter = ',')]
+    pub gateway_webhook_secrets: Vec<String>,
+    /// How far, in seconds, an event's signed timestamp may be from this process's clock, before
+    /// or after, for the event to be accepted.
+    #[arg(long, env = "PAYMENTS_GATEWAY_WEBHOOK_TOLERANCE_SECS", default_value_t = DEFAULT_WEBHOOK_TOLERANCE_SECS)]
+    pub gateway_webhook_tolerance_secs: u64,
 }
 
 /// The background workers' knobs.
@@ -271,6 +287,9 @@ pub struct Settings {
     pub key_retention: Duration,
     pub gateway_timeout: Duration,
     pub fault_injection: bool,
+    /// The secrets the gateway's events may be signed with (never printed: see [`WebhookSecret`]).
+    pub gateway_webhook_secrets: Vec<WebhookSecret>,
+    pub gateway_webhook_tolerance: Duration,
 }
 
 impl Default for Settings {
@@ -280,6 +299,8 @@ impl Default for Settings {
             key_retention: Duration::from_secs(DEFAULT_KEY_RETENTION_SECS),
             gateway_timeout: Duration::from_millis(DEFAULT_GATEWAY_TIMEOUT_MS),
             fault_injection: false,
+            gateway_webhook_secrets: Vec::new(),
+            gateway_webhook_tolerance: Duration::from_secs(DEFAULT_WEBHOOK_TOLERANCE_SECS),
         }
     }
 }
@@ -292,6 +313,14 @@ impl ProtocolArgs {
             key_retention: Duration::from_secs(self.key_retention_secs),
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
             fault_injection: self.fault_injection,
+            gateway_webhook_secrets: self
+                .gateway_webhook_secrets
+                .iter()
+                .map(|secret| secret.trim())
+                .filter(|secret| !secret.is_empty())
+                .map(WebhookSecret::new)
+                .collect(),
+            gateway_webhook_tolerance: Duration::from_secs(self.gateway_webhook_tolerance_secs),
         };
         settings.check()?;
         Ok(settings)

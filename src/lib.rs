@@ -16,6 +16,7 @@ pub mod client;
 pub mod commands;
 pub mod config;
 pub mod db;
+pub mod events;
 pub mod faults;
 pub mod gateway;
 pub mod http;

@@ -19,6 +19,7 @@ pub enum ProblemType {
     InvalidIdempotencyKey,
     MalformedBody,
     InvalidRequest,
+    InvalidSignature,
     PayloadTooLarge,
     UnsupportedMediaType,
     PaymentNotFound,
@@ -43,12 +44,13 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 25] = [
+    pub const ALL: [ProblemType; 26] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
         ProblemType::MalformedBody,
         ProblemType::InvalidRequest,
+        ProblemType::InvalidSignature,
         ProblemType::PayloadTooLarge,
         ProblemType::UnsupportedMediaType,
         ProblemType::PaymentNotFound,
@@ -80,6 +82,7 @@ impl ProblemType {
             InvalidIdempotencyKey => ("invalid-idempotency-key", "Idempotency-Key header is invalid", 400),
             MalformedBody => ("malformed-body", "The body is not well-formed JSON of the expected shape", 400),
             InvalidRequest => ("invalid-request", "The request breaks a rule", 400),
+            InvalidSignature => ("invalid-signature", "The event's signature does not hold", 400),
             PayloadTooLarge => ("payload-too-large", "The request body is too large", 413),
             UnsupportedMediaType => ("unsupported-media-type", "The request body must be JSON", 415),
             PaymentNotFound => ("payment-not-found", "No such payment", 404),

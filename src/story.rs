@@ -16,7 +16,7 @@ use crate::refunds::{Refund, RefundView};
 /// What of an audit record's data the key's owner sees: facts about the request, never an
 /// error's text or a gateway's identity, which may name servers or database errors (operators
 /// read those in `payments attention list`, the logs, or the audit table).
-const SHOWN: [&str; 14] = [
+const SHOWN: [&str; 17] = [
     "recovery_point",
     "reason_code",
     "answered_by",
@@ -26,6 +26,9 @@ const SHOWN: [&str; 14] = [
     "failure_code",
     "refusal",
     "payment",
+    "event_id",
+    "event_type",
+    "outcome",
     "response_status",
     "amount",
     "currency",

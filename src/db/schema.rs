@@ -24,6 +24,20 @@ diesel::table! {
 }
 
 diesel::table! {
+    gateway_events (account_id, gateway, event_id) {
+        account_id -> Uuid,
+        gateway -> Text,
+        event_id -> Text,
+        event_type -> Text,
+        idempotency_key_id -> Uuid,
+        object_id -> Text,
+        created_at -> Timestamptz,
+        received_at -> Timestamptz,
+        outcome -> Text,
+    }
+}
+
+diesel::table! {
     idempotency_keys (account_id, id) {
         id -> Uuid,
         account_id -> Uuid,
@@ -44,6 +58,7 @@ diesel::table! {
         attention_reason -> Nullable<Text>,
         finished_at -> Nullable<Timestamptz>,
         expires_at -> Nullable<Timestamptz>,
+        nudged_at -> Nullable<Timestamptz>,
     }
 }
 
@@ -122,6 +137,7 @@ diesel::table! {
 }
 
 diesel::joinable!(audit_records -> accounts (account_id));
+diesel::joinable!(gateway_events -> accounts (account_id));
 diesel::joinable!(idempotency_keys -> accounts (account_id));
 diesel::joinable!(payments -> accounts (account_id));
 diesel::joinable!(refunds -> accounts (account_id));
@@ -130,6 +146,7 @@ diesel::joinable!(staged_jobs -> accounts (account_id));
 diesel::allow_tables_to_appear_in_same_query!(
     accounts,
     audit_records,
+    gateway_events,
     idempotency_keys,
     key_request_counts,
     payments,

@@ -11,7 +11,17 @@ use uuid::Uuid;
 /// key) and the same on every retry, resumption and worker run, so the gateway charges (or
 /// refunds) once.
 pub fn downstream_key(account_id: Uuid, key_id: Uuid) -> String {
-    format!("payments:{account_id}:{key_id}")
+    format!("{DOWNSTREAM_PREFIX}{account_id}:{key_id}")
+}
+
+const DOWNSTREAM_PREFIX: &str = "payments:";
+
+/// The account and key row a downstream key names, if it is one of ours: how an event the
+/// gateway sends about a request is matched with the request, whatever the gateway calls its
+/// object.
+pub fn parse_downstream_key(key: &str) -> Option<(Uuid, Uuid)> {
+    let (account_id, key_id) = key.strip_prefix(DOWNSTREAM_PREFIX)?.split_once(':')?;
+    Some((Uuid::try_parse(account_id).ok()?, Uuid::try_parse(key_id).ok()?))
 }
 
 /// A charge request, as the gateway takes it.

@@ -8,6 +8,6 @@ pub mod mock;
 mod refund;
 pub mod signature;
 
-pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key};
+pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key, parse_downstream_key};
 pub use client::{Answered, GatewayClient, IDENTITY_HEADER};
 pub use refund::{Refund, RefundRequest, RefundStatus};

@@ -35,6 +35,9 @@ pub enum ApiError {
     /// Well-formed, but a value breaks a rule (or a query parameter or header is invalid).
     #[error("{0}")]
     InvalidRequest(String),
+    /// A gateway event whose signature does not hold.
+    #[error("The event's Gateway-Signature does not hold: {0}. Nothing was recorded.")]
+    InvalidSignature(crate::gateway::signature::SignatureError),
     #[error("The request body is larger than {limit} bytes.")]
     PayloadTooLarge { limit: usize },
     #[error("Send the body as JSON, with `Content-Type: application/json`.")]
@@ -91,6 +94,7 @@ impl ApiError {
             ApiError::IdempotencyKey(_) => ProblemType::InvalidIdempotencyKey,
             ApiError::MalformedBody(_) => ProblemType::MalformedBody,
             ApiError::InvalidRequest(_) => ProblemType::InvalidRequest,
+            ApiError::InvalidSignature(_) => ProblemType::InvalidSignature,
             ApiError::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
             ApiError::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
             ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
@@ -237,6 +241,7 @@ mod tests {
             ApiError::IdempotencyKey(KeyError::Empty),
             ApiError::MalformedBody("bad".into()),
             ApiError::InvalidRequest("bad".into()),
+            ApiError::InvalidSignature(crate::gateway::signature::SignatureError::NoMatch),
             ApiError::PayloadTooLarge { limit: 1 },
             ApiError::UnsupportedMediaType,
             ApiError::PaymentNotFound,

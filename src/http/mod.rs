@@ -7,6 +7,7 @@ mod idempotency_keys;
 mod observe;
 mod payments;
 mod refunds;
+mod webhooks;
 
 use actix_web::http::Method;
 use actix_web::{HttpResponse, Route, web};
@@ -35,6 +36,11 @@ pub const ENDPOINTS: &[Endpoint] = &[
         method: Method::GET,
         path: "/v1/idempotency_keys",
         route: || web::get().to(idempotency_keys::key_story),
+    },
+    Endpoint {
+        method: Method::POST,
+        path: "/webhooks/gateway",
+        route: || web::post().to(webhooks::receive_gateway_event),
     },
     Endpoint { method: Method::GET, path: "/healthz", route: || web::get().to(health::healthz) },
     Endpoint { method: Method::GET, path: "/readyz", route: || web::get().to(health::readyz) },

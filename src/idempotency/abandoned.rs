@@ -54,7 +54,9 @@ struct AbandonedRow {
 /// Takes over the unfinished key that has waited longest, if one is due: unlocked or its lease
 /// over (by its owner's own lock timeout, which it wrote on the row), not given up on, and
 /// untouched for its backoff (`backoff` doubled per earlier attempt, counted from the end of the
-/// last run, at most an hour). Our lease on it lasts `lease`.
+/// last run, at most an hour), or nudged by a gateway event about it since a worker last took it
+/// (then at once: the gateway has said what happened, and the look-up will find it). Our lease on
+/// it lasts `lease`.
 /// `FOR UPDATE SKIP LOCKED`: concurrent workers take different keys, and none takes a key while a
 /// request is committing a phase on it. The claim and its audit record are one statement; `run`
 /// is the id of the worker's run, which every record it writes about the key carries.
@@ -69,11 +71,12 @@ pub async fn claim_abandoned(
              UPDATE idempotency_keys k
              SET locked_until = now() + $1 * interval '1 millisecond', lock_token = gen_random_uuid(),
                  last_run_at = now(),
-                 completer_attempts = k.completer_attempts + 1
+                 completer_attempts = k.completer_attempts + 1, nudged_at = NULL
              FROM (SELECT account_id, id FROM idempotency_keys
                    WHERE finished_at IS NULL AND needs_attention_at IS NULL
                      AND (locked_until IS NULL OR locked_until < now())
-                     AND last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
+                     AND (last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
+                          OR nudged_at IS NOT NULL)
                    ORDER BY last_run_at
                    LIMIT 1
                    FOR UPDATE SKIP LOCKED) due

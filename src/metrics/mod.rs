@@ -149,6 +149,39 @@ label! {
 }
 
 label! {
+    /// What became of an event the gateway sent.
+    pub enum EventOutcome {
+        /// Recorded, and applied: it settled a pending refund, or agreed with what was recorded.
+        Applied = "applied",
+        /// Received before: nothing changed.
+        Duplicate = "duplicate",
+        /// Refused: no valid signature, or a timestamp outside the tolerance. Nothing recorded.
+        InvalidSignature = "invalid_signature",
+        /// Older than what the service knows (a refund settled otherwise since): recorded, ignored.
+        Stale = "stale",
+        /// Says otherwise than what the service recorded: recorded, the key flagged for a person.
+        Disagreement = "disagreement",
+        /// About a key still unfinished: recorded, the key made due for the completer at once.
+        Nudged = "nudged",
+        /// About no request of this service's (another downstream key, an unknown type).
+        Unknown = "unknown",
+    }
+}
+
+label! {
+    /// The types of the gateway's events, as labelled (`other` for any type the service does not
+    /// act on, `unverified` for an event refused before it was read).
+    pub enum EventKind {
+        ChargeSucceeded = "charge.succeeded",
+        ChargeFailed = "charge.failed",
+        RefundSucceeded = "refund.succeeded",
+        RefundFailed = "refund.failed",
+        Other = "other",
+        Unverified = "unverified",
+    }
+}
+
+label! {
     /// How a settler run on a refund the gateway had left pending ended.
     pub enum SettlerOutcome {
         /// The gateway said it succeeded: settled so.
@@ -189,6 +222,7 @@ pub struct Metrics {
     unfinished: IntCounterVec,
     payments: IntCounterVec,
     refunds: IntCounterVec,
+    gateway_events: IntCounterVec,
     gateway_requests: IntCounterVec,
     gateway_duration: HistogramVec,
     http_requests: IntCounterVec,
@@ -240,6 +274,11 @@ impl Metrics {
                 "refunds_total",
                 "Refunds finished (their answer stored), by status then: pending ones settle later.",
                 &["status"],
+            ),
+            gateway_events: counter(
+                "gateway_events_total",
+                "Events the gateway sent, by type and what became of them.",
+                &["type", "outcome"],
             ),
             gateway_requests: counter(
                 "gateway_requests_total",
@@ -293,6 +332,11 @@ impl Metrics {
                 metrics.unfinished.with_label_values(&[endpoint.as_str(), reason.as_str()]);
             }
         }
+        for &kind in EventKind::ALL {
+            for &outcome in EventOutcome::ALL {
+                metrics.gateway_events.with_label_values(&[kind.as_str(), outcome.as_str()]);
+            }
+        }
         for &status in ["pending", "succeeded", "failed"].iter() {
             metrics.refunds.with_label_values(&[status]);
         }
@@ -332,6 +376,11 @@ impl Metrics {
     /// A payment's final answer was stored: `reason` is `none` for a success, else why it failed.
     pub fn payment_finished(&self, status: &str, reason: &str) {
         self.payments.with_label_values(&[status, reason]).inc();
+    }
+
+    /// An event the gateway sent, of `kind`, came to `outcome`.
+    pub fn gateway_event(&self, kind: EventKind, outcome: EventOutcome) {
+        self.gateway_events.with_label_values(&[kind.as_str(), outcome.as_str()]).inc();
     }
 
     /// A refund's answer was stored, with the refund `status` then.

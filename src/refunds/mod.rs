@@ -11,5 +11,5 @@ mod writes;
 pub use create::{ENDPOINT, complete_abandoned, create_refund};
 pub use model::{Refund, RefundStatus};
 pub use request::{CreateRefundBody, RefundReason, RefundRequest};
-pub use settle::{Backoff, DueRefund, Settlement, lease_due_refund, settle_refund};
+pub use settle::{Backoff, DueRefund, SettledBy, Settlement, lease_due_refund, settle_refund};
 pub use view::{RefundList, RefundView};

@@ -88,26 +88,37 @@ pub enum Settlement {
     },
 }
 
-/// Settles `due` as its gateway said, if it is still pending: the refund, the payment's totals,
-/// the refund's event and an audit record of the settler's `run`, in one statement. Returns the
-/// settled refund, or none if it was settled meanwhile (and nothing was written).
+/// Who settles a refund, for its audit record: the settler's run, or a gateway event's request,
+/// with what the record adds to the settlement (`{"attempt": 3}`, `{"event_id": "evt_..."}`).
+#[derive(Debug)]
+pub struct SettledBy<'a> {
+    pub actor: Actor,
+    pub request_id: &'a RequestId,
+    pub data: serde_json::Value,
+}
+
+/// Settles `refund` as its gateway said, if it is still pending: the refund, the payment's totals,
+/// the refund's event and an audit record of who settled it, in one statement. Returns the settled
+/// refund, or none if it was settled meanwhile (and nothing was written).
 pub async fn settle_refund(
     conn: &mut AsyncPgConnection,
-    due: &DueRefund,
+    refund: &Refund,
     settlement: &Settlement,
-    run: &RequestId,
+    by: SettledBy<'_>,
 ) -> Result<Option<Refund>, StoreError> {
     let (status, failure_code) = match settlement {
         Settlement::Succeeded => (RefundStatus::Succeeded, None),
         Settlement::Failed { code } => (RefundStatus::Failed, Some(code.as_str())),
     };
-    let refund = &due.refund;
-    // The event shows the refund as this statement leaves it: after its `finished` phase only the
-    // settler changes a refund, and only while it is pending, which the statement requires.
+    // The event shows the refund as this statement leaves it: after its `finished` phase a refund
+    // changes only by being settled, and only while it is pending, which the statement requires.
     let settled = Refund { status, failure_code: failure_code.map(str::to_owned), ..refund.clone() };
     let event = StagedEvent::new(refund.account_id, event_of(status), RefundView::from(&settled));
-    let data = json!({ "status": status, "failure_code": failure_code,
-                       "gateway_refund_id": refund.gateway_refund_id, "attempt": due.attempts });
+    let mut data = json!({ "status": status, "failure_code": failure_code,
+                           "gateway_refund_id": refund.gateway_refund_id });
+    if let (Some(data), Some(more)) = (data.as_object_mut(), by.data.as_object()) {
+        data.extend(more.clone());
+    }
     let statement = Settle {
         refund,
         status,
@@ -118,9 +129,9 @@ pub async fn settle_refund(
             action: "refund.settled",
             resource_type: "refund",
             resource_id: refund.id,
-            actor: Actor::Settler,
+            actor: by.actor,
             data,
-            request_id: Some(run.as_str()),
+            request_id: Some(by.request_id.as_str()),
         },
     };
     db::query(async { statement.get_result(conn).await.optional() }).await

@@ -9,7 +9,10 @@ use crate::config::WorkerSettings;
 use crate::db;
 use crate::gateway::{self, Answered};
 use crate::metrics::SettlerOutcome;
-use crate::refunds::{Backoff, DueRefund, Settlement, lease_due_refund, settle_refund};
+use serde_json::json;
+
+use crate::audit::Actor;
+use crate::refunds::{Backoff, DueRefund, SettledBy, Settlement, lease_due_refund, settle_refund};
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
@@ -64,7 +67,8 @@ impl Settler {
         let outcome = match self.look_up(&due).await {
             Ok(settlement) => {
                 let mut conn = db::connect(&self.state.db).await?;
-                match settle_refund(&mut conn, &due, &settlement, run).await? {
+                let by = SettledBy { actor: Actor::Settler, request_id: run, data: json!({ "attempt": due.attempts }) };
+                match settle_refund(&mut conn, &due.refund, &settlement, by).await? {
                     Some(refund) => {
                         tracing::info!(status = %refund.status, attempt = due.attempts, "settled a pending refund");
                         match settlement {

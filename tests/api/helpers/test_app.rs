@@ -67,6 +67,13 @@ impl TestAppBuilder {
         self
     }
 
+    /// Accept gateway events signed with any of these secrets.
+    pub fn webhook_secrets(mut self, secrets: &[&str]) -> Self {
+        self.settings.gateway_webhook_secrets =
+            secrets.iter().map(|secret| payments::gateway::signature::WebhookSecret::new(*secret)).collect();
+        self
+    }
+
     pub fn fault_injection(mut self) -> Self {
         self.settings.fault_injection = true;
         self
@@ -192,6 +199,16 @@ impl TestApp {
             request = request.header(*name, *value);
         }
         request.send().await.expect("sending POST /v1/payments")
+    }
+
+    /// `POST /webhooks/gateway` with these exact bytes and this `Gateway-Signature`, if any.
+    pub async fn post_event(&self, body: &[u8], signature: Option<&str>) -> Response {
+        let mut request = self.http.post(format!("{}/webhooks/gateway", self.address)).body(body.to_vec());
+        request = request.header("Content-Type", "application/json");
+        if let Some(signature) = signature {
+            request = request.header("Gateway-Signature", signature);
+        }
+        request.send().await.expect("sending POST /webhooks/gateway")
     }
 
     /// `POST /v1/refunds` with a JSON body.
