@@ -77,6 +77,11 @@ impl Webhook {
         Webhook { first_retry: first, max_retry: max.max(first), ..self }
     }
 
+    /// How many secrets each event is signed under.
+    pub fn secrets(&self) -> usize {
+        self.secrets.len()
+    }
+
     /// Where the events go, fit to be shown: without the password a URL may hold.
     pub fn shown_url(&self) -> Url {
         let mut url = self.url.clone();
