@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use super::{Gw, body, json_of};
-use crate::helpers::wait_for;
+use crate::helpers::{TestApp, wait_for, wait_until};
 
 /// How long a test waits for events that should come at once (or after a pending refund's 2 s).
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -460,4 +460,28 @@ async fn the_event_plan_is_checked_shown_and_cleared() {
     assert_eq!(response.status(), StatusCode::NO_CONTENT);
     assert_eq!(gw.get("/_control/events").await.1["duplicate_rate"], 0.0);
     gw.stop().await;
+}
+
+#[tokio::test]
+async fn an_app_hears_from_its_own_mock_and_records_each_event_sent_once() {
+    #[derive(diesel::QueryableByName)]
+    struct Recorded {
+        #[diesel(sql_type = diesel::sql_types::Text)]
+        event_id: String,
+    }
+    let app = TestApp::builder().gateway_events().spawn().await;
+    app.gateway.event_plan(json!({"duplicate_rate": 1.0, "shuffle": true})).await;
+    for _ in 0..3 {
+        app.paid(1000, "tok_visa").await;
+    }
+
+    wait_until(PATIENCE, "three events acknowledged", || async { app.gateway.event_stats().await.3 == 3 }).await;
+
+    let sent: HashSet<String> = app.gateway.event_ids_sent().await.into_iter().collect();
+    let rows: Vec<Recorded> =
+        diesel_async::RunQueryDsl::load(diesel::sql_query("SELECT event_id FROM gateway_events"), &mut app.db().await)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 3, "a row per event, though each came twice");
+    assert_eq!(rows.into_iter().map(|row| row.event_id).collect::<HashSet<_>>(), sent);
 }
