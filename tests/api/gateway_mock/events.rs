@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use super::{Gw, body, json_of};
-use crate::helpers::{TestApp, wait_for, wait_until};
+use crate::helpers::{Process, TestApp, wait_for, wait_until};
 
 /// How long a test waits for events that should come at once (or after a pending refund's 2 s).
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -484,4 +484,45 @@ async fn an_app_hears_from_its_own_mock_and_records_each_event_sent_once() {
             .unwrap();
     assert_eq!(rows.len(), 3, "a row per event, though each came twice");
     assert_eq!(rows.into_iter().map(|row| row.event_id).collect::<HashSet<_>>(), sent);
+}
+
+#[tokio::test]
+async fn payments_gateway_sends_its_events_where_told_signed_under_the_secrets_it_never_prints() {
+    let receiver = Receiver::start(&["whsec_second"], &[]);
+    let url = receiver.url.to_string();
+    let args = ["gateway", "--bind", "127.0.0.1:0", "--events-url", url.as_str(), "--webhook-secret", "whsec_first"];
+    let env = [("PAYMENTS_GATEWAY_WEBHOOK_SECRETS", "x"), ("RUST_LOG", "debug")];
+    // The flag wins over the variable, as for every setting; repeated, it signs under each.
+    let mut gateway = Process::start(
+        &[&args[..], &["--webhook-secret", "whsec_second"]].concat(),
+        &env,
+        "payments gateway listening on",
+    )
+    .await;
+    let charged = Client::new()
+        .post(format!("{}/v1/charges", gateway.url))
+        .header("Idempotency-Key", "k")
+        .json(&body(500, "tok_visa"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(charged.status(), StatusCode::OK);
+
+    let got = receiver.wait_for_requests(1).await;
+
+    assert_eq!(got[0].header.matches("v1=").count(), 2);
+    assert!(got[0].verified.is_ok(), "{:?}", got[0]);
+    assert_eq!(gateway.stdout.borrow()[0], format!("events: to {url}, each signed under 2 secrets"));
+    gateway.signal(nix::sys::signal::Signal::SIGTERM);
+    let printed = [gateway.logs().await, gateway.stdout.borrow().clone()].concat();
+    assert!(!printed.iter().any(|line| line.contains("whsec_")), "{printed:?}");
+
+    let unsigned = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
+        .args(&args[..5])
+        .env_remove("PAYMENTS_GATEWAY_WEBHOOK_SECRETS")
+        .output()
+        .await
+        .unwrap();
+    assert!(!unsigned.status.success());
+    assert!(String::from_utf8_lossy(&unsigned.stderr).contains("--events-url needs a secret"));
 }
