@@ -37,7 +37,7 @@ use crate::gateway::signature::{self, SIGNATURE_HEADER, WebhookSecret};
 /// Timeout of one attempt: a receiver that is up answers in milliseconds (it verifies the event
 /// and records it in one short transaction); one that has not answered in this long is taken as
 /// down, and the delivery is tried again later.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the next event waits for the first attempts of the one before to be answered: a
 /// receiver that answers gets the events one after another, in order; one that hangs holds the
 /// queue up for at most this long per event, while the hung attempt goes on in its own task.
@@ -62,19 +62,32 @@ pub struct Webhook {
     secrets: Vec<WebhookSecret>,
     first_retry: Duration,
     max_retry: Duration,
+    attempt_timeout: Duration,
 }
 
 impl Webhook {
-    /// Events to `url`, signed under each of `secrets`, retried after [`DEFAULT_FIRST_RETRY`],
-    /// doubling up to [`DEFAULT_MAX_RETRY`]. With no secret, the events carry a timestamp and no
-    /// signature, which any receiver refuses.
+    /// Events to `url`, signed under each of `secrets`, each attempt given
+    /// [`DEFAULT_ATTEMPT_TIMEOUT`], retried after [`DEFAULT_FIRST_RETRY`], doubling up to
+    /// [`DEFAULT_MAX_RETRY`]. With no secret, the events carry a timestamp and no signature, which
+    /// any receiver refuses.
     pub fn new(url: Url, secrets: Vec<WebhookSecret>) -> Webhook {
-        Webhook { url, secrets, first_retry: DEFAULT_FIRST_RETRY, max_retry: DEFAULT_MAX_RETRY }
+        Webhook {
+            url,
+            secrets,
+            first_retry: DEFAULT_FIRST_RETRY,
+            max_retry: DEFAULT_MAX_RETRY,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+        }
     }
 
     /// Retries after `first`, doubling up to `max` (`max` is at least `first`).
     pub fn retry(self, first: Duration, max: Duration) -> Webhook {
         Webhook { first_retry: first, max_retry: max.max(first), ..self }
+    }
+
+    /// Gives each attempt `timeout` to be answered.
+    pub fn attempt_timeout(self, timeout: Duration) -> Webhook {
+        Webhook { attempt_timeout: timeout, ..self }
     }
 
     /// How many secrets each event is signed under.
@@ -189,7 +202,7 @@ impl Outbox {
             return Ok((Outbox { queue: None, shared }, None));
         };
         let http = reqwest::Client::builder()
-            .timeout(ATTEMPT_TIMEOUT)
+            .timeout(webhook.attempt_timeout)
             // A receiver that redirects has not acknowledged anything: tried again, as any non-2xx.
             .redirect(reqwest::redirect::Policy::none())
             .user_agent("payments-mock-gateway")
@@ -270,7 +283,7 @@ impl Courier {
     /// failure, up to the maximum. Says when its first attempt has been answered (or failed).
     async fn deliver(self: Arc<Courier>, event: Arc<Event>, first_answered: oneshot::Sender<()>) {
         let mut first_answered = Some(first_answered);
-        let mut wait = self.webhook.first_retry;
+        let mut waits = backoff(self.webhook.first_retry, self.webhook.max_retry);
         loop {
             let acknowledged = self.attempt(&event).await;
             if let Some(answered) = first_answered.take() {
@@ -279,8 +292,7 @@ impl Courier {
             if acknowledged {
                 return;
             }
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(self.webhook.max_retry);
+            tokio::time::sleep(waits.next().expect("the waits never end")).await;
         }
     }
 
@@ -299,7 +311,9 @@ impl Courier {
         let failure = match answer {
             Ok(response) if response.status().is_success() => None,
             Ok(response) => Some(format!("the receiver answered {}", response.status())),
-            Err(error) if error.is_timeout() => Some(format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs())),
+            Err(error) if error.is_timeout() => {
+                Some(format!("no answer within {} ms", self.webhook.attempt_timeout.as_millis()))
+            }
             Err(error) => Some(error.without_url().to_string()),
         };
         match failure {
@@ -326,6 +340,11 @@ impl Courier {
     }
 }
 
+/// The waits between the attempts of a delivery: `first`, doubling, then `max` for ever.
+fn backoff(first: Duration, max: Duration) -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(first.min(max)), move |wait| Some(wait.saturating_mul(2).min(max)))
+}
+
 /// Unix seconds now: the `t` of a signature.
 fn unix_now() -> i64 {
     let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
@@ -335,4 +354,31 @@ fn unix_now() -> i64 {
 /// Locks without giving up on poisoning: every critical section leaves its state consistent.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_waits_double_from_half_a_second_to_half_a_minute_and_stay_there() {
+        let seconds: Vec<f64> =
+            backoff(DEFAULT_FIRST_RETRY, DEFAULT_MAX_RETRY).take(9).map(|wait| wait.as_secs_f64()).collect();
+        assert_eq!(seconds, [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]);
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_password() {
+        let webhook = Webhook::new("http://user:hunter2@example.com/hook".parse().unwrap(), Vec::new());
+        assert_eq!(webhook.shown_url().as_str(), "http://user:...@example.com/hook");
+        assert!(!format!("{webhook:?}").contains("whsec"), "and a secret never");
+    }
+
+    #[test]
+    fn a_made_secret_is_long_and_new_each_time() {
+        let (first, second) = (new_webhook_secret(), new_webhook_secret());
+        assert!(first.starts_with("whsec_") && first.len() == 38, "{first}");
+        assert!(first[6..].chars().all(|c| c.is_ascii_alphanumeric()));
+        assert_ne!(first, second);
+    }
 }

@@ -91,7 +91,9 @@ use actix_web::middleware::DefaultHeaders;
 use actix_web::{App, HttpServer, web};
 use tokio::task::JoinHandle;
 
-pub use self::deliveries::{DEFAULT_FIRST_RETRY, DEFAULT_MAX_RETRY, Webhook, new_webhook_secret};
+pub use self::deliveries::{
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_FIRST_RETRY, DEFAULT_MAX_RETRY, Webhook, new_webhook_secret,
+};
 pub use self::faults::FaultPlan;
 pub use self::routes::Controls;
 

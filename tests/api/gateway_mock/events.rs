@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 use super::{Gw, body, json_of};
-use crate::helpers::{Process, TestApp, wait_for, wait_until};
+use crate::helpers::{GatewayControl, Process, TestApp, wait_for, wait_until};
 
 /// How long a test waits for events that should come at once (or after a pending refund's 2 s).
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -73,6 +73,10 @@ struct Receiver {
 
 impl Receiver {
     fn start(secrets: &[&str], script: &[Answer]) -> Receiver {
+        Receiver::start_on(TcpListener::bind("127.0.0.1:0").unwrap(), secrets, script)
+    }
+
+    fn start_on(listener: TcpListener, secrets: &[&str], script: &[Answer]) -> Receiver {
         let state = web::Data::new(ReceiverState {
             secrets: secrets.iter().map(|secret| WebhookSecret::new(*secret)).collect(),
             script: Mutex::new(script.iter().copied().collect()),
@@ -80,7 +84,6 @@ impl Receiver {
             release: Semaphore::new(0),
             held: AtomicUsize::new(0),
         });
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/webhooks/gateway", listener.local_addr().unwrap()).parse().unwrap();
         let data = state.clone();
         let server = HttpServer::new(move || {
@@ -177,9 +180,15 @@ impl Drop for Held<'_> {
 /// A gateway sending its events to `receiver`, signed under `secrets`, retried quickly (20 ms,
 /// doubling to 200 ms) so that tests need not wait out the real backoff.
 fn sending_to(receiver: &Receiver, secrets: &[&str]) -> Gw {
+    sending_with(webhook_to(receiver, secrets))
+}
+
+fn webhook_to(receiver: &Receiver, secrets: &[&str]) -> Webhook {
     let secrets = secrets.iter().map(|secret| WebhookSecret::new(*secret)).collect();
-    let webhook =
-        Webhook::new(receiver.url.clone(), secrets).retry(Duration::from_millis(20), Duration::from_millis(200));
+    Webhook::new(receiver.url.clone(), secrets).retry(Duration::from_millis(20), Duration::from_millis(200))
+}
+
+fn sending_with(webhook: Webhook) -> Gw {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let gateway = MockGateway::start_with_events(listener, FaultPlan::none(), Controls::Served, webhook).unwrap();
     Gw { url: gateway.url(), gateway, client: Client::new() }
@@ -404,6 +413,20 @@ async fn an_event_is_sent_again_until_acknowledged_signed_at_each_attempt() {
 }
 
 #[tokio::test]
+async fn an_attempt_not_answered_in_time_is_given_up_and_made_again() {
+    let receiver = Receiver::start(&[SECRET], &[Answer::Hold]);
+    let gw = sending_with(webhook_to(&receiver, &[SECRET]).attempt_timeout(Duration::from_millis(300)));
+    gw.paid("c1", "tok_visa").await;
+
+    assert_eq!(gw.wait_for_acknowledged(1).await, (1, 1, 2, 1));
+
+    let answers: Vec<Answer> = receiver.received().iter().map(|received| received.answer).collect();
+    assert_eq!(answers, [Answer::Hold, Answer::Status(200)], "held, given up, sent again");
+    wait_until(PATIENCE, "the held attempt is let go", || async { receiver.held() == 0 }).await;
+    gw.stop().await;
+}
+
+#[tokio::test]
 async fn during_a_rotation_each_event_is_signed_under_every_secret() {
     let receiver = Receiver::start(&["whsec_new"], &[]);
     let gw = sending_to(&receiver, &["whsec_old", "whsec_new"]);
@@ -525,4 +548,36 @@ async fn payments_gateway_sends_its_events_where_told_signed_under_the_secrets_i
         .unwrap();
     assert!(!unsigned.status.success());
     assert!(String::from_utf8_lossy(&unsigned.stderr).contains("--events-url needs a secret"));
+}
+
+#[tokio::test]
+async fn a_gateway_whose_receiver_is_down_says_so_once_keeps_trying_and_says_when_it_is_back() {
+    // A port nothing listens on, for now.
+    let address = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let url = format!("http://{address}/webhooks/gateway");
+    let args = ["gateway", "--bind", "127.0.0.1:0", "--control", "--events-url", &url, "--webhook-secret", SECRET];
+    let mut gateway = Process::start(&args, &[], "payments gateway listening on").await;
+    let control = GatewayControl::new(&gateway.url);
+    for key in ["c1", "c2", "c3"] {
+        let charged = Client::new()
+            .post(format!("{}/v1/charges", gateway.url))
+            .header("Idempotency-Key", key)
+            .json(&body(500, "tok_visa"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(charged.status(), StatusCode::OK);
+    }
+    wait_until(PATIENCE, "every event is tried three times", || async { control.event_stats().await.2 >= 9 }).await;
+
+    let receiver = Receiver::start_on(TcpListener::bind(address).unwrap(), &[SECRET], &[]);
+
+    wait_until(PATIENCE, "every event is acknowledged", || async { control.event_stats().await.3 == 3 }).await;
+    assert_eq!(receiver.received().iter().map(Received::id).collect::<HashSet<_>>().len(), 3);
+    gateway.signal(nix::sys::signal::Signal::SIGTERM);
+    let logs = gateway.logs().await;
+    let lines = |text: &str| logs.iter().filter(|line| line.contains(text)).count();
+    assert_eq!(lines("the gateway's events are not acknowledged"), 1, "{logs:#?}");
+    assert_eq!(lines("WARN"), 1, "{logs:#?}");
+    assert_eq!(lines("the gateway's events are acknowledged again"), 1, "{logs:#?}");
 }
