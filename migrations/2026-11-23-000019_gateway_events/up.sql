@@ -8,9 +8,11 @@ ALTER TABLE idempotency_keys ADD COLUMN nudged_at timestamptz;
 
 -- Every event received and verified, once: its id is the gateway's, unique per gateway, so a
 -- delivery that comes again (at least once means twice, sometimes) finds its row and changes
--- nothing. Inserted in the transaction that applies the event. The account is the one whose
--- request caused the event (named by our downstream key); the gateway is the one that holds what
--- the event is about.
+-- nothing. Inserted in the transaction that applies the event. It is keyed by what the event is
+-- about, the key row our downstream key names (with its account), and the event's own id: both
+-- come from the event, so every delivery of it finds the same row, whatever the service recorded
+-- meanwhile (a payment's gateway may move to the one that answered its charge). The gateway that
+-- holds what the event is about is recorded beside.
 CREATE DOMAIN gateway_event_id AS text CHECK (char_length(VALUE) BETWEEN 1 AND 255);
 CREATE DOMAIN gateway_event_outcome AS text
     CHECK (VALUE IN ('applied', 'stale', 'disagreement', 'nudged'));
@@ -26,7 +28,5 @@ CREATE TABLE gateway_events (
     created_at         timestamptz           NOT NULL,
     received_at        timestamptz           NOT NULL DEFAULT now(),
     outcome            gateway_event_outcome NOT NULL,
-    PRIMARY KEY (account_id, gateway, event_id)
+    PRIMARY KEY (account_id, idempotency_key_id, event_id)
 );
--- A key's events, for its story.
-CREATE INDEX gateway_events_key_idx ON gateway_events (account_id, idempotency_key_id);

@@ -24,7 +24,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    gateway_events (account_id, gateway, event_id) {
+    gateway_events (account_id, idempotency_key_id, event_id) {
         account_id -> Uuid,
         gateway -> Text,
         event_id -> Text,

@@ -22,6 +22,7 @@ use uuid::Uuid;
 use super::event::GatewayEvent;
 use crate::audit::Actor;
 use crate::db::{self, StoreError};
+use crate::idempotency::RecoveryPoint;
 use crate::metrics::{EventKind, EventOutcome};
 use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
 use crate::request_id::RequestId;
@@ -46,8 +47,9 @@ struct Target {
     object_id: Option<String>,
     #[diesel(sql_type = Timestamptz)]
     updated_at: chrono::DateTime<chrono::Utc>,
-    #[diesel(sql_type = Nullable<diesel::sql_types::Bool>)]
-    key_finished: Option<bool>,
+    /// The key's recovery point; none once it is reaped (only finished keys are).
+    #[diesel(sql_type = Nullable<Text>)]
+    key_point: Option<RecoveryPoint>,
 }
 
 /// Receives `event` (verified), on the webhook request `request_id`: records it once and applies
@@ -72,8 +74,21 @@ pub async fn receive(
         if !record(conn, account_id, gateway, event, key_id).await? {
             return Ok(EventOutcome::Duplicate);
         }
-        let outcome = match target.key_finished {
-            Some(false) => nudge(conn, account_id, key_id).await?,
+        let outcome = match target.key_point {
+            // Before the gateway's answer is recorded: only the key's driver may record it.
+            Some(RecoveryPoint::Started) => nudge(conn, account_id, key_id).await?,
+            // The answer is recorded, the key not finished yet: held to what was recorded, and
+            // the key woken to finish. A refund the gateway left pending is the settler's, later.
+            Some(RecoveryPoint::ChargeCreated | RecoveryPoint::RefundCreated) => {
+                nudge(conn, account_id, key_id).await?;
+                match (about_refunds, target.status.as_str()) {
+                    (true, "pending") => EventOutcome::Nudged,
+                    (true, status) => {
+                        compare_refund(refund_status(status), target.updated_at, target.object_id.as_deref(), event)
+                    }
+                    (false, _) => compare_charge(&target, event),
+                }
+            }
             _ if about_refunds => settle(conn, account_id, &target, event, request_id).await?,
             _ => compare_charge(&target, event),
         };
@@ -83,7 +98,7 @@ pub async fn receive(
         diesel::sql_query(
             "WITH outcome AS (
                  UPDATE gateway_events SET outcome = $4
-                 WHERE account_id = $1 AND gateway = $2 AND event_id = $3
+                 WHERE account_id = $1 AND idempotency_key_id = $9 AND event_id = $3
                  RETURNING account_id
              )
              INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
@@ -99,6 +114,7 @@ pub async fn receive(
         .bind::<SqlUuid, _>(target.id)
         .bind::<Text, _>(event.kind().as_str())
         .bind::<Text, _>(request_id.as_str())
+        .bind::<SqlUuid, _>(key_id)
         .execute(conn)
         .await?;
         Ok(outcome)
@@ -115,8 +131,8 @@ async fn target(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) ->
              SELECT 'refund', id, gateway, status, gateway_refund_id, updated_at
              FROM refunds WHERE account_id = $1 AND idempotency_key_id = $2
          )
-         SELECT made.*, (SELECT finished_at IS NOT NULL FROM idempotency_keys WHERE account_id = $1 AND id = $2)
-                        AS key_finished
+         SELECT made.*, (SELECT recovery_point FROM idempotency_keys WHERE account_id = $1 AND id = $2)
+                        AS key_point
          FROM made",
     )
     .bind::<SqlUuid, _>(account_id)
@@ -138,7 +154,7 @@ async fn record(
         "INSERT INTO gateway_events (account_id, gateway, event_id, event_type, idempotency_key_id, object_id,
                                      created_at, outcome)
          VALUES ($1, $2, $3, $4, $5, $6, $7, 'applied')
-         ON CONFLICT (account_id, gateway, event_id) DO NOTHING",
+         ON CONFLICT (account_id, idempotency_key_id, event_id) DO NOTHING",
     )
     .bind::<SqlUuid, _>(account_id)
     .bind::<Text, _>(gateway)
@@ -201,12 +217,15 @@ async fn settle(
         let now = Refund::find(conn, account_id, target.id).await?.ok_or(diesel::result::Error::NotFound)?;
         return Ok(compare_refund(now.status, now.updated_at, now.gateway_refund_id.as_deref(), event));
     }
-    let status = match target.status.as_str() {
+    Ok(compare_refund(refund_status(&target.status), target.updated_at, target.object_id.as_deref(), event))
+}
+
+fn refund_status(status: &str) -> RefundStatus {
+    match status {
         "succeeded" => RefundStatus::Succeeded,
         "failed" => RefundStatus::Failed,
         _ => RefundStatus::Pending,
-    };
-    Ok(compare_refund(status, target.updated_at, target.object_id.as_deref(), event))
+    }
 }
 
 /// A refund event about a refund we know settled: it agrees, or it is older than what we know

@@ -18,7 +18,9 @@ pub struct GatewayEvent {
     /// Unix seconds, as the gateway stamped the event.
     created: i64,
     data: EventData,
-    request: EventRequest,
+    /// Absent or null for an event no request of ours caused.
+    #[serde(default)]
+    request: Option<EventRequest>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -37,6 +39,7 @@ pub struct EventObject {
 
 #[derive(Debug, Deserialize)]
 struct EventRequest {
+    #[serde(default)]
     idempotency_key: Option<String>,
 }
 
@@ -80,6 +83,6 @@ impl GatewayEvent {
     /// The key row whose request caused the event, if the request was ours: the account and key
     /// row our downstream key names.
     pub fn caused_by(&self) -> Option<(Uuid, Uuid)> {
-        gateway::parse_downstream_key(self.request.idempotency_key.as_deref()?)
+        gateway::parse_downstream_key(self.request.as_ref()?.idempotency_key.as_deref()?)
     }
 }

@@ -14,8 +14,13 @@
 use std::fmt;
 use std::time::Duration;
 
+use hmac::digest::{CtOutput, Output};
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
+
+/// The most `v1` signatures a header may carry: one per secret in use, and a rotation has two.
+/// More is no gateway's doing, and each would cost a comparison.
+const MAX_SIGNATURES: usize = 8;
 
 /// The header that carries the signature.
 pub const SIGNATURE_HEADER: &str = "Gateway-Signature";
@@ -88,7 +93,10 @@ pub fn verify(
             }
             "t" => return Err(SignatureError::Malformed),
             // A `v1` that is not 32 bytes of hex is no signature at all: it matches nothing.
-            "v1" => signatures.extend(hex::decode(value).ok().filter(|bytes| bytes.len() == 32)),
+            "v1" if signatures.len() < MAX_SIGNATURES => {
+                signatures.extend(hex::decode(value).ok().filter(|bytes| bytes.len() == 32));
+            }
+            "v1" => return Err(SignatureError::Malformed),
             _ => {}
         }
     }
@@ -97,8 +105,17 @@ pub fn verify(
     if now.abs_diff(timestamp) > tolerance.unsigned_abs() {
         return Err(SignatureError::OutsideTolerance);
     }
-    let matches =
-        |signature: &Vec<u8>| secrets.iter().any(|secret| secret.mac(timestamp, body).verify_slice(signature).is_ok());
+    // One tag per secret, however many signatures the header carries; each compared in constant
+    // time.
+    let tags: Vec<CtOutput<Hmac<Sha256>>> =
+        secrets.iter().map(|secret| secret.mac(timestamp, body).finalize()).collect();
+    let matches = |signature: &Vec<u8>| match Output::<Hmac<Sha256>>::try_from(signature.as_slice()) {
+        Ok(signature) => {
+            let signature = CtOutput::new(signature);
+            tags.contains(&signature)
+        }
+        Err(_) => false,
+    };
     match signatures.iter().any(matches) {
         true => Ok(timestamp),
         false => Err(SignatureError::NoMatch),
@@ -169,6 +186,8 @@ mod tests {
             assert_eq!(check(&header, body, &[secret("s")]), Err(error), "{header}");
         }
         assert!(check(&format!(" t={NOW} , v0=ab, v1={hex} "), body, &[secret("s")]).is_ok(), "spaces and v0 ignored");
+        let many = format!("t={NOW}{}", format!(",v1={hex}").repeat(MAX_SIGNATURES + 1));
+        assert_eq!(check(&many, body, &[secret("s")]), Err(SignatureError::Malformed), "too many signatures");
     }
 
     #[test]

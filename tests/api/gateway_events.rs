@@ -257,7 +257,12 @@ async fn refund_events_out_of_order_settle_forward_only() {
     assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
     let refund: Value = app.post_refund(&key, &body).await.json().await.unwrap();
     assert_eq!(refund["status"], "failed", "the look-up the event woke recorded the failure");
-    assert!(app.database_says(&format!("SELECT amount_refund_pending = 0 AND amount_refunded = 0 FROM payments WHERE id = '{id}'")).await);
+    assert!(
+        app.database_says(&format!(
+            "SELECT amount_refund_pending = 0 AND amount_refunded = 0 FROM payments WHERE id = '{id}'"
+        ))
+        .await
+    );
 
     // A `refund.succeeded` older than what we know is stale: ignored.
     let stale = {
@@ -267,7 +272,8 @@ async fn refund_events_out_of_order_settle_forward_only() {
     };
     let response = app.post_event(&stale, Some(&signed(&stale, &[SECRET], now()))).await;
     assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "stale");
-    let now_refund: Value = app.get(&format!("/v1/refunds/{}", refund["id"].as_str().unwrap())).await.json().await.unwrap();
+    let now_refund: Value =
+        app.get(&format!("/v1/refunds/{}", refund["id"].as_str().unwrap())).await.json().await.unwrap();
     assert_eq!(now_refund["status"], "failed", "never settled backwards");
     assert!(app.database_says(&format!("SELECT amount_refunded = 0 FROM payments WHERE id = '{id}'")).await);
     // The events are in the key's story, by their own ids.

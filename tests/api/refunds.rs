@@ -3,6 +3,7 @@
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use uuid::Uuid;
 
 use diesel_async::RunQueryDsl;
 use payments::workers::Worker;
@@ -238,4 +239,73 @@ async fn the_database_refuses_refund_totals_beyond_the_payment() {
         let refused = diesel::sql_query(&sql).execute(&mut app.db().await).await;
         assert!(refused.is_err_and(|e| e.to_string().contains("payments_refund_totals_check")), "{sql}");
     }
+}
+
+#[tokio::test]
+async fn a_refund_the_gateway_refuses_is_a_stored_502_and_gives_the_amount_back() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    // Someone refunded the whole charge at the gateway directly, behind the service's back.
+    let direct = reqwest::Client::new()
+        .post(format!("{}/v1/refunds", app.gateway_url()))
+        .header("Idempotency-Key", new_key())
+        .json(&json!({ "charge": payment["gateway_charge_id"], "amount": 1000 }))
+        .send()
+        .await
+        .unwrap();
+    assert!(direct.status().is_success());
+    let (key, body) = (new_key(), json!({ "payment": payment["id"], "amount": 500 }));
+
+    let (status, refused) = problem(app.post_refund(&key, &body).await).await;
+
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{refused}");
+    assert_eq!(refused["type"], "https://payments.example/problems/gateway-rejected");
+    assert_eq!(
+        (refused["refund"]["status"].as_str(), refused["refund"]["failure_code"].as_str()),
+        (Some("failed"), Some("gateway_rejected"))
+    );
+    let id = payment["id"].as_str().unwrap();
+    assert!(
+        app.database_says(&format!(
+            "SELECT amount_refund_pending = 0 AND amount_refunded = 0 FROM payments WHERE id = '{id}'"
+        ))
+        .await
+    );
+    assert!(app.database_says("SELECT count(*) = 1 FROM staged_jobs WHERE job_name = 'refund.failed'").await);
+    assert_eq!(app.post_refund(&key, &body).await.headers()["Idempotent-Replayed"], "true");
+}
+
+#[tokio::test]
+async fn a_payments_refunds_are_listed_newest_first_a_page_at_a_time() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let id = payment["id"].as_str().unwrap();
+    let mut made = Vec::new();
+    for _ in 0..3 {
+        let refund: Value =
+            app.post_refund(&new_key(), &json!({ "payment": id, "amount": 100 })).await.json().await.unwrap();
+        made.push(refund["id"].as_str().unwrap().to_owned());
+    }
+    assert!(
+        app.database_says("SELECT count(*) = 3 FROM staged_jobs WHERE job_name = 'refund.succeeded'").await,
+        "one event each"
+    );
+
+    let first: Value = app.get(&format!("/v1/refunds?payment={id}&limit=2")).await.json().await.unwrap();
+    let ids = |page: &Value| {
+        page["data"].as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!((ids(&first), first["has_more"].as_bool()), (vec![made[2].clone(), made[1].clone()], Some(true)));
+    let rest: Value =
+        app.get(&format!("/v1/refunds?payment={id}&limit=2&starting_after={}", made[1])).await.json().await.unwrap();
+    assert_eq!((ids(&rest), rest["has_more"].as_bool()), (vec![made[0].clone()], Some(false)));
+
+    let (status, missing) =
+        problem(app.get(&format!("/v1/refunds?payment={id}&starting_after={}", Uuid::now_v7())).await).await;
+    assert_eq!(
+        (status, missing["type"].as_str()),
+        (StatusCode::NOT_FOUND, Some("https://payments.example/problems/refund-not-found"))
+    );
+    let (status, _) = problem(app.get(&format!("/v1/refunds?payment={}", Uuid::now_v7())).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

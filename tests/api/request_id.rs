@@ -124,6 +124,7 @@ async fn every_problem_carries_its_request_id() {
     app.post_refund(&new_key(), &json!({ "payment": paid["id"] })).await;
     expect(refund(json!({ "payment": paid["id"] })).await, "payment-already-refunded");
     expect(problem_slug(app.get("/v1/refunds/not-a-uuid").await).await, "refund-not-found");
+    expect(problem_slug(app.post_event(b"{}", None).await).await, "invalid-signature");
 
     // The gateway's definitive 4xx, from a gateway that answers so.
     let gateway = wiremock::MockServer::start().await;
