@@ -212,6 +212,11 @@ impl Outbox {
         Ok((Outbox { queue: Some(queue), shared }, Some(courier.run(events))))
     }
 
+    /// Whether the events are sent anywhere (if not, the ledger need not make them).
+    pub(super) fn sends(&self) -> bool {
+        self.queue.is_some()
+    }
+
     /// Queues an event for sending (never blocks: called with the ledger locked).
     pub(super) fn post(&self, event: Event) {
         let Some(queue) = &self.queue else { return };

@@ -31,7 +31,7 @@ pub(super) struct AppState {
     faults: Mutex<FaultPlan>,
     /// Where the events the ledger makes go, to be sent.
     outbox: Outbox,
-    /// Told whenever the books change, for the timer that settles pending refunds on time.
+    /// Told whenever a refund is made, for the timer that settles pending refunds on time.
     books_changed: Notify,
 }
 
@@ -40,7 +40,7 @@ impl AppState {
         let suffix: String = rand::rng().sample_iter(Alphanumeric).take(16).map(char::from).collect();
         AppState {
             account_id: format!("acct_{suffix}"),
-            ledger: Mutex::default(),
+            ledger: Mutex::new(if outbox.sends() { Ledger::making_events() } else { Ledger::default() }),
             faults: Mutex::new(faults),
             outbox,
             books_changed: Notify::new(),
@@ -256,7 +256,10 @@ async fn process<R: Make>(
             let stored = request.make(&mut books, &key);
             books.finish(&key, stored.clone());
             drop(books);
-            state.books_changed.notify_one();
+            if R::ENDPOINT == Endpoint::Refunds {
+                // It may have made a pending refund, which the timer is to settle on time.
+                state.books_changed.notify_one();
+            }
             Ok((stored, false))
         }
         Claim::Replay(stored) => Ok((stored, true)),

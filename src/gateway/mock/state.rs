@@ -203,11 +203,18 @@ pub(super) struct Ledger {
     /// The idempotency cache, for charges and refunds alike, which unlike them can be forgotten.
     keys: HashMap<String, KeyEntry>,
     stats: Stats,
-    /// Events made and not yet taken, oldest first.
-    events: Vec<Event>,
+    /// Events made and not yet taken, oldest first; `None` for a gateway that sends no events,
+    /// which makes none.
+    events: Option<Vec<Event>>,
 }
 
 impl Ledger {
+    /// The books of a gateway that sends events: each change makes its event. (A default ledger
+    /// makes none, and spends nothing on them.)
+    pub(super) fn making_events() -> Ledger {
+        Ledger { events: Some(Vec::new()), ..Ledger::default() }
+    }
+
     /// Counts one request to `endpoint`, whatever becomes of it.
     pub(super) fn count_request(&mut self, endpoint: Endpoint) {
         match endpoint {
@@ -358,12 +365,12 @@ impl Ledger {
         match change {
             Change::ChargeDeclined(charge) => {
                 self.stats.declined += 1;
-                self.made(EventType::ChargeFailed, &charge, &charge.idempotency_key);
+                make_event(&mut self.events, EventType::ChargeFailed, &charge, &charge.idempotency_key);
                 self.charges.push(charge);
             }
             Change::ChargeCreated(charge) => {
                 self.stats.charges += 1;
-                self.made(EventType::ChargeSucceeded, &charge, &charge.idempotency_key);
+                make_event(&mut self.events, EventType::ChargeSucceeded, &charge, &charge.idempotency_key);
                 self.charges.push(charge);
             }
             Change::RefundCreated(refund) => {
@@ -376,7 +383,7 @@ impl Ledger {
                 match refund.settles {
                     // Its event comes when it settles.
                     Some(_) => self.pending.push_back(self.refunds.len()),
-                    None => self.made(EventType::RefundSucceeded, &refund, &refund.idempotency_key),
+                    None => make_event(&mut self.events, EventType::RefundSucceeded, &refund, &refund.idempotency_key),
                 }
                 self.refunds.push(refund);
             }
@@ -402,21 +409,14 @@ impl Ledger {
                     }
                 };
                 let refund = &self.refunds[index];
-                let event = Event::new(new_id("evt"), kind, refund, &refund.idempotency_key, unix_now());
-                self.events.push(event);
+                make_event(&mut self.events, kind, refund, &refund.idempotency_key);
             }
         }
     }
 
-    /// Makes the event of a change: `object` as it stands now, caused by the request made with
-    /// `idempotency_key`.
-    fn made(&mut self, kind: EventType, object: &impl Serialize, idempotency_key: &str) {
-        self.events.push(Event::new(new_id("evt"), kind, object, idempotency_key, unix_now()));
-    }
-
     /// The events made since the last call, oldest first, for the delivery to send.
     pub(super) fn take_events(&mut self) -> Vec<Event> {
-        std::mem::take(&mut self.events)
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Stores the final response of a granted request for later replays.
@@ -459,6 +459,14 @@ impl Ledger {
     }
 }
 
+/// Makes the event of a change, if the ledger makes events: `object` as it stands now, caused by
+/// the request made with `idempotency_key`.
+fn make_event(events: &mut Option<Vec<Event>>, kind: EventType, object: &impl Serialize, idempotency_key: &str) {
+    if let Some(events) = events {
+        events.push(Event::new(new_id("evt"), kind, object, idempotency_key, unix_now()));
+    }
+}
+
 /// A new object id: `prefix`, an underscore and 24 letters and digits, as Stripe's.
 fn new_id(prefix: &str) -> String {
     let suffix: String = rand::rng().sample_iter(Alphanumeric).take(24).map(char::from).collect();
@@ -489,9 +497,10 @@ mod tests {
         StoredResponse { status: StatusCode::OK, body }
     }
 
-    /// A ledger holding one charge of `amount` made with `source`, under the key `charge`.
+    /// A ledger (making events) holding one charge of `amount` made with `source`, under the key
+    /// `charge`.
     fn charged(amount: u64, source: &str) -> (Ledger, Charge) {
-        let (mut ledger, request) = (Ledger::default(), charge_request(amount, source));
+        let (mut ledger, request) = (Ledger::making_events(), charge_request(amount, source));
         assert_eq!(ledger.claim("charge", &request.fingerprint()), Claim::Granted);
         let charge = ledger.create_charge("charge", &request).expect("charged");
         ledger.finish("charge", answer());
@@ -671,6 +680,14 @@ mod tests {
 
     fn as_shown(object: &impl Serialize) -> serde_json::Value {
         serde_json::to_value(object).unwrap()
+    }
+
+    #[test]
+    fn a_ledger_of_a_gateway_without_events_makes_none() {
+        let mut ledger = Ledger::default();
+        ledger.create_charge("k", &charge_request(500, "tok_visa")).unwrap();
+        ledger.create_charge("d", &charge_request(500, "tok_chargeDeclined")).unwrap_err();
+        assert!(ledger.take_events().is_empty());
     }
 
     #[test]
