@@ -31,8 +31,9 @@ pub(super) struct AppState {
     faults: Mutex<FaultPlan>,
     /// Where the events the ledger makes go, to be sent.
     outbox: Outbox,
-    /// Told whenever a refund is made, for the timer that settles pending refunds on time.
-    books_changed: Notify,
+    /// Told whenever a refund is made (it may be pending), for the timer that settles pending
+    /// refunds on time.
+    refund_made: Notify,
 }
 
 impl AppState {
@@ -43,7 +44,7 @@ impl AppState {
             ledger: Mutex::new(if outbox.sends() { Ledger::making_events() } else { Ledger::default() }),
             faults: Mutex::new(faults),
             outbox,
-            books_changed: Notify::new(),
+            refund_made: Notify::new(),
         }
     }
 
@@ -82,9 +83,9 @@ impl AppState {
     pub(super) async fn settle_on_time(self: Arc<AppState>) {
         loop {
             let next = self.books().next_settlement();
-            // A change made after this look is not missed: `notify_one` keeps its wake-up for a
+            // A refund made after this look is not missed: `notify_one` keeps its wake-up for a
             // `notified` that comes later.
-            let changed = self.books_changed.notified();
+            let changed = self.refund_made.notified();
             match next {
                 Some(at) => tokio::select! {
                     () = tokio::time::sleep_until(at.into()) => {}
@@ -258,7 +259,7 @@ async fn process<R: Make>(
             drop(books);
             if R::ENDPOINT == Endpoint::Refunds {
                 // It may have made a pending refund, which the timer is to settle on time.
-                state.books_changed.notify_one();
+                state.refund_made.notify_one();
             }
             Ok((stored, false))
         }
