@@ -30,6 +30,7 @@
 //! Flags and variables are parsed here and turned into typed values ([`Settings`], `Duration`s) at
 //! the edge; tests build [`Settings`] in code instead of through the process environment.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -119,8 +120,9 @@ pub struct StatsArgs {
     pub database: DatabaseArgs,
 }
 
-/// The protocol's knobs.
-#[derive(Debug, Clone, Args)]
+/// The protocol's knobs. Not `Debug`: it holds the webhook secrets as given ([`Settings`] holds
+/// them as [`WebhookSecret`]s, which never show).
+#[derive(Clone, Args)]
 pub struct ProtocolArgs {
     /// Age in milliseconds after which a key's lock is stale and another request may take it over.
     #[arg(long, env = "PAYMENTS_LOCK_TIMEOUT_MS", default_value_t = DEFAULT_LOCK_TIMEOUT_MS)]
@@ -248,8 +250,8 @@ pub struct WorkerCommandArgs {
     pub workers: WorkerArgs,
 }
 
-/// `payments gateway`.
-#[derive(Debug, Clone, Args)]
+/// `payments gateway`. Its `Debug` never shows a secret.
+#[derive(Clone, Args)]
 pub struct GatewayArgs {
     /// Address to listen on.
     #[arg(long, default_value = DEFAULT_GATEWAY_BIND)]
@@ -257,10 +259,36 @@ pub struct GatewayArgs {
     /// Start in `random` fault mode: each charge request fails with this probability (0 to 1).
     #[arg(long, value_parser = parse_rate)]
     pub fault_rate: Option<f64>,
-    /// Serve the `/_control/*` endpoints (inject faults, forget keys, stats). Off by default:
-    /// whoever reaches them can make the gateway misbehave.
+    /// Serve the `/_control/*` endpoints (inject faults, misdeliver events, forget keys, stats).
+    /// Off by default: whoever reaches them can make the gateway misbehave.
     #[arg(long)]
     pub control: bool,
+    /// Send the gateway's events here (`http://127.0.0.1:8080/webhooks/gateway`, a `serve`'s),
+    /// each retried until acknowledged. Needs a webhook secret. Unset: no events.
+    #[arg(long, env = "PAYMENTS_GATEWAY_EVENTS_URL")]
+    pub events_url: Option<Url>,
+    /// A secret to sign the events with; given more than once (or comma-separated), each event is
+    /// signed under every one, as while a secret is rolled. The same variable as the service's,
+    /// so that one setting configures both sides. Never printed.
+    #[arg(
+        long = "webhook-secret",
+        env = "PAYMENTS_GATEWAY_WEBHOOK_SECRETS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub webhook_secrets: Vec<String>,
+}
+
+impl fmt::Debug for GatewayArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GatewayArgs")
+            .field("bind", &self.bind)
+            .field("fault_rate", &self.fault_rate)
+            .field("control", &self.control)
+            .field("events_url", &self.events_url)
+            .field("webhook_secrets", &webhook_secrets(&self.webhook_secrets))
+            .finish()
+    }
 }
 
 /// `payments migrate`.
@@ -313,13 +341,7 @@ impl ProtocolArgs {
             key_retention: Duration::from_secs(self.key_retention_secs),
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
             fault_injection: self.fault_injection,
-            gateway_webhook_secrets: self
-                .gateway_webhook_secrets
-                .iter()
-                .map(|secret| secret.trim())
-                .filter(|secret| !secret.is_empty())
-                .map(WebhookSecret::new)
-                .collect(),
+            gateway_webhook_secrets: webhook_secrets(&self.gateway_webhook_secrets),
             gateway_webhook_tolerance: Duration::from_secs(self.gateway_webhook_tolerance_secs),
         };
         settings.check()?;
@@ -436,6 +458,13 @@ impl WorkerArgs {
             settler_overdue_attempts: self.settler_overdue_attempts,
         }
     }
+}
+
+/// The secrets in `values` (each as given, or comma-separated), without the spaces around them;
+/// empty ones are no secrets. The same reading on both sides, the gateway that signs and the
+/// service that verifies, so that one value configures both.
+pub fn webhook_secrets(values: &[String]) -> Vec<WebhookSecret> {
+    values.iter().map(|secret| secret.trim()).filter(|secret| !secret.is_empty()).map(WebhookSecret::new).collect()
 }
 
 fn hours(hours: u32) -> Duration {

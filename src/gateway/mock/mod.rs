@@ -11,10 +11,10 @@
 //!
 //! # Routes
 //!
-//! - `POST /v1/charges`: `tok_chargeDeclined` is declined (402), any other
-//!   `tok_…` source succeeds, anything else is an unknown token (400).
-//!   `tok_refundPending` and `tok_refundFails` charge too, and choose how the
-//!   charge's refunds end.
+//! - `POST /v1/charges`: `tok_chargeDeclined` is declined (402, and the charge
+//!   is kept, `failed`, as Stripe keeps it), any other `tok_…` source succeeds,
+//!   anything else is an unknown token (400). `tok_refundPending` and
+//!   `tok_refundFails` charge too, and choose how the charge's refunds end.
 //! - `GET /v1/charges/{id}` and `GET /v1/charges?idempotency_key=K`: look-ups
 //!   by id and by key. Charges keep their key for good, so a client can find
 //!   out whether an earlier attempt charged even after the gateway has
@@ -26,18 +26,32 @@
 //!   `tok_refundFails` charge `pending`, then `failed`, which gives its amount
 //!   back to the charge. More than the charge has left is refused (400
 //!   `amount_too_large`, or `charge_already_refunded` when nothing is left),
-//!   as is an unknown charge (404 `resource_missing`); these answers are
-//!   stored under the key like any other.
+//!   as is an unknown charge (404 `resource_missing`) or a failed one (400
+//!   `charge_not_refundable`); these answers are stored under the key like any
+//!   other.
 //! - `GET /v1/refunds/{id}` and `GET /v1/refunds?idempotency_key=K`: look-ups,
-//!   as for charges. A pending refund settles when anything looks at the
-//!   books after its time (no timer runs), so no reader sees it pending late.
+//!   as for charges. A pending refund settles on time, by a timer (and its
+//!   event goes out then); anything that looks at the books settles those due
+//!   too, so no reader sees one pending late.
 //! - `GET /v1/account`: the gateway's identity, `acct_…`, new each time it
 //!   starts (its memory is new too). Every answer also names it, in the
 //!   `Gateway-Account` header.
 //! - `/_control/…`, only when started with [`Controls::Served`]: `faults`
-//!   (`POST` a plan, `GET` it, `DELETE` it), `DELETE idempotency-keys` (forget
+//!   (`POST` a plan, `GET` it, `DELETE` it), `events` (the same, for how events
+//!   are misdelivered), `GET events/sent`, `DELETE idempotency-keys` (forget
 //!   every answered key, keep the charges and refunds), `POST refunds/settle`
 //!   (settle every pending refund now), and `GET stats`.
+//!
+//! # Events
+//!
+//! Started with a [`Webhook`], the gateway tells the merchant what happened to
+//! its books: every change (a charge made or declined, a refund that succeeded
+//! at once or settled) makes an event, `charge.succeeded`, `charge.failed`,
+//! `refund.succeeded` or `refund.failed`, carrying the charge or refund as a
+//! `GET` showed it then and the `Idempotency-Key` of the request that caused
+//! it. Each is `POST`ed to the webhook, signed (`Gateway-Signature`, see
+//! [`crate::gateway::signature`]), and retried with backoff until a 2xx. The
+//! plan set at `/_control/events` sends some twice, late, or shuffled.
 //!
 //! # Fault model
 //!
@@ -60,7 +74,10 @@
 //! charge or refund half made. All state lives in memory for the server's
 //! lifetime.
 
+mod deliveries;
 mod error;
+mod event_plan;
+mod events;
 mod faults;
 mod requests;
 mod routes;
@@ -74,6 +91,9 @@ use actix_web::middleware::DefaultHeaders;
 use actix_web::{App, HttpServer, web};
 use tokio::task::JoinHandle;
 
+pub use self::deliveries::{
+    DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_FIRST_RETRY, DEFAULT_MAX_RETRY, Webhook, new_webhook_secret,
+};
 pub use self::faults::FaultPlan;
 pub use self::routes::Controls;
 
@@ -83,6 +103,8 @@ pub struct MockGateway {
     addr: SocketAddr,
     handle: ServerHandle,
     task: JoinHandle<io::Result<()>>,
+    /// What runs beside the server: the timer that settles refunds, and the events' delivery.
+    background: Vec<JoinHandle<()>>,
 }
 
 impl MockGateway {
@@ -92,10 +114,32 @@ impl MockGateway {
     /// control endpoints or not.
     ///
     /// Must be called from within a tokio runtime, onto which the server is
-    /// spawned.
+    /// spawned. It sends no events.
     pub fn start(listener: TcpListener, faults: FaultPlan, controls: Controls) -> io::Result<MockGateway> {
+        MockGateway::launch(listener, faults, controls, None)
+    }
+
+    /// As [`MockGateway::start`], and sends its events to `webhook`.
+    pub fn start_with_events(
+        listener: TcpListener,
+        faults: FaultPlan,
+        controls: Controls,
+        webhook: Webhook,
+    ) -> io::Result<MockGateway> {
+        MockGateway::launch(listener, faults, controls, Some(webhook))
+    }
+
+    fn launch(
+        listener: TcpListener,
+        faults: FaultPlan,
+        controls: Controls,
+        webhook: Option<Webhook>,
+    ) -> io::Result<MockGateway> {
         let addr = listener.local_addr()?;
-        let state = web::Data::new(routes::AppState::new(faults));
+        let (outbox, courier) = deliveries::Outbox::new(webhook).map_err(io::Error::other)?;
+        let state = web::Data::new(routes::AppState::new(faults, outbox));
+        let mut background = vec![tokio::spawn(state.clone().into_inner().settle_on_time())];
+        background.extend(courier.map(tokio::spawn));
         let configure = move |cfg: &mut web::ServiceConfig| routes::configure(cfg, controls);
         // Every answer says which gateway gave it, so that a client never takes one gateway's
         // answer for another's.
@@ -115,7 +159,7 @@ impl MockGateway {
         .run();
         let handle = server.handle();
         let task = tokio::spawn(server);
-        Ok(MockGateway { addr, handle, task })
+        Ok(MockGateway { addr, handle, task, background })
     }
 
     /// The address the gateway listens on.
@@ -135,9 +179,13 @@ impl MockGateway {
     }
 
     /// Stops accepting connections, lets requests in progress finish (for at
-    /// most a second), and waits for the server to end.
+    /// most a second), and waits for the server to end. Events not yet
+    /// acknowledged are dropped, with everything else the gateway knew.
     pub async fn stop(self) {
         self.handle.stop(true).await;
+        for task in &self.background {
+            task.abort();
+        }
         match self.task.await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => tracing::warn!(%err, "mock gateway stopped with an error"),

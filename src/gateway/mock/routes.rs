@@ -1,6 +1,7 @@
-//! The HTTP layer: thin actix handlers over the [`Ledger`] and the
-//! [`FaultPlan`].
+//! The HTTP layer: thin actix handlers over the [`Ledger`], the [`FaultPlan`] and the
+//! [`Outbox`] of events.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -11,11 +12,14 @@ use rand::Rng;
 use rand::distr::Alphanumeric;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
+use super::deliveries::{EventStats, Outbox};
 use super::error::{ApiError, MAX_KEY_LEN};
+use super::event_plan::{EventPlan, EventPlanSpec};
 use super::faults::{Fault, FaultPlan, FaultSpec};
 use super::requests::{ChargeRequest, Create, Endpoint, RefundRequest};
-use super::state::{Claim, Ledger, StoredResponse};
+use super::state::{Claim, Declined, Ledger, Stats, StoredResponse};
 
 /// What the handlers share.
 pub(super) struct AppState {
@@ -25,12 +29,23 @@ pub(super) struct AppState {
     account_id: String,
     ledger: Mutex<Ledger>,
     faults: Mutex<FaultPlan>,
+    /// Where the events the ledger makes go, to be sent.
+    outbox: Outbox,
+    /// Told whenever a refund is made (it may be pending), for the timer that settles pending
+    /// refunds on time.
+    refund_made: Notify,
 }
 
 impl AppState {
-    pub(super) fn new(faults: FaultPlan) -> Self {
+    pub(super) fn new(faults: FaultPlan, outbox: Outbox) -> Self {
         let suffix: String = rand::rng().sample_iter(Alphanumeric).take(16).map(char::from).collect();
-        AppState { account_id: format!("acct_{suffix}"), ledger: Mutex::default(), faults: Mutex::new(faults) }
+        AppState {
+            account_id: format!("acct_{suffix}"),
+            ledger: Mutex::new(if outbox.sends() { Ledger::making_events() } else { Ledger::default() }),
+            faults: Mutex::new(faults),
+            outbox,
+            refund_made: Notify::new(),
+        }
     }
 
     /// Who this gateway is.
@@ -38,24 +53,78 @@ impl AppState {
         &self.account_id
     }
 
+    /// The books, locked.
+    fn books(&self) -> Books<'_> {
+        Books { ledger: lock(&self.ledger), outbox: &self.outbox }
+    }
+
     /// The books, with every pending refund whose time has come settled: whoever looks (a
     /// read, a new refund's check of what its charge has left, the stats) never sees one
-    /// pending past its time.
-    fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        let mut ledger = lock(&self.ledger);
-        ledger.settle_due(Instant::now());
-        ledger
+    /// pending past its time, even if the timer that settles them is a moment late.
+    fn ledger(&self) -> Books<'_> {
+        let mut books = self.books();
+        books.settle_due(Instant::now());
+        books
     }
 
     /// Counts an incoming request to `endpoint` and draws its fault.
     fn arrive(&self, endpoint: Endpoint) -> Fault {
         let fault = lock(&self.faults).draw(&mut rand::rng());
-        let mut ledger = lock(&self.ledger);
-        ledger.count_request(endpoint);
+        let mut books = self.books();
+        books.count_request(endpoint);
         if fault.is_failure() {
-            ledger.count_fault();
+            books.count_fault();
         }
         fault
+    }
+
+    /// Settles each pending refund when its time comes, so that its event goes out then, whether
+    /// or not anyone looks at the books. Runs for as long as the gateway does.
+    pub(super) async fn settle_on_time(self: Arc<AppState>) {
+        loop {
+            let next = self.books().next_settlement();
+            // A refund made after this look is not missed: `notify_one` keeps its wake-up for a
+            // `notified` that comes later.
+            let changed = self.refund_made.notified();
+            match next {
+                Some(at) => tokio::select! {
+                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = changed => {}
+                },
+                None => changed.await,
+            }
+            drop(self.ledger());
+        }
+    }
+}
+
+/// The ledger, locked. The events its changes made go to the outbox as it is unlocked (in the
+/// order made, before another change can be made): none is left behind in the ledger, and a
+/// request's answer never waits for its event to be sent.
+struct Books<'a> {
+    ledger: MutexGuard<'a, Ledger>,
+    outbox: &'a Outbox,
+}
+
+impl Deref for Books<'_> {
+    type Target = Ledger;
+
+    fn deref(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+impl DerefMut for Books<'_> {
+    fn deref_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+}
+
+impl Drop for Books<'_> {
+    fn drop(&mut self) {
+        for event in self.ledger.take_events() {
+            self.outbox.post(event);
+        }
     }
 }
 
@@ -85,6 +154,8 @@ pub(super) fn configure(cfg: &mut web::ServiceConfig, controls: Controls) {
         .service(resource("/v1/refunds/{id}").get(get_refund));
     if controls == Controls::Served {
         cfg.service(resource("/_control/faults").get(show_faults).post(set_faults).delete(clear_faults))
+            .service(resource("/_control/events").get(show_event_plan).post(set_event_plan).delete(clear_event_plan))
+            .service(resource("/_control/events/sent").get(events_sent))
             .service(resource("/_control/idempotency-keys").delete(forget_keys))
             .service(resource("/_control/refunds/settle").post(settle_refunds))
             .service(resource("/_control/stats").get(stats));
@@ -117,7 +188,7 @@ impl Make for ChargeRequest {
     fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
         match ledger.create_charge(key, self) {
             Ok(charge) => ok(&charge),
-            Err(_declined) => ApiError::CardDeclined.stored(),
+            Err(Declined(charge)) => ApiError::CardDeclined(charge).stored(),
         }
     }
 }
@@ -151,7 +222,7 @@ async fn create<R: Make>(
     request.validate().map_err(ApiError::from)?;
     // Claimed on arrival, so a duplicate sent while this one waits out its
     // latency already sees the key in use.
-    let claim = lock(&state.ledger).claim(&key, &request.fingerprint());
+    let claim = state.books().claim(&key, &request.fingerprint());
     let latency = match fault {
         Fault::Latency(delay) => Some(delay),
         _ => None,
@@ -182,9 +253,14 @@ async fn process<R: Make>(
     }
     match claim {
         Claim::Granted => {
-            let mut ledger = state.ledger();
-            let stored = request.make(&mut ledger, &key);
-            ledger.finish(&key, stored.clone());
+            let mut books = state.ledger();
+            let stored = request.make(&mut books, &key);
+            books.finish(&key, stored.clone());
+            drop(books);
+            if R::ENDPOINT == Endpoint::Refunds {
+                // It may have made a pending refund, which the timer is to settle on time.
+                state.refund_made.notify_one();
+            }
             Ok((stored, false))
         }
         Claim::Replay(stored) => Ok((stored, true)),
@@ -269,7 +345,7 @@ async fn clear_faults(state: web::Data<AppState>) -> HttpResponse {
 }
 
 async fn forget_keys(state: web::Data<AppState>) -> HttpResponse {
-    lock(&state.ledger).forget_keys();
+    state.books().forget_keys();
     HttpResponse::NoContent().finish()
 }
 
@@ -280,8 +356,39 @@ async fn settle_refunds(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({ "settled": settled }))
 }
 
+/// What `GET /_control/stats` shows: the books' counters, then the events'.
+#[derive(Serialize)]
+struct AllStats {
+    #[serde(flatten)]
+    books: Stats,
+    #[serde(flatten)]
+    events: EventStats,
+}
+
 async fn stats(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(state.ledger().stats())
+    let books = state.ledger().stats();
+    HttpResponse::Ok().json(AllStats { books, events: state.outbox.stats() })
+}
+
+async fn show_event_plan(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(state.outbox.plan().view())
+}
+
+async fn set_event_plan(state: web::Data<AppState>, spec: web::Json<EventPlanSpec>) -> Result<HttpResponse, ApiError> {
+    let plan = spec.into_inner().into_plan()?;
+    state.outbox.set_plan(plan);
+    Ok(HttpResponse::Ok().json(plan.view()))
+}
+
+async fn clear_event_plan(state: web::Data<AppState>) -> HttpResponse {
+    state.outbox.set_plan(EventPlan::default());
+    HttpResponse::NoContent().finish()
+}
+
+/// `GET /_control/events/sent`: every event sent, in the order first sent, with its copies,
+/// attempts and acknowledgements: what a checker compares with what the receiver recorded.
+async fn events_sent(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(List { object: "list", data: state.outbox.sent() })
 }
 
 async fn unknown_route(req: HttpRequest) -> HttpResponse {

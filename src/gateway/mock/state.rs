@@ -2,11 +2,13 @@
 //!
 //! Pure bookkeeping, with no I/O and no waiting (the time is passed in), so the rules that matter
 //! are unit-tested here: one charge or refund per key, replay only for the same body, never a
-//! refund of more than its charge has left, a failed refund gives its amount back, and a pending
-//! refund settles when its time has come.
+//! refund of more than its charge has left, a failed refund gives its amount back, a pending
+//! refund settles when its time has come, and every change makes its event.
 //!
 //! Every change to the books (a charge made or declined, a refund made, a refund settled) is one
-//! [`Change`], carried out by [`Ledger::apply`] alone: the one place to send gateway events from.
+//! [`Change`], carried out by [`Ledger::apply`] alone, which makes the change's event there and
+//! then, with the object as it stands at that moment. The ledger only makes events: whoever holds
+//! it takes them ([`Ledger::take_events`]) and hands them to the delivery, which sends them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -16,6 +18,7 @@ use rand::Rng;
 use rand::distr::Alphanumeric;
 use serde::Serialize;
 
+use super::events::{Event, EventType};
 use super::requests::{ChargeRequest, Endpoint, RefundRequest};
 
 /// The token that test clients use to ask for a declined card.
@@ -29,6 +32,13 @@ const REFUND_FAILS_TOKEN: &str = "tok_refundFails";
 pub(super) const REFUND_SETTLES_AFTER: Duration = Duration::from_secs(2);
 /// Why the refunds of a `tok_refundFails` charge fail: one of Stripe's `failure_reason`s.
 const REFUND_FAILURE_REASON: &str = "expired_or_canceled_card";
+/// Why a `tok_chargeDeclined` charge failed, as Stripe says it (the 402's `code` and `message` too).
+pub(super) const DECLINE_CODE: &str = "card_declined";
+pub(super) const DECLINE_MESSAGE: &str = "Your card was declined.";
+
+/// A charge's `status`.
+const SUCCEEDED: &str = "succeeded";
+const FAILED: &str = "failed";
 
 /// A charge as the API shows it. Field order is the wire order.
 #[derive(Debug, Clone, Serialize)]
@@ -43,7 +53,14 @@ pub(super) struct Charge {
     metadata: BTreeMap<String, String>,
     /// Whether all of it is taken back.
     refunded: bool,
+    /// `succeeded`, or `failed` for a declined card: a decline is kept as a charge, as Stripe
+    /// keeps it, so that a look-up by key finds it and an event can show it.
     status: &'static str,
+    /// Why it failed; only on a failed charge.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failure_code: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    failure_message: Option<&'static str>,
     idempotency_key: String,
     created: u64,
     /// How its refunds end, chosen by the source it was made with (which a charge does not show).
@@ -56,7 +73,15 @@ enum RefundFate {
     /// `succeeded` at once.
     Succeed,
     /// `pending`, then this after [`REFUND_SETTLES_AFTER`].
-    Settle(RefundStatus),
+    Settle(RefundEnd),
+}
+
+/// How a pending refund ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RefundEnd {
+    Succeeded,
+    /// Its amount goes back to the charge.
+    Failed,
 }
 
 /// A refund as the API shows it. Field order is the wire order.
@@ -77,7 +102,7 @@ pub(super) struct Refund {
     created: u64,
     /// For a pending refund: when it settles, and how.
     #[serde(skip)]
-    settles: Option<(Instant, RefundStatus)>,
+    settles: Option<(Instant, RefundEnd)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -93,15 +118,17 @@ pub(super) enum RefundStatus {
 pub(super) enum RefundRefusal {
     #[error("No such charge: '{0}'")]
     NoSuchCharge(String),
+    #[error("Charge {0} failed: there is nothing to refund.")]
+    NotRefundable(String),
     #[error("Charge {0} has already been refunded.")]
     AlreadyRefunded(String),
     #[error("Refund amount ({amount}) is greater than unrefunded amount on charge ({left}).")]
     AmountTooLarge { amount: u64, left: u64 },
 }
 
-/// The card was declined: nothing was made.
+/// The card was declined: no money moved. The charge, with this id, is kept, `failed`.
 #[derive(Debug, PartialEq)]
-pub(super) struct Declined;
+pub(super) struct Declined(pub(super) String);
 
 /// A finished response, kept so a retry gets exactly the same bytes.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,7 +153,7 @@ pub(super) enum Claim {
 /// The counters behind `GET /_control/stats`.
 #[derive(Debug, Default, Clone, Copy, Serialize)]
 pub(super) struct Stats {
-    /// Succeeded charges created.
+    /// Succeeded charges created (a declined one is kept as a failed charge, and not counted here).
     charges: u64,
     /// Declines, first-time only (a replayed decline is not a new one).
     declined: u64,
@@ -156,7 +183,8 @@ struct KeyEntry {
 
 /// A change to the books: see [`Ledger::apply`].
 enum Change {
-    ChargeDeclined,
+    /// The card was declined: the charge is kept, failed.
+    ChargeDeclined(Charge),
     ChargeCreated(Charge),
     RefundCreated(Refund),
     /// The pending refund at this index in `refunds` settles as it was meant to.
@@ -175,9 +203,18 @@ pub(super) struct Ledger {
     /// The idempotency cache, for charges and refunds alike, which unlike them can be forgotten.
     keys: HashMap<String, KeyEntry>,
     stats: Stats,
+    /// Events made and not yet taken, oldest first; `None` for a gateway that sends no events,
+    /// which makes none.
+    events: Option<Vec<Event>>,
 }
 
 impl Ledger {
+    /// The books of a gateway that sends events: each change makes its event. (A default ledger
+    /// makes none, and spends nothing on them.)
+    pub(super) fn making_events() -> Ledger {
+        Ledger { events: Some(Vec::new()), ..Ledger::default() }
+    }
+
     /// Counts one request to `endpoint`, whatever becomes of it.
     pub(super) fn count_request(&mut self, endpoint: Endpoint) {
         match endpoint {
@@ -218,15 +255,11 @@ impl Ledger {
     /// Carries out a granted charge request: makes the charge, or declines it.
     pub(super) fn create_charge(&mut self, key: &str, request: &ChargeRequest) -> Result<Charge, Declined> {
         let refunds_end = match request.source.as_str() {
-            DECLINED_TOKEN => {
-                self.apply(Change::ChargeDeclined);
-                return Err(Declined);
-            }
-            REFUND_PENDING_TOKEN => RefundFate::Settle(RefundStatus::Succeeded),
-            REFUND_FAILS_TOKEN => RefundFate::Settle(RefundStatus::Failed),
+            REFUND_PENDING_TOKEN => RefundFate::Settle(RefundEnd::Succeeded),
+            REFUND_FAILS_TOKEN => RefundFate::Settle(RefundEnd::Failed),
             _ => RefundFate::Succeed,
         };
-        let charge = Charge {
+        let mut charge = Charge {
             id: new_id("ch"),
             object: "charge",
             amount: request.amount,
@@ -235,11 +268,21 @@ impl Ledger {
             description: request.description.clone(),
             metadata: request.metadata.clone(),
             refunded: false,
-            status: "succeeded",
+            status: SUCCEEDED,
+            failure_code: None,
+            failure_message: None,
             idempotency_key: key.to_owned(),
             created: unix_now(),
             refunds_end,
         };
+        if request.source == DECLINED_TOKEN {
+            charge.status = FAILED;
+            charge.failure_code = Some(DECLINE_CODE);
+            charge.failure_message = Some(DECLINE_MESSAGE);
+            let id = charge.id.clone();
+            self.apply(Change::ChargeDeclined(charge));
+            return Err(Declined(id));
+        }
         self.apply(Change::ChargeCreated(charge.clone()));
         Ok(charge)
     }
@@ -254,6 +297,9 @@ impl Ledger {
         now: Instant,
     ) -> Result<Refund, RefundRefusal> {
         let charge = self.charge(&request.charge).ok_or_else(|| RefundRefusal::NoSuchCharge(request.charge.clone()))?;
+        if charge.status != SUCCEEDED {
+            return Err(RefundRefusal::NotRefundable(charge.id.clone()));
+        }
         let left = charge.amount - charge.amount_refunded;
         let amount = request.amount.unwrap_or(left);
         if left == 0 {
@@ -294,6 +340,13 @@ impl Ledger {
         self.settle_while(|_| true)
     }
 
+    /// When the oldest pending refund settles, if any is pending: the next time the books change
+    /// by themselves.
+    pub(super) fn next_settlement(&self) -> Option<Instant> {
+        let &oldest = self.pending.front()?;
+        self.refunds[oldest].settles.map(|(at, _)| at)
+    }
+
     fn settle_while(&mut self, due: impl Fn(&Refund) -> bool) -> usize {
         let mut settled = 0;
         while let Some(&index) = self.pending.front()
@@ -307,12 +360,17 @@ impl Ledger {
 
     /// Carries out a change to the books: every charge and refund is made, and every refund
     /// settled, here and nowhere else, with what follows from it (the charge's refunded amount,
-    /// the counters).
+    /// the counters, the event).
     fn apply(&mut self, change: Change) {
         match change {
-            Change::ChargeDeclined => self.stats.declined += 1,
+            Change::ChargeDeclined(charge) => {
+                self.stats.declined += 1;
+                make_event(&mut self.events, EventType::ChargeFailed, &charge, &charge.idempotency_key);
+                self.charges.push(charge);
+            }
             Change::ChargeCreated(charge) => {
                 self.stats.charges += 1;
+                make_event(&mut self.events, EventType::ChargeSucceeded, &charge, &charge.idempotency_key);
                 self.charges.push(charge);
             }
             Change::RefundCreated(refund) => {
@@ -322,27 +380,43 @@ impl Ledger {
                 charge.refunded = charge.amount_refunded == charge.amount;
                 self.stats.refunds += 1;
                 self.stats.refunded_amount += refund.amount;
-                if refund.settles.is_some() {
-                    self.pending.push_back(self.refunds.len());
+                match refund.settles {
+                    // Its event comes when it settles.
+                    Some(_) => self.pending.push_back(self.refunds.len()),
+                    None => make_event(&mut self.events, EventType::RefundSucceeded, &refund, &refund.idempotency_key),
                 }
                 self.refunds.push(refund);
             }
             Change::RefundSettled(index) => {
                 self.pending.retain(|&pending| pending != index);
                 let refund = &mut self.refunds[index];
-                let Some((_, status)) = refund.settles.take() else { return };
-                refund.status = status;
-                if status == RefundStatus::Failed {
-                    // A failed refund took nothing back: its charge has it to refund again.
-                    refund.failure_reason = Some(REFUND_FAILURE_REASON);
-                    let charge = self.charges.iter_mut().find(|charge| charge.id == refund.charge);
-                    let charge = charge.expect("a refund's charge is never removed");
-                    charge.amount_refunded -= refund.amount;
-                    charge.refunded = false;
-                    self.stats.refunded_amount -= refund.amount;
-                }
+                let Some((_, end)) = refund.settles.take() else { return };
+                let kind = match end {
+                    RefundEnd::Succeeded => {
+                        refund.status = RefundStatus::Succeeded;
+                        EventType::RefundSucceeded
+                    }
+                    RefundEnd::Failed => {
+                        // A failed refund took nothing back: its charge has it to refund again.
+                        refund.status = RefundStatus::Failed;
+                        refund.failure_reason = Some(REFUND_FAILURE_REASON);
+                        let charge = self.charges.iter_mut().find(|charge| charge.id == refund.charge);
+                        let charge = charge.expect("a refund's charge is never removed");
+                        charge.amount_refunded -= refund.amount;
+                        charge.refunded = false;
+                        self.stats.refunded_amount -= refund.amount;
+                        EventType::RefundFailed
+                    }
+                };
+                let refund = &self.refunds[index];
+                make_event(&mut self.events, kind, refund, &refund.idempotency_key);
             }
         }
+    }
+
+    /// The events made since the last call, oldest first, for the delivery to send.
+    pub(super) fn take_events(&mut self) -> Vec<Event> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Stores the final response of a granted request for later replays.
@@ -385,6 +459,14 @@ impl Ledger {
     }
 }
 
+/// Makes the event of a change, if the ledger makes events: `object` as it stands now, caused by
+/// the request made with `idempotency_key`.
+fn make_event(events: &mut Option<Vec<Event>>, kind: EventType, object: &impl Serialize, idempotency_key: &str) {
+    if let Some(events) = events {
+        events.push(Event::new(new_id("evt"), kind, object, idempotency_key, unix_now()));
+    }
+}
+
 /// A new object id: `prefix`, an underscore and 24 letters and digits, as Stripe's.
 fn new_id(prefix: &str) -> String {
     let suffix: String = rand::rng().sample_iter(Alphanumeric).take(24).map(char::from).collect();
@@ -415,9 +497,10 @@ mod tests {
         StoredResponse { status: StatusCode::OK, body }
     }
 
-    /// A ledger holding one charge of `amount` made with `source`, under the key `charge`.
+    /// A ledger (making events) holding one charge of `amount` made with `source`, under the key
+    /// `charge`.
     fn charged(amount: u64, source: &str) -> (Ledger, Charge) {
-        let (mut ledger, request) = (Ledger::default(), charge_request(amount, source));
+        let (mut ledger, request) = (Ledger::making_events(), charge_request(amount, source));
         assert_eq!(ledger.claim("charge", &request.fingerprint()), Claim::Granted);
         let charge = ledger.create_charge("charge", &request).expect("charged");
         ledger.finish("charge", answer());
@@ -487,12 +570,20 @@ mod tests {
     }
 
     #[test]
-    fn declines_count_but_create_nothing() {
+    fn a_decline_keeps_a_failed_charge_that_cannot_be_refunded() {
         let mut ledger = Ledger::default();
-        assert_eq!(ledger.create_charge("k", &charge_request(1, "tok_chargeDeclined")).unwrap_err(), Declined);
+        let Declined(id) = ledger.create_charge("k", &charge_request(1, "tok_chargeDeclined")).unwrap_err();
         let stats = ledger.stats();
-        assert_eq!((stats.charges, stats.declined), (0, 1));
-        assert!(ledger.charges_with_key("k").is_empty());
+        assert_eq!((stats.charges, stats.declined), (0, 1), "a failed charge is no charge made");
+        let failed = ledger.charges_with_key("k");
+        assert_eq!(failed.iter().map(|charge| &charge.id).collect::<Vec<_>>(), [&id]);
+        assert_eq!(
+            (failed[0].status, failed[0].failure_code, failed[0].failure_message),
+            (FAILED, Some(DECLINE_CODE), Some(DECLINE_MESSAGE))
+        );
+        let refund = ledger.create_refund("r", &refund_request(&failed[0], None), Instant::now());
+        assert_eq!(refund.unwrap_err(), RefundRefusal::NotRefundable(id));
+        assert_eq!(ledger.stats().refunds, 0);
     }
 
     #[test]
@@ -566,5 +657,100 @@ mod tests {
         assert_eq!(ledger.settle_all(), 2);
         assert_eq!(ledger.settle_all(), 0);
         assert!(ledger.refunds.iter().all(|refund| refund.status == RefundStatus::Succeeded));
+    }
+
+    /// The events made so far, as sent: (type, the object's id, the request's key, the object).
+    fn events(ledger: &mut Ledger) -> Vec<(String, String, String, serde_json::Value)> {
+        let events = ledger.take_events();
+        let ids: std::collections::HashSet<_> = events.iter().map(|event| event.id.clone()).collect();
+        assert_eq!(ids.len(), events.len(), "every event has an id of its own");
+        events
+            .into_iter()
+            .map(|event| {
+                let body: serde_json::Value = serde_json::from_slice(&event.body).unwrap();
+                assert_eq!((&body["id"], &body["object"]), (&serde_json::json!(event.id), &serde_json::json!("event")));
+                assert_eq!(body["type"], serde_json::to_value(event.kind).unwrap());
+                assert!(event.id.starts_with("evt_") && event.id.len() == 4 + 24, "{}", event.id);
+                let object = body["data"]["object"].clone();
+                let text = |value: &serde_json::Value| value.as_str().unwrap().to_owned();
+                (text(&body["type"]), text(&object["id"]), text(&body["request"]["idempotency_key"]), object)
+            })
+            .collect()
+    }
+
+    fn as_shown(object: &impl Serialize) -> serde_json::Value {
+        serde_json::to_value(object).unwrap()
+    }
+
+    #[test]
+    fn a_ledger_of_a_gateway_without_events_makes_none() {
+        let mut ledger = Ledger::default();
+        ledger.create_charge("k", &charge_request(500, "tok_visa")).unwrap();
+        ledger.create_charge("d", &charge_request(500, "tok_chargeDeclined")).unwrap_err();
+        assert!(ledger.take_events().is_empty());
+    }
+
+    #[test]
+    fn every_charge_makes_its_event_with_the_charge_as_shown_then() {
+        let (mut ledger, charge) = charged(500, "tok_visa");
+        let made = events(&mut ledger);
+        assert_eq!(made, [("charge.succeeded".into(), charge.id.clone(), "charge".into(), as_shown(&charge))]);
+        assert!(ledger.take_events().is_empty(), "taken once");
+
+        let Declined(id) = ledger.create_charge("d", &charge_request(7, "tok_chargeDeclined")).unwrap_err();
+        let failed = ledger.charge(&id).unwrap().clone();
+        assert_eq!(events(&mut ledger), [("charge.failed".into(), id, "d".into(), as_shown(&failed))]);
+        assert_eq!(as_shown(&failed)["status"], "failed");
+    }
+
+    #[test]
+    fn a_refund_makes_its_event_when_it_ends_and_a_claim_or_a_refusal_makes_none() {
+        let (mut ledger, charge) = charged(500, "tok_visa");
+        ledger.take_events();
+        assert_eq!(ledger.claim("r", "fingerprint"), Claim::Granted);
+        let refusal = ledger.create_refund("x", &refund_request(&charge, Some(501)), Instant::now());
+        assert!(refusal.is_err());
+        assert!(ledger.take_events().is_empty());
+
+        let refund = ledger.create_refund("r", &refund_request(&charge, Some(100)), Instant::now()).unwrap();
+        let made = events(&mut ledger);
+        assert_eq!(made, [("refund.succeeded".into(), refund.id.clone(), "r".into(), as_shown(&refund))]);
+        assert_eq!(made[0].3["charge"], serde_json::json!(charge.id), "the refund, not its charge");
+    }
+
+    #[test]
+    fn a_pending_refund_makes_its_event_when_it_settles_with_the_settled_refund() {
+        for (source, kind, status) in
+            [("tok_refundPending", "refund.succeeded", "succeeded"), ("tok_refundFails", "refund.failed", "failed")]
+        {
+            let (mut ledger, charge) = charged(500, source);
+            ledger.take_events();
+            let made = Instant::now();
+            let refund = ledger.create_refund("r", &refund_request(&charge, None), made).unwrap();
+            assert!(ledger.take_events().is_empty(), "no event while it is pending");
+            assert_eq!(ledger.next_settlement(), Some(made + REFUND_SETTLES_AFTER));
+
+            ledger.settle_due(made + REFUND_SETTLES_AFTER);
+            let settled = ledger.refund(&refund.id).unwrap().clone();
+            let sent = events(&mut ledger);
+            assert_eq!(sent, [(kind.into(), refund.id.clone(), "r".into(), as_shown(&settled))], "{source}");
+            assert_eq!(sent[0].3["status"], status);
+            assert_eq!(ledger.next_settlement(), None);
+        }
+    }
+
+    #[test]
+    fn refunds_settled_at_once_make_their_events_in_the_order_made() {
+        let (mut ledger, charge) = charged(500, "tok_refundFails");
+        ledger.take_events();
+        let now = Instant::now();
+        let first = ledger.create_refund("a", &refund_request(&charge, Some(100)), now).unwrap();
+        let second = ledger.create_refund("b", &refund_request(&charge, Some(200)), now).unwrap();
+        assert_eq!(ledger.settle_all(), 2);
+        let order: Vec<_> = events(&mut ledger).into_iter().map(|(kind, id, key, _)| (kind, id, key)).collect();
+        assert_eq!(
+            order,
+            [("refund.failed".into(), first.id, "a".into()), ("refund.failed".into(), second.id, "b".into())]
+        );
     }
 }

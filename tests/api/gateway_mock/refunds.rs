@@ -115,8 +115,14 @@ async fn a_refund_of_more_than_is_left_is_refused_and_the_refusal_is_kept() {
     let unknown = gw.refund("r4", &json!({"charge": "ch_nope", "amount": 1})).await;
     let missing = (StatusCode::NOT_FOUND, json!("invalid_request_error"), json!("resource_missing"), json!("charge"));
     assert_eq!(error_of(unknown).await, missing);
+    let declined = gw.charge("declined", &super::body(500, "tok_chargeDeclined")).await;
+    let (_, error) = json_of(declined).await;
+    let failed = gw.refund("r5", &json!({"charge": error["error"]["charge"]})).await;
+    let not_refundable =
+        (StatusCode::BAD_REQUEST, json!("invalid_request_error"), json!("charge_not_refundable"), json!("charge"));
+    assert_eq!(error_of(failed).await, not_refundable, "a declined card's charge moved no money");
     assert!(gw.refunds_with_key("r1").await.is_empty() && gw.refunds_with_key("r3").await.is_empty());
-    assert_eq!(gw.refund_stats().await, (1, 500, 5));
+    assert_eq!(gw.refund_stats().await, (1, 500, 6));
     gw.stop().await;
 }
 

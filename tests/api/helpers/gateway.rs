@@ -62,6 +62,27 @@ impl GatewayControl {
         response.json().await.expect("gateway stats body")
     }
 
+    /// The mock's event counters: `(events, events_sent, event_attempts, events_acknowledged)`.
+    pub async fn event_stats(&self) -> (u64, u64, u64, u64) {
+        let stats = self.all_stats().await;
+        let count = |name: &str| stats[name].as_u64().unwrap_or_else(|| panic!("{name} in {stats}"));
+        (count("events"), count("events_sent"), count("event_attempts"), count("events_acknowledged"))
+    }
+
+    /// Sets how the mock misdelivers its events from now on (`POST /_control/events`).
+    pub async fn event_plan(&self, plan: Value) {
+        let response = self.http.post(format!("{}/_control/events", self.url)).json(&plan).send().await.unwrap();
+        assert!(response.status().is_success(), "setting the event plan {plan}: {}", response.status());
+    }
+
+    /// The ids of the events the mock sent, in the order first sent (`GET /_control/events/sent`).
+    pub async fn event_ids_sent(&self) -> Vec<String> {
+        let response = self.http.get(format!("{}/_control/events/sent", self.url)).send().await.unwrap();
+        let list: Value = response.json().await.unwrap();
+        let data = list["data"].as_array().expect("a list of events sent");
+        data.iter().map(|sent| sent["id"].as_str().unwrap().to_owned()).collect()
+    }
+
     /// Applies `mode` to the next `count` charge requests.
     pub async fn fault(&self, mode: &str, count: u64) {
         self.faults(json!({ "mode": mode, "count": count })).await;

@@ -11,7 +11,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments::config::{Settings, WorkerSettings};
 use payments::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
 use payments::gateway::GatewayClient;
-use payments::gateway::mock::{Controls, FaultPlan, MockGateway};
+use payments::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
+use payments::gateway::signature::WebhookSecret;
 use payments::startup::{Application, MetricsServer};
 use payments::state::AppState;
 use payments::workers::Workers;
@@ -37,6 +38,7 @@ pub struct TestAppBuilder {
     workers: WorkerSettings,
     gateway_url: Option<String>,
     database_url: Option<String>,
+    gateway_events: bool,
 }
 
 impl TestAppBuilder {
@@ -74,6 +76,15 @@ impl TestAppBuilder {
         self
     }
 
+    /// Has the in-process mock gateway send its events to this app's own `POST /webhooks/gateway`,
+    /// as `serve` has its own: signed under the app's webhook secrets, or under one made for it
+    /// if none is set. Off by default, so that no other test's audit trail, row counts or
+    /// completer timing depend on when an event happens to come.
+    pub fn gateway_events(mut self) -> Self {
+        self.gateway_events = true;
+        self
+    }
+
     pub fn fault_injection(mut self) -> Self {
         self.settings.fault_injection = true;
         self
@@ -104,13 +115,11 @@ impl TestAppBuilder {
         self.start(first.database.alias(), first.account_id, first.api_key.clone()).await
     }
 
-    async fn start(self, database: TestDatabase, account_id: Uuid, api_key: String) -> TestApp {
+    async fn start(mut self, database: TestDatabase, account_id: Uuid, api_key: String) -> TestApp {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mock = match &self.gateway_url {
             Some(_) => None,
-            None => Some(
-                MockGateway::start(TcpListener::bind("127.0.0.1:0").unwrap(), FaultPlan::none(), Controls::Served)
-                    .unwrap(),
-            ),
+            None => Some(self.start_mock(&listener)),
         };
         let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
         let state = Arc::new(AppState::new(
@@ -118,7 +127,7 @@ impl TestAppBuilder {
             GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
             self.settings,
         ));
-        let app = Application::build(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap(), 2).unwrap();
+        let app = Application::build(state.clone(), listener, 2).unwrap();
         let (address, server) = (format!("http://{}", app.addr()), app.handle());
         tokio::spawn(app.run_until_stopped());
         let metrics = MetricsServer::start(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
@@ -138,6 +147,24 @@ impl TestAppBuilder {
             mock,
             database,
         }
+    }
+}
+
+impl TestAppBuilder {
+    /// The in-process mock gateway, sending its events to the app that will listen on `api` if
+    /// asked to (adding a secret made for it to the app's settings if they have none).
+    fn start_mock(&mut self, api: &TcpListener) -> MockGateway {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        if !self.gateway_events {
+            return MockGateway::start(listener, FaultPlan::none(), Controls::Served).unwrap();
+        }
+        let secrets = &mut self.settings.gateway_webhook_secrets;
+        if secrets.is_empty() {
+            secrets.push(WebhookSecret::new(new_webhook_secret()));
+        }
+        let url = format!("http://{}/webhooks/gateway", api.local_addr().unwrap()).parse().unwrap();
+        let webhook = Webhook::new(url, secrets.clone());
+        MockGateway::start_with_events(listener, FaultPlan::none(), Controls::Served, webhook).unwrap()
     }
 }
 
@@ -169,6 +196,7 @@ impl TestApp {
             workers: WorkerSettings::default(),
             gateway_url: None,
             database_url: None,
+            gateway_events: false,
         }
     }
 
