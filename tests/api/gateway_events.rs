@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key, payment_body};
+use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key, payment_body, wait_until};
 
 const SECRET: &str = "whsec_test_current";
 
@@ -290,4 +290,68 @@ async fn refund_events_out_of_order_settle_forward_only() {
         .map(|entry| entry["data"]["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(received, ["nudged", "stale"]);
+}
+
+#[tokio::test]
+async fn with_no_retry_and_an_hours_backoff_the_gateways_event_finishes_the_payment() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (account, api_key) = payments::accounts::create(&mut conn, "events").await.unwrap();
+    // `serve` with its in-process mock, which sends its events to it; the completer waits an hour
+    // before driving a key on its own.
+    let env = [
+        ("DATABASE_URL", database.url.as_str()),
+        ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_COMPLETER_BACKOFF_MS", "3600000"),
+        ("PAYMENTS_WORKER_INTERVAL_MS", "200"),
+    ];
+    let serve = Process::serve_with(&["serve", "--private-mock-gateway"], &env).await;
+    let mock = serve
+        .stdout
+        .clone()
+        .wait_for(|lines| lines.iter().any(|line| line.starts_with("gateway: in-process mock at ")))
+        .await
+        .unwrap()
+        .iter()
+        .find_map(|line| line.strip_prefix("gateway: in-process mock at "))
+        .map(|rest| rest.split_whitespace().next().unwrap().to_owned())
+        .unwrap();
+    let gateway = GatewayControl::new(&mock);
+    gateway.fault("error_after", 1).await;
+    let key = new_key();
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/payments", serve.url))
+        .bearer_auth(&api_key)
+        .header("Idempotency-Key", &key)
+        .json(&payment_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // Nobody retries: the event wakes the key, and the completer finishes it, long before its
+    // backoff would have let it.
+    let finished = format!(
+        "SELECT count(*) AS n FROM idempotency_keys WHERE account_id = '{}' AND idempotency_key = '{key}' \
+         AND recovery_point = 'finished'",
+        account.id
+    );
+    wait_until(Duration::from_secs(20), "the event finishes the payment", || {
+        let (url, sql) = (database.url.clone(), finished.clone());
+        async move {
+            let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
+            diesel::sql_query(sql).get_result::<Count>(&mut conn).await.unwrap().n == 1
+        }
+    })
+    .await;
+    let outcomes: Vec<InboxRow> =
+        diesel::sql_query("SELECT outcome FROM gateway_events").load(&mut conn).await.unwrap();
+    assert!(outcomes.iter().any(|o| o.outcome == "nudged"), "woken by its event");
+    assert_eq!(gateway.stats().await.charges, 1);
+}
+
+#[derive(diesel::QueryableByName)]
+struct InboxRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    outcome: String,
 }
