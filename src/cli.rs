@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
 use crate::commands::chaos::ChaosArgs;
 use crate::commands::pay::PayArgs;
+use crate::commands::refund::RefundArgs;
 use crate::config::{
     CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, StatsArgs, WorkerCommandArgs,
 };
@@ -49,6 +50,13 @@ pub enum Command {
     /// key is printed, to resume with --key); 6 the key's record has expired (the payment it made
     /// is printed).
     Pay(PayArgs),
+    /// Refund a payment, all it has left or --amount of it, through the same client and with the
+    /// same exit codes: 0 refunded (or pending: the gateway settles it later, as stderr says); 3
+    /// declined: nothing refunded (the payment was not found, is not refundable, is refunded
+    /// already or has less left than asked; or the refund failed at the gateway); 4 rejected; 5
+    /// gave up (the key is printed, to resume with --key); 6 the key's record has expired (the
+    /// refund it made is printed).
+    Refund(RefundArgs),
     /// Watch the guarantees hold: many payments through the reference client while servers and
     /// workers are killed, requests crash mid-way and the gateway fails; then check that nothing
     /// was charged twice or lost. Exits 3 if an invariant is broken.

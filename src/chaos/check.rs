@@ -208,8 +208,8 @@ fn one_payment_problem(run: &KeyRun, stored: &[StoredPayment]) -> Option<String>
     if let Some(refused) = run.answers.iter().find(|answer| refused(answer)) {
         return Some(format!("answered {refused}"));
     }
-    if let Some(other) = definitive.iter().find(|answer| answer.payment_id() != Some(payment.id.to_string())) {
-        return Some(format!("answered payment {:?}, stored {}", other.payment_id(), payment.id));
+    if let Some(other) = definitive.iter().find(|answer| answer.object_id() != Some(payment.id.to_string())) {
+        return Some(format!("answered payment {:?}, stored {}", other.object_id(), payment.id));
     }
     if definitive.iter().any(|answer| answer.status != first.status || answer.body != first.body) {
         return Some("answers differ".into());
@@ -257,13 +257,20 @@ mod tests {
     use reqwest::StatusCode;
 
     use super::*;
-    use crate::client::NewPayment;
+    use crate::client::{Endpoint, NewPayment};
 
     const PAYMENT: &str = "0194f5a0-0000-7000-8000-000000000001";
 
     fn answer(status: u16, body: &str, replayed: bool) -> Answer {
         let status = StatusCode::from_u16(status).unwrap();
-        Answer { status, body: Bytes::from(body.to_owned()), replayed, retry_after: None, problem: None }
+        Answer {
+            endpoint: Endpoint::Payments,
+            status,
+            body: Bytes::from(body.to_owned()),
+            replayed,
+            retry_after: None,
+            problem: None,
+        }
     }
 
     fn run(answers: Vec<Answer>) -> KeyRun {

@@ -117,7 +117,7 @@ async fn one_key(client: &Client, mix: Mix, live: &Live) -> KeyRun {
     let headers: Vec<(&str, &str)> = crash_point.map(|point| (FAULT_HEADER, point)).into_iter().collect();
     let mut answers = Vec::new();
     let finished =
-        client.pay_with(&key, KeySeen::No, &payment, &headers, |attempt| keep(attempt, &mut answers, live)).await;
+        client.send_with(&key, KeySeen::No, &payment, &headers, |attempt| keep(attempt, &mut answers, live)).await;
     KeyRun {
         key,
         payment,
@@ -144,7 +144,7 @@ pub async fn replay_all(client: &Client, runs: &mut [KeyRun], clients: usize) ->
             let live = &live;
             async move {
                 let (key, payment, answers) = (&run.key, &run.payment, &mut run.answers);
-                client.pay(key, KeySeen::Maybe, payment, |attempt| keep(attempt, answers, live)).await;
+                client.send(key, KeySeen::Maybe, payment, |attempt| keep(attempt, answers, live)).await;
             }
         })
         .await;

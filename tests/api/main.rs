@@ -25,6 +25,7 @@ mod openapi;
 mod outbox;
 mod pay;
 mod reaper;
+mod refund_client;
 mod refunds;
 mod replay;
 mod request_id;
