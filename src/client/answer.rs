@@ -163,7 +163,7 @@ impl fmt::Display for Answer {
 #[cfg(test)]
 impl Answer {
     /// An answer with no `Retry-After`.
-    pub(super) fn for_test(status: u16, problem: Option<&str>, replayed: bool, body: &str) -> Answer {
+    pub(crate) fn for_test(status: u16, problem: Option<&str>, replayed: bool, body: &str) -> Answer {
         Answer {
             endpoint: Endpoint::Payments,
             status: StatusCode::from_u16(status).unwrap(),
@@ -175,7 +175,7 @@ impl Answer {
     }
 
     /// The same answer, from `endpoint`.
-    pub(super) fn from(self, endpoint: Endpoint) -> Answer {
+    pub(crate) fn from(self, endpoint: Endpoint) -> Answer {
         Answer { endpoint, ..self }
     }
 }

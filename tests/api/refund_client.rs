@@ -19,12 +19,6 @@ async fn paid(app: &TestApp, source: &str) -> String {
     app.paid(1000, source).await["id"].as_str().unwrap().to_owned()
 }
 
-/// The mock gateway's counters, the refunds' included.
-async fn gateway_stats(app: &TestApp) -> Value {
-    let stats = reqwest::get(format!("{}/_control/stats", app.gateway_url().trim_end_matches('/'))).await.unwrap();
-    stats.json().await.unwrap()
-}
-
 /// The payment's refunds, as `GET /v1/refunds?payment=` lists them.
 async fn refunds_of(app: &TestApp, payment: &str) -> Vec<Value> {
     let list: Value = app.get(&format!("/v1/refunds?payment={payment}")).await.json().await.unwrap();
@@ -47,7 +41,7 @@ async fn a_refund_through_a_gateway_fault_ends_with_one_refund() {
         assert_eq!(attempts[1], "attempt 2: 201 Created");
         let body = refunded.body();
         assert_eq!((body["status"].as_str(), body["amount"].as_i64()), (Some("succeeded"), Some(400)), "{body}");
-        let stats = gateway_stats(&app).await;
+        let stats = app.gateway.counters().await;
         assert_eq!((stats["refunds"].as_u64(), stats["faults"].as_u64()), (Some(1), Some(1)), "{fault}: {stats}");
         // The one refund of the payment is the one the client was answered.
         let refunds = refunds_of(&app, &payment).await;
@@ -91,7 +85,7 @@ async fn a_refusal_exits_declined_and_is_not_retried() {
     // Stored under its key: asked again, the same answer, not a refund of what is left.
     let again = refund(&app, &payment, &["--amount", "1500", "--key", &key]).await;
     assert_eq!((again.code, again.attempts()), (3, vec!["attempt 1: 400 refund-exceeds-payment (replayed)"]));
-    assert_eq!(gateway_stats(&app).await["refund_requests"], 1, "only the whole refund reached the gateway");
+    assert_eq!(app.gateway.counters().await["refund_requests"], 1, "only the whole refund reached the gateway");
 }
 
 #[tokio::test]
@@ -105,7 +99,7 @@ async fn a_key_used_for_a_payment_is_rejected_for_a_refund() {
     let reused = refund(&app, &payment, &["--key", &key]).await;
 
     assert_eq!((reused.code, reused.attempts()), (4, vec!["attempt 1: 422 idempotency-key-reused"]));
-    assert_eq!(gateway_stats(&app).await["refund_requests"], 0);
+    assert_eq!(app.gateway.counters().await["refund_requests"], 0);
 }
 
 #[tokio::test]
@@ -144,7 +138,7 @@ async fn giving_up_prints_the_key_and_resuming_with_it_finishes_the_same_refund(
 
     assert_eq!((resumed.code, resumed.attempts()), (0, vec!["attempt 1: 201 Created"]), "{}", resumed.stderr);
     assert_eq!(refunds_of(&app, &payment).await.len(), 1);
-    let stats = gateway_stats(&app).await;
+    let stats = app.gateway.counters().await;
     assert_eq!((stats["refunds"].as_u64(), stats["refunded_amount"].as_u64()), (Some(1), Some(250)), "{stats}");
 }
 
@@ -167,5 +161,5 @@ async fn a_refund_key_whose_record_expired_exits_6_naming_the_refund_it_made() {
         late.stderr
     );
     assert_eq!(late.body()["refund"]["id"], id.as_str());
-    assert_eq!(gateway_stats(&app).await["refund_requests"], 1);
+    assert_eq!(app.gateway.counters().await["refund_requests"], 1);
 }

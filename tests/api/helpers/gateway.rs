@@ -52,6 +52,12 @@ impl GatewayControl {
         response.json().await.expect("gateway stats body")
     }
 
+    /// Every counter of `/_control/stats`, the refunds' included, as JSON.
+    pub async fn counters(&self) -> Value {
+        let response = self.http.get(format!("{}/_control/stats", self.url)).send().await.expect("gateway stats");
+        response.json().await.expect("gateway stats body")
+    }
+
     /// Applies `mode` to the next `count` charge requests.
     pub async fn fault(&self, mode: &str, count: u64) {
         self.faults(json!({ "mode": mode, "count": count })).await;
