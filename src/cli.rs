@@ -57,12 +57,13 @@ pub enum Command {
     /// gave up (the key is printed, to resume with --key); 6 the key's record has expired (the
     /// refund it made is printed).
     Refund(RefundArgs),
-    /// Watch the guarantees hold: many payments through the reference client while servers and
-    /// workers are killed, requests crash mid-way and the gateway fails; then check that nothing
-    /// was charged twice or lost. Exits 3 if an invariant is broken.
+    /// Watch the guarantees hold: many payments, and refunds racing for them, through the reference
+    /// client while servers and workers are killed, requests crash mid-way and the gateway fails;
+    /// then check that nothing was charged or refunded twice or lost, and no payment refunded
+    /// beyond its amount. Exits 3 if an invariant is broken.
     Chaos(ChaosArgs),
-    /// Measure the service under load: new payments, replays and concurrent duplicates, against a
-    /// deployment of its own (or --url), and optionally against the reference workloads.
+    /// Measure the service under load: new payments, replays, concurrent duplicates and refunds,
+    /// against a deployment of its own (or --url), and optionally against the reference workloads.
     Bench(BenchArgs),
     /// The bare reference endpoint `bench --references` runs: actix-web parsing a JSON payment
     /// and answering JSON, with no database.
