@@ -28,6 +28,7 @@ mod openapi;
 mod outbox;
 mod pay;
 mod reaper;
+mod refund_client;
 mod refund_settlement;
 mod refunds;
 mod replay;

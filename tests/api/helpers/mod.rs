@@ -1,5 +1,6 @@
 //! What the tests share: the database, the app, the gateway, processes, and waiting.
 
+mod client_run;
 mod cluster;
 mod db_proxy;
 mod gateway;
@@ -13,6 +14,7 @@ mod test_app;
 use std::future::Future;
 use std::time::Duration;
 
+pub use client_run::ClientRun;
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
 pub use gateway::{

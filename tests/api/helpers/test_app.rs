@@ -15,7 +15,7 @@ use payments::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook, new_web
 use payments::gateway::signature::WebhookSecret;
 use payments::startup::{Application, MetricsServer};
 use payments::state::AppState;
-use payments::workers::Workers;
+use payments::workers::{Worker, Workers};
 use reqwest::Response;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -306,6 +306,21 @@ impl TestApp {
     /// Whether the app keeps the answer of this account's `key` in memory for replays.
     pub fn remembers_the_answer_of(&self, key: &str) -> bool {
         self.state.replays.holds(self.account_id, key)
+    }
+
+    /// Waits until the retention of `key` (made short by the test) ends, and the reaper has deleted
+    /// its row: a late retry with it is then answered `410`.
+    pub async fn wait_until_reaped(&self, key: &str) {
+        // The answer kept in memory for replays goes first, then the row.
+        super::wait_until(Duration::from_secs(10), "the retention ends", || async {
+            !self.remembers_the_answer_of(key)
+        })
+        .await;
+        super::wait_until(Duration::from_secs(10), "the key is reaped", || async {
+            self.workers().reaper.run_once().await.unwrap();
+            self.key_row(key).await.is_none()
+        })
+        .await;
     }
 
     /// The identity the app records for its gateway with each payment.
