@@ -4,6 +4,7 @@
 //! directory for it all, and a progress display.
 
 pub mod child;
+pub mod plot;
 pub mod progress;
 pub mod webhook;
 
