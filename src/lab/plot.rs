@@ -17,7 +17,9 @@ use std::path::Path;
 use anyhow::Context;
 use hdrhistogram::Histogram;
 use plotters::coord::Shift;
+use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::types::RangedCoordf64;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
 /// Ten colours that stay apart from one another (Tableau 10), for callers to pick from.
@@ -35,11 +37,17 @@ pub const PALETTE: [RGBColor; 10] = [
 ];
 
 const WIDTH: u32 = 960;
+const PERCENTILES_HEIGHT: u32 = 560;
+/// What a legend takes per line.
+const LEGEND_LINE: u32 = 19;
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 type Chart<'a, X, Y> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>;
 const FONT: &str = "sans-serif";
 const LINE_WIDTH: u32 = 2;
+/// A dashed line's dashes and the gaps between them, in pixels.
+const DASH: u32 = 7;
+const GAP: u32 = 5;
 
 /// How a line is drawn: a reference is drawn dashed in the colour of what it is the reference of.
 #[derive(Debug, Clone, Copy)]
@@ -89,9 +97,12 @@ pub fn percentiles(path: &Path, title: &str, distributions: &[Distribution<'_>])
     anyhow::ensure!(y_least <= y_most, "no latencies to plot");
     let (y_start, y_end) = (y_least / 1.5, y_most * 1.5);
 
-    let root = SVGBackend::new(path, (WIDTH, 600)).into_drawing_area();
+    // The legend goes below the plot, a line per curve.
+    let height = PERCENTILES_HEIGHT + 16 + LEGEND_LINE * curves.len() as u32;
+    let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
     root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
+    let (top, bottom) = root.split_vertically(PERCENTILES_HEIGHT);
+    let mut chart = ChartBuilder::on(&top)
         .caption(title, (FONT, 20))
         .margin(16)
         .margin_right(32)
@@ -112,7 +123,7 @@ pub fn percentiles(path: &Path, title: &str, distributions: &[Distribution<'_>])
     for curve in &curves {
         draw_line(&mut chart, curve)?;
     }
-    legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    legend(&bottom.margin(0, 0, 16 + Y_LABELS, 0), &curves)?;
     root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
@@ -142,6 +153,8 @@ pub struct Line {
 pub struct Panel {
     /// What its y axis counts, with the unit.
     pub y_label: String,
+    /// A log scale, for lines an order of magnitude or more apart.
+    pub log_y: bool,
     pub lines: Vec<Line>,
 }
 
@@ -176,6 +189,10 @@ const TITLE_HEIGHT: i32 = 36;
 /// What a panel's axis labels take below it (the last one's, with the axis name, more).
 const X_LABELS: u32 = 28;
 const Y_LABELS: u32 = 72;
+/// What the events' names take left of the strip (and so the panels' y labels, to line up).
+const EVENT_NAMES: u32 = 130;
+/// The room right of a panel for its legend.
+const LEGEND_BESIDE: u32 = 200;
 
 /// Writes `chart` to `path`.
 pub fn over_time(path: &Path, chart: &OverTime) -> anyhow::Result<()> {
@@ -202,9 +219,10 @@ pub fn over_time(path: &Path, chart: &OverTime) -> anyhow::Result<()> {
         events(&area, chart)?;
     }
     let last = chart.panels.len().saturating_sub(1);
+    let left = if strip > 0 { EVENT_NAMES } else { Y_LABELS };
     for (index, (panel, area)) in chart.panels.iter().zip(areas).enumerate() {
         let x_label = (index == last).then_some(chart.x_label.as_str());
-        lines_panel(&area, panel, chart, x_label, index == 0 && strip == 0)?;
+        lines_panel(&area, panel, chart, x_label, index == 0 && strip == 0, left)?;
     }
     root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
@@ -217,10 +235,10 @@ fn events(area: &Area<'_>, chart: &OverTime) -> anyhow::Result<()> {
     let names: Vec<&str> = chart.events.iter().map(|row| row.name.as_str()).collect();
     let mut strip = ChartBuilder::on(area)
         .margin_left(16)
-        .margin_right(16)
+        .margin_right(LEGEND_BESIDE + 16)
         .margin_top(8)
         .x_label_area_size(20)
-        .y_label_area_size(Y_LABELS)
+        .y_label_area_size(EVENT_NAMES)
         .build_cartesian_2d(
             0.0..chart.x_end,
             (-5..rows * 10 - 5).with_key_points((0..rows).map(|row| row * 10).collect()),
@@ -252,16 +270,49 @@ fn lines_panel(
     chart: &OverTime,
     x_label: Option<&str>,
     label_rules: bool,
+    left: u32,
 ) -> anyhow::Result<()> {
-    let y_most = panel.lines.iter().flat_map(|line| &line.points).map(|(_, y)| *y).fold(0.0, f64::max);
-    let y_end = if y_most > 0.0 { y_most * 1.1 } else { 1.0 };
-    let mut builder = ChartBuilder::on(area);
-    builder.margin_left(16).margin_right(16).margin_top(8).y_label_area_size(Y_LABELS);
+    let (area, legend_area) = area.split_horizontally(WIDTH - LEGEND_BESIDE);
+    legend(&legend_area.margin(8, 0, 0, 0), &panel.lines)?;
+    let mut builder = ChartBuilder::on(&area);
+    builder.margin_left(16).margin_right(16).margin_top(8).y_label_area_size(left);
     builder.x_label_area_size(if x_label.is_some() { X_LABELS + 20 } else { X_LABELS });
-    let mut plot = builder.build_cartesian_2d(0.0..chart.x_end, 0.0..y_end)?;
+    let ys = || panel.lines.iter().flat_map(|line| &line.points).map(|(_, y)| *y);
+    match panel.log_y {
+        true => {
+            let least = ys().filter(|y| *y > 0.0).fold(f64::MAX, f64::min);
+            let most = ys().fold(0.0, f64::max);
+            let (start, end) = if least <= most { (least / 1.5, most * 1.5) } else { (1.0, 10.0) };
+            let y = (start..end).log_scale().with_key_points(one_two_five(start, end));
+            let mut plot = builder.build_cartesian_2d(0.0..chart.x_end, y)?;
+            fill_panel(&mut plot, panel, chart, x_label, label_rules, (start, end), &|y| short(*y))
+        }
+        false => {
+            let most = ys().fold(0.0, f64::max);
+            let end = if most > 0.0 { most * 1.1 } else { 1.0 };
+            let decimals = if end >= 10.0 { 0 } else { 1 };
+            let mut plot = builder.build_cartesian_2d(0.0..chart.x_end, 0.0..end)?;
+            fill_panel(&mut plot, panel, chart, x_label, label_rules, (0.0, end), &|y| format!("{y:.decimals$}"))
+        }
+    }
+}
+
+/// Draws a panel's mesh, rules and lines on `plot`, whose y axis runs over `y_range`; a value
+/// below it (a zero on a log axis) is drawn at its bottom.
+fn fill_panel<Y>(
+    plot: &mut Chart<'_, RangedCoordf64, Y>,
+    panel: &Panel,
+    chart: &OverTime,
+    x_label: Option<&str>,
+    label_rules: bool,
+    (y_start, y_end): (f64, f64),
+    y_format: &dyn Fn(&f64) -> String,
+) -> anyhow::Result<()>
+where
+    Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let x_format = |x: &f64| short(*x);
     let mut mesh = plot.configure_mesh();
-    let decimals = if y_end >= 10.0 { 0 } else { 1 };
-    let (x_format, y_format) = (|x: &f64| format!("{x:.0}"), |y: &f64| format!("{y:.decimals$}"));
     mesh.y_desc(panel.y_label.as_str())
         .label_style((FONT, 13))
         .max_light_lines(0)
@@ -271,15 +322,16 @@ fn lines_panel(
         mesh.x_desc(x_label);
     }
     mesh.draw()?;
-    rules(&mut plot, chart, 0.0, y_end, label_rules)?;
+    rules(plot, chart, y_start, y_end, label_rules)?;
     for line in &panel.lines {
-        draw_line(&mut plot, line)?;
+        let points = line.points.iter().map(|(x, y)| (*x, y.max(y_start))).collect();
+        draw_line(plot, &Line { name: line.name.clone(), points, look: line.look })?;
     }
-    legend(&mut plot, SeriesLabelPosition::UpperRight)?;
     Ok(())
 }
 
-/// The vertical rules, from `y_start` to `y_end`, labelled at the top if `labelled`.
+/// The vertical rules, from `y_start` to `y_end`, labelled at the top if `labelled` (each label a
+/// line lower than the one before, so that rules close together stay readable).
 fn rules<Y: Ranged>(
     chart: &mut Chart<'_, RangedCoordf64, Y>,
     over_time: &OverTime,
@@ -291,14 +343,15 @@ where
     Y::ValueType: Clone + 'static,
 {
     let style = BLACK.mix(0.6).stroke_width(1);
-    for rule in &over_time.rules {
+    for (index, rule) in over_time.rules.iter().enumerate() {
         chart.draw_series(std::iter::once(PathElement::new(
             vec![(rule.at, y_start.clone()), (rule.at, y_end.clone())],
             style,
         )))?;
         if labelled {
-            let text =
-                Text::new(format!(" {}", rule.label), (rule.at, y_end.clone()), (FONT, 12).into_font().color(&BLACK));
+            let font = (FONT, 12).into_font().color(&BLACK);
+            let text = EmptyElement::at((rule.at, y_end.clone()))
+                + Text::new(rule.label.clone(), (4, 2 + 14 * index as i32), font);
             chart.draw_series(std::iter::once(text))?;
         }
     }
@@ -310,33 +363,35 @@ where
     X: Ranged<ValueType = f64>,
     Y: Ranged<ValueType = f64>,
 {
-    if line.points.is_empty() {
-        return Ok(());
-    }
     let style = line.look.color.stroke_width(LINE_WIDTH);
     let points = line.points.iter().copied();
-    let drawn = match line.look.dashed {
-        true => chart.draw_series(DashedLineSeries::new(points, 7, 5, style))?,
+    match line.look.dashed {
+        true => chart.draw_series(DashedLineSeries::new(points, DASH, GAP, style))?,
         false => chart.draw_series(LineSeries::new(points, style))?,
     };
-    let dashed = line.look.dashed;
-    drawn.label(line.name.as_str()).legend(move |(x, y)| match dashed {
-        true => plotters::element::DashedPathElement::new(vec![(x, y), (x + 24, y)], 7, 5, style).into_dyn(),
-        false => PathElement::new(vec![(x, y), (x + 24, y)], style).into_dyn(),
-    });
     Ok(())
 }
 
-fn legend<X, Y>(chart: &mut Chart<'_, X, Y>, at: SeriesLabelPosition) -> anyhow::Result<()>
-where
-    X: Ranged<ValueType = f64>,
-    Y: Ranged<ValueType = f64>,
-{
+/// The legend of `lines`, in an area of its own: plotters draws a legend within the plotting area
+/// of a chart, so it gets a chart of its own, of the lines' names and looks alone.
+fn legend(area: &Area<'_>, lines: &[Line]) -> anyhow::Result<()> {
+    let mut chart = ChartBuilder::on(area).build_cartesian_2d(0.0..1.0, 0.0..1.0)?;
+    for line in lines {
+        let style = line.look.color.stroke_width(LINE_WIDTH);
+        let dashed = line.look.dashed;
+        let no_points = std::iter::empty::<(f64, f64)>();
+        chart.draw_series(LineSeries::new(no_points, style))?.label(line.name.as_str()).legend(move |(x, y)| {
+            match dashed {
+                true => DashedPathElement::new(vec![(x, y), (x + 24, y)], DASH, GAP, style).into_dyn(),
+                false => PathElement::new(vec![(x, y), (x + 24, y)], style).into_dyn(),
+            }
+        });
+    }
     chart
         .configure_series_labels()
-        .position(at)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE)
+        .border_style(WHITE)
         .label_font((FONT, 13))
         .draw()?;
     Ok(())
@@ -369,6 +424,14 @@ fn one_two_five(start: f64, end: f64) -> Vec<f64> {
         decade *= 10.0;
     }
     ticks
+}
+
+/// A number on an axis: whole if it is, else with one decimal.
+fn short(value: f64) -> String {
+    match value.fract() {
+        0.0 => format!("{value:.0}"),
+        _ => format!("{value:.1}"),
+    }
 }
 
 /// Milliseconds, as few digits as they need.
@@ -486,6 +549,7 @@ mod tests {
             panels: vec![
                 Panel {
                     y_label: "attempts/s".into(),
+                    log_y: false,
                     lines: vec![
                         Line { name: "201".into(), points: ramp(3.0), look: Look::solid(PALETTE[2]) },
                         Line { name: "503".into(), points: ramp(1.0), look: Look::solid(PALETTE[3]) },
@@ -493,6 +557,7 @@ mod tests {
                 },
                 Panel {
                     y_label: "keys unfinished".into(),
+                    log_y: true,
                     lines: vec![Line { name: "keys".into(), points: ramp(0.5), look: Look::dashed(PALETTE[0]) }],
                 },
             ],
