@@ -1,13 +1,12 @@
 //! What the benchmark reads from the service's database: statements run (`pg_stat_statements`),
-//! WAL written, payments and refunds made, and the outbox backlog, sampled during a load and watched as it
-//! drains after it.
+//! WAL written, payments and refunds made, and the outbox backlog (sampled during a load by
+//! [`super::sampler`]) and watched as it drains after it.
 //!
 //! All of it goes through one connection of the benchmark's own, which counts the statements it
 //! runs itself: `pg_stat_statements` sees those too, and they are taken off, so a figure per
 //! request holds only what the service (its API and its workers) ran.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use diesel::QueryableByName;
@@ -19,11 +18,6 @@ use tokio::time::Instant;
 /// How long the outbox may take to empty after a scenario before the benchmark goes on without
 /// it (and reports it as not drained).
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// How often the outbox backlog is sampled during the load. Counting a backlog of thousands of
-/// events costs PostgreSQL about a millisecond, and that CPU is counted in the service's: four
-/// times a second keeps it near 0.1% of a core while still catching the peak.
-const BACKLOG_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The database counters at one moment.
 #[derive(Debug, Clone, Copy)]
@@ -150,39 +144,6 @@ impl Probe {
         let count = diesel::sql_query(sql).get_result::<Count>(&mut *conn).await;
         self.issued.fetch_add(1, Ordering::Relaxed);
         Ok(count?.count as u64)
-    }
-}
-
-/// Samples the outbox backlog until stopped, keeping the largest.
-pub struct BacklogSampler {
-    stop: Arc<AtomicBool>,
-    task: Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
-}
-
-impl BacklogSampler {
-    pub fn start(probe: Option<Arc<Probe>>) -> BacklogSampler {
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = probe.map(|probe| {
-            let stop = stop.clone();
-            // Stopped by a flag, not aborted: an aborted query would leave the connection unusable.
-            tokio::spawn(async move {
-                let mut max = 0;
-                while !AtomicBool::load(&stop, Ordering::Relaxed) {
-                    max = max.max(probe.outbox_backlog().await?);
-                    tokio::time::sleep(BACKLOG_INTERVAL).await;
-                }
-                Ok(max)
-            })
-        });
-        BacklogSampler { stop, task }
-    }
-
-    pub async fn stop(self) -> anyhow::Result<Option<u64>> {
-        self.stop.store(true, Ordering::Relaxed);
-        match self.task {
-            Some(task) => Ok(Some(task.await??)),
-            None => Ok(None),
-        }
     }
 }
 

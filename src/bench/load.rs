@@ -31,7 +31,7 @@ pub const GROUP_SIZE: usize = 4;
 pub const REFUND_AMOUNT: u64 = 1;
 
 /// Latencies above this are recorded as this (a request that slow has failed anyway).
-const MAX_LATENCY_US: u64 = 60_000_000;
+pub const MAX_LATENCY_US: u64 = 60_000_000;
 
 /// A request's timeout: far above any latency a healthy run sees.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

@@ -18,14 +18,17 @@
 //! time it takes to empty after it is measured. With `--references` it then measures the
 //! references (see [`reference`]) in the same run and prints the ratios.
 //!
-//! It prints its results as tables on stdout and, with `--json`, writes them as one object.
+//! It prints its results as tables on stdout and, with `--json`, writes them as one object; with
+//! `--plot DIR`, it draws what it saw as charts (see [`charts`]).
 
+mod charts;
 mod database;
 pub mod endpoint;
 mod load;
 mod procfs;
 mod reference;
 mod report;
+mod sampler;
 mod world;
 
 use std::path::PathBuf;
@@ -37,7 +40,8 @@ use anyhow::Context;
 use reqwest::Url;
 
 use crate::lab::progress::Progress;
-use database::{BacklogSampler, Counters, Probe, drain};
+use charts::{Charts, Seen};
+use database::{Counters, Probe, drain};
 use load::{Driver, Finished};
 use procfs::{Watched, rss_kib};
 use reference::{BareEndpoint, Pgbench};
@@ -45,6 +49,7 @@ use report::{
     BareCpu, BareReport, Before, Cost, LoadReport, Machine, Outbox, Ratios, References, Report, ScenarioReport,
     Scenarios, ServiceCpu, Settings,
 };
+use sampler::Sampler;
 use world::World;
 
 pub use load::Scenario;
@@ -72,6 +77,8 @@ pub struct Plan {
     pub replay_keys: usize,
     pub references: bool,
     pub json: Option<PathBuf>,
+    /// Where to write the charts, if anywhere.
+    pub plot: Option<PathBuf>,
     pub deployment: Deployment,
 }
 
@@ -99,11 +106,17 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
     let stopping = progress.step("stopping");
     let stopped = world.stop().await;
     drop(stopping);
-    let report = measured?;
+    let (report, charts) = measured?;
     println!("{}", report.table());
     if let Some(path) = &plan.json {
         let json = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(dir) = &plan.plot {
+        let settings = format!("{} clients, {:.0} s each", plan.clients, plan.duration.as_secs_f64());
+        for written in charts.write(dir, &settings)? {
+            progress.note(&format!("wrote {}", written.display()));
+        }
     }
     stopped
 }
@@ -142,7 +155,7 @@ fn per_request(total: Option<u64>, requests: u64) -> Option<f64> {
     total.filter(|_| requests > 0).map(|total| total as f64 / requests as f64)
 }
 
-async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Result<Report> {
+async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Result<(Report, Charts)> {
     let probe = match &world.database_url {
         Some(url) => Some(Arc::new(Probe::connect(url).await.context("connecting to the service's database")?)),
         None => None,
@@ -161,6 +174,7 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
 
     let rss_before = world.pids.api.and_then(rss_kib);
     let mut scenarios = Scenarios::default();
+    let mut charts = Charts::default();
     for &scenario in &plan.scenarios {
         let finished = match scenario {
             Scenario::Replay => {
@@ -186,7 +200,8 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
             _ => None,
         };
         let ran = Run { plan, world, probe: probe.clone(), driver: &driver, processes: &processes, progress };
-        let report = ran.scenario(scenario, finished).await?;
+        let (report, seen) = ran.scenario(scenario, finished).await?;
+        charts.scenarios.push((scenario, seen));
         match scenario {
             Scenario::New => scenarios.new = Some(report),
             Scenario::Replay => scenarios.replay = Some(report),
@@ -197,14 +212,14 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
     let rss_after = world.pids.api.and_then(rss_kib);
 
     let references = match plan.references {
-        true => references(plan, world, probe.as_deref(), progress).await?,
+        true => references(plan, world, probe.as_deref(), progress, &mut charts).await?,
         false => References::default(),
     };
     let postgresql = match &probe {
         Some(probe) => Some(probe.server_version().await?),
         None => None,
     };
-    Ok(Report {
+    let report = Report {
         machine: machine(postgresql),
         settings: Settings {
             clients: plan.clients,
@@ -221,7 +236,8 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
         scenarios,
         api_rss_kib: Before { before: rss_before, after: rss_after },
         references,
-    })
+    };
+    Ok((report, charts))
 }
 
 /// One scenario's run, with everything it reads.
@@ -235,7 +251,7 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    async fn scenario(&self, scenario: Scenario, finished: Option<Finished>) -> anyhow::Result<ScenarioReport> {
+    async fn scenario(&self, scenario: Scenario, finished: Option<Finished>) -> anyhow::Result<(ScenarioReport, Seen)> {
         let name = format!("{scenario:?}").to_lowercase();
         let counters_before = self.counters().await?;
         let deliveries_before = self.world.deliveries();
@@ -243,10 +259,10 @@ impl Run<'_> {
 
         let sent = Arc::new(AtomicU64::new(0));
         let phase = self.progress.timed(&name, self.plan.duration, Some(sent.clone()));
-        let sampler = BacklogSampler::start(self.probe.clone());
+        let sampler = Sampler::start(self.probe.clone(), sent.clone());
         let load = self.driver.run(scenario, finished, self.plan.clients, self.plan.duration, sent).await;
         let cpu_at_end = self.processes.sample();
-        let backlog_max = sampler.stop().await?;
+        let samples = sampler.stop().await?;
         let counters_at_end = self.counters().await?;
         phase.finish(&format!("{:.0} req/s", load.requests as f64 / load.elapsed.as_secs_f64()));
 
@@ -279,7 +295,7 @@ impl Run<'_> {
             // Each group must have made exactly one payment (nothing else pays meanwhile).
             load_report.violations += created.abs_diff(load.groups);
         }
-        Ok(ScenarioReport {
+        let report = ScenarioReport {
             load: load_report,
             groups: (scenario == Scenario::Duplicates).then_some(load.groups),
             cost: cost(counters_after, cpu_after),
@@ -287,11 +303,12 @@ impl Run<'_> {
             payments_created,
             refunds_created,
             outbox: Outbox {
-                backlog_max,
+                backlog_max: samples.backlog_max(),
                 drain_ms: drained_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 deliveries: deliveries_before.zip(deliveries_after).map(|(before, after)| after - before),
             },
-        })
+        };
+        Ok((report, Seen { latency_us: Some(load.latency_us), samples }))
     }
 
     async fn counters(&self) -> anyhow::Result<Option<Counters>> {
@@ -302,12 +319,15 @@ impl Run<'_> {
     }
 }
 
-/// The references, one after another, with the same clients and duration.
+/// The references, one after another, with the same clients and duration; what they were seen
+/// doing goes into `charts` (pgbench's latencies only if they are drawn: logging each
+/// transaction is work pgbench does not do otherwise).
 async fn references(
     plan: &Plan,
     world: &World,
     probe: Option<&Probe>,
     progress: &Progress,
+    charts: &mut Charts,
 ) -> anyhow::Result<References> {
     let mut references = References::default();
     match world.database_url {
@@ -315,11 +335,17 @@ async fn references(
             let preparing = progress.step("preparing pgbench");
             let pgbench = Pgbench::prepare(world).await?;
             drop(preparing);
-            let (clients, duration) = (plan.clients, plan.duration);
-            references.pgbench_new_payment =
-                Some(pgbench.run(reference::NEW_PAYMENT, clients, duration, probe, progress).await?);
-            references.pgbench_replay = Some(pgbench.run(reference::REPLAY, clients, duration, probe, progress).await?);
-            references.pgbench_refund = Some(pgbench.run(reference::REFUND, clients, duration, probe, progress).await?);
+            let (clients, duration, latencies) = (plan.clients, plan.duration, plan.plot.is_some());
+            let scripts = [
+                (reference::NEW_PAYMENT, &mut references.pgbench_new_payment),
+                (reference::REPLAY, &mut references.pgbench_replay),
+                (reference::REFUND, &mut references.pgbench_refund),
+            ];
+            for (script, report) in scripts {
+                let (run, seen) = pgbench.run(script, clients, duration, probe, progress, latencies).await?;
+                *report = Some(run);
+                charts.pgbench.push((script, seen));
+            }
         }
         None => progress.note("pgbench references skipped: they need the database (--database-url)"),
     }
@@ -331,8 +357,10 @@ async fn references(
     let before = watched.map(|w| w.and_then(|w| w.cpu_us()));
     let sent = Arc::new(AtomicU64::new(0));
     let phase = progress.timed("bare endpoint", plan.duration, Some(sent.clone()));
+    let sampler = Sampler::start(None, sent.clone());
     let load = bare.load(plan.clients, plan.duration, sent).await;
     let after = watched.map(|w| w.and_then(|w| w.cpu_us()));
+    let samples = sampler.stop().await?;
     phase.finish(&format!("{:.0} req/s", load.requests as f64 / load.elapsed.as_secs_f64()));
     bare.stop().await?;
     let per = |i: usize| per_request(before[i].zip(after[i]).map(|(b, a)| a.saturating_sub(b)), load.requests);
@@ -340,6 +368,7 @@ async fn references(
         load: LoadReport::of(&load),
         cpu_us_per_request: BareCpu { endpoint: per(0), bench: per(1) },
     });
+    charts.bare_endpoint = Some(Seen { latency_us: Some(load.latency_us), samples });
     Ok(references)
 }
 

@@ -16,11 +16,13 @@ use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
+use super::charts::Seen;
 use super::database::Probe;
-use super::load::{Driver, Load, Scenario};
+use super::load::{Driver, Load, MAX_LATENCY_US, Scenario};
 use super::procfs::{Watched, reaped_children_cpu_us};
 use super::world::World;
 use crate::db::cluster::server_binaries;
@@ -36,24 +38,36 @@ const SCHEMA: &str = include_str!("reference/schema.sql");
 const SEED_REPLAY: &str = include_str!("reference/seed_replay.sql");
 /// 100,000 succeeded payments for `refund.sql` to refund.
 const SEED_REFUND: &str = include_str!("reference/seed_refund.sql");
-pub const NEW_PAYMENT: Script =
-    Script { name: "new_payment.sql", sql: include_str!("reference/new_payment.sql"), seed: None };
-pub const REPLAY: Script = Script { name: "replay.sql", sql: include_str!("reference/replay.sql"), seed: None };
+pub const NEW_PAYMENT: Script = Script {
+    name: "new_payment.sql",
+    sql: include_str!("reference/new_payment.sql"),
+    seed: None,
+    reference_of: Scenario::New,
+};
+pub const REPLAY: Script = Script {
+    name: "replay.sql",
+    sql: include_str!("reference/replay.sql"),
+    seed: None,
+    reference_of: Scenario::Replay,
+};
 /// Its payments are loaded just before it runs, so that the runs before it find the tables as
 /// they always have.
 pub const REFUND: Script = Script {
     name: "refund.sql",
     sql: include_str!("reference/refund.sql"),
     seed: Some(("seed_refund.sql", SEED_REFUND)),
+    reference_of: Scenario::Refund,
 };
 
 /// A pgbench script.
 #[derive(Clone, Copy)]
 pub struct Script {
-    name: &'static str,
+    pub name: &'static str,
     sql: &'static str,
     /// What to load before it runs (a name for the file, and its SQL), if anything.
     seed: Option<(&'static str, &'static str)>,
+    /// The scenario it is the floor of.
+    pub reference_of: Scenario,
 }
 
 /// What one pgbench run reported.
@@ -112,7 +126,9 @@ impl Pgbench {
     }
 
     /// Runs `script` as the reference workloads do: `pgbench -n -M prepared -c <clients> -j 2
-    /// -T <seconds>`, with a progress line a second for the display.
+    /// -T <seconds>`, with a progress line a second for the display (and the throughput over
+    /// time); with `latencies`, also `-l`, a line per transaction with its latency, for the
+    /// distribution.
     pub async fn run(
         &self,
         script: Script,
@@ -120,7 +136,8 @@ impl Pgbench {
         duration: Duration,
         probe: Option<&Probe>,
         progress: &Progress,
-    ) -> anyhow::Result<PgbenchRun> {
+        latencies: bool,
+    ) -> anyhow::Result<(PgbenchRun, Seen)> {
         if let Some((name, sql)) = script.seed {
             self.psql(name, sql).await?;
         }
@@ -130,6 +147,10 @@ impl Pgbench {
         let mut pgbench = Command::new(self.bin.join("pgbench"));
         pgbench.args(["-n", "-M", "prepared", "-P", "1"]);
         pgbench.args(["-c", &clients.to_string(), "-j", &clients.min(2).to_string(), "-T", &seconds.to_string()]);
+        let log_prefix = self.scratch.join(format!("pgbench-log-{}", script.name));
+        if latencies {
+            pgbench.arg("-l").arg(format!("--log-prefix={}", log_prefix.display()));
+        }
         pgbench.arg("-f").arg(&file).arg(&self.database_url);
         pgbench.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null()).kill_on_drop(true);
 
@@ -138,11 +159,14 @@ impl Pgbench {
         let (postgres_before, pgbench_before) = (self.postgres.and_then(|p| p.cpu_us()), reaped_children_cpu_us());
         let mut running = pgbench.spawn().context("starting pgbench")?;
         let mut stderr = BufReader::new(running.stderr.take().context("no stderr")?).lines();
-        let mut errors = Vec::new();
+        let (mut errors, mut seen) = (Vec::new(), Seen::default());
         // "progress: 3.0 s, 2312.9 tps, lat 13.8 ms stddev 4.2, 0 failed"
         while let Some(line) = stderr.next_line().await? {
             match line.strip_prefix("progress: ") {
-                Some(rest) => phase.set_message(rest.to_owned()),
+                Some(rest) => {
+                    seen.samples.throughput.extend(progress_tps(rest));
+                    phase.set_message(rest.to_owned());
+                }
                 None => errors.push(line),
             }
         }
@@ -171,8 +195,41 @@ impl Pgbench {
                 .map(|(before, after)| (after - before) as f64 / transactions.max(1.0)),
         };
         phase.finish(&format!("{:.0} tps, latency average {:.3} ms", run.tps, run.latency_average_ms));
-        Ok(run)
+        if latencies {
+            seen.latency_us = Some(logged_latencies(&log_prefix)?);
+        }
+        Ok((run, seen))
     }
+}
+
+/// The time and rate of a progress line's rest (`3.0 s, 2312.9 tps, lat ...`).
+fn progress_tps(rest: &str) -> Option<(f64, f64)> {
+    let (seconds, rest) = rest.split_once(" s, ")?;
+    let (tps, _) = rest.split_once(" tps")?;
+    Some((seconds.parse().ok()?, tps.parse().ok()?))
+}
+
+/// The latencies pgbench logged with `-l` into `<prefix>.<pid>` (and `.<thread>` for each
+/// further thread): the third field of each line, in µs (`failed` or `skipped` for transactions
+/// that did not complete, left out). The files are removed once read.
+fn logged_latencies(prefix: &Path) -> anyhow::Result<Histogram<u64>> {
+    let (dir, name) = (prefix.parent().context("a log directory")?, prefix.file_name().context("a log name")?);
+    let mut latency_us = Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)?;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let ours = path.file_name().and_then(|file| file.to_str()).is_some_and(|file| {
+            file.strip_prefix(name.to_str().unwrap_or_default()).is_some_and(|rest| rest.starts_with('.'))
+        });
+        if !ours {
+            continue;
+        }
+        let log = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        for us in log.lines().filter_map(|line| line.split_whitespace().nth(2)?.parse::<u64>().ok()) {
+            latency_us.saturating_record(us.clamp(1, MAX_LATENCY_US));
+        }
+        std::fs::remove_file(&path)?;
+    }
+    Ok(latency_us)
 }
 
 /// The cluster's WAL position, in bytes.
@@ -225,7 +282,7 @@ impl BareEndpoint {
         self.child.pid().map(Watched::process)
     }
 
-    /// Sends it the `new` scenario's requests.
+    /// Sends it the `new` scenario's requests; `sent` counts them as they complete.
     pub async fn load(&self, clients: usize, duration: Duration, sent: Arc<AtomicU64>) -> Load {
         self.driver.run(Scenario::New, None, clients, duration, sent).await
     }
@@ -237,7 +294,30 @@ impl BareEndpoint {
 
 #[cfg(test)]
 mod tests {
-    use super::field;
+    use super::{field, logged_latencies, progress_tps};
+    use crate::lab::Scratch;
+
+    #[test]
+    fn pgbench_progress_lines_give_the_rate_each_second() {
+        assert_eq!(progress_tps("3.0 s, 2312.9 tps, lat 13.8 ms stddev 4.2, 0 failed"), Some((3.0, 2312.9)));
+        assert_eq!(progress_tps("something else"), None);
+    }
+
+    #[test]
+    fn pgbench_transaction_logs_are_read_into_a_histogram_and_removed() {
+        let scratch = Scratch::create("payments-pgbench-log-").unwrap();
+        let prefix = scratch.path().join("pgbench-log-refund.sql");
+        // client_id transaction_no time script_no time_epoch time_us: a thread's file each.
+        std::fs::write(prefix.with_extension("sql.4242"), "0 0 1200 0 1700000000 1\n1 0 3400 0 1700000000 2\n")
+            .unwrap();
+        std::fs::write(prefix.with_extension("sql.4242.1"), "2 0 5600 0 1700000000 3\n3 0 failed 0 1700000000 4\n")
+            .unwrap();
+        std::fs::write(scratch.path().join("pgbench-log-replay.sql.4242"), "0 0 99 0 1700000000 1\n").unwrap();
+        let latency_us = logged_latencies(&prefix).unwrap();
+        assert_eq!((latency_us.len(), latency_us.min(), latency_us.value_at_quantile(0.5)), (3, 1200, 3401));
+        let left: Vec<_> = std::fs::read_dir(scratch.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(left, ["pgbench-log-replay.sql.4242"], "another script's log is left alone");
+    }
 
     #[test]
     fn pgbench_reports_are_read() {

@@ -41,6 +41,12 @@ pub struct BenchArgs {
     /// Also write the results to this file, as one JSON object.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also draw what the run saw, as SVG charts in this directory (made if need be):
+    /// bench-latency.svg, each scenario's and reference's latency by percentile, and
+    /// bench-throughput.svg, their throughput and the outbox backlog over time. With --references,
+    /// pgbench then logs each transaction's latency.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     /// Measure a running deployment at this base URL instead of starting one.
     #[arg(long, requires = "api_key")]
     pub url: Option<Url>,
@@ -93,6 +99,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         replay_keys: args.replay_keys as usize,
         references: args.references,
         json: args.json,
+        plot: args.plot,
         deployment,
     };
     bench::run(plan).await
