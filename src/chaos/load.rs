@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::timeline::Timeline;
 use crate::client::{Answer, Attempt, Client, Finished, KeySeen, NewPayment, NewRefund, Outcome, RetryPolicy};
 use crate::faults::FAULT_HEADER;
 
@@ -88,7 +89,7 @@ pub struct KeyRun {
     pub gave_up: bool,
 }
 
-/// Live counts, for the progress display.
+/// Live counts, for the progress display, and the timeline each key and attempt is recorded in.
 #[derive(Debug, Default)]
 pub struct Live {
     /// Payments made (their keys).
@@ -96,6 +97,7 @@ pub struct Live {
     /// Refunds asked for (their keys).
     pub refunds: AtomicU64,
     pub attempts: AtomicU64,
+    pub timeline: Arc<Timeline>,
 }
 
 /// Runs the load with `clients` payments (each with the refunds that follow it) in flight at once.
@@ -191,6 +193,7 @@ async fn one_key(
         (crash_point, rng.random_bool(mix.abandon))
     };
     let key = Client::new_key();
+    live.timeline.key(&key);
     let client =
         if abandoned { client.with_policy(RetryPolicy { max_attempts: 1, ..PERSISTENT }) } else { client.clone() };
     let headers: Vec<(&str, &str)> = crash_point.map(|point| (FAULT_HEADER, point)).into_iter().collect();
@@ -231,13 +234,15 @@ impl Request {
 
 fn keep(attempt: &Attempt, answers: &mut Vec<Answer>, live: &Live) {
     live.attempts.fetch_add(1, Ordering::Relaxed);
+    live.timeline.attempt(&attempt.result);
     if let Ok(answer) = &attempt.result {
         answers.push(answer.clone());
     }
 }
 
 /// Once the system has settled, asks for every key's answer once more, as a client coming back
-/// would; each answer joins the key's others. Returns the attempts it took.
+/// would; each answer joins the key's others. Returns the attempts it took (kept off the run's
+/// timeline, whose attempts are the storm's).
 pub async fn replay_all(client: &Client, runs: &mut [KeyRun], clients: usize) -> u64 {
     let live = Live::default();
     futures_util::stream::iter(runs.iter_mut())

@@ -21,10 +21,12 @@
 mod check;
 mod load;
 mod report;
+mod timeline;
 mod world;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -44,6 +46,7 @@ use crate::lab::progress::{Phase, Progress};
 use check::{GatewayCharge, Outside, Stored};
 use load::Live;
 use report::{Did, Report};
+use timeline::Timeline;
 use world::{Fleet, LOCK_TIMEOUT, World};
 
 pub use load::{Extent, Mix};
@@ -89,6 +92,8 @@ pub struct Plan {
     pub mix: Mix,
     /// Whether to kill and pause processes.
     pub processes: bool,
+    /// Where to draw the run's timeline, if anywhere (see [`timeline`]).
+    pub plot: Option<PathBuf>,
     pub deployment: Deployment,
 }
 
@@ -156,8 +161,11 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let disturbed = Arc::new(Disturbed::default());
     let (stop, stopped) = watch::channel(false);
     let fleet = world.take_fleet();
-    let mut disturber = tokio::spawn(disturb(fleet, plan.processes, gateway.clone(), stopped, disturbed.clone()));
-    let live = Arc::new(Live::default());
+    let timeline = Arc::new(Timeline::default());
+    let drawing = plan.plot.clone().map(|dir| timeline.sample(gateway.clone(), world.database_url.clone(), dir));
+    let disturbing = disturb(fleet, plan.processes, gateway.clone(), stopped, disturbed.clone(), timeline.clone());
+    let mut disturber = tokio::spawn(disturbing);
+    let live = Arc::new(Live { timeline: timeline.clone(), ..Live::default() });
     let started = Instant::now();
     let phase = match plan.extent {
         Extent::Keys(keys) => progress.counted("payments under chaos", keys),
@@ -175,6 +183,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         }
     };
     let load_took = started.elapsed();
+    timeline.rule("load ends");
     ticker.abort();
     let _ = stop.send(true);
     if let Some(fleet) = disturber.await?? {
@@ -194,6 +203,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let keys_took = started.elapsed();
     // Asked once more before the refunds settle: a refund whose every attempt was lost before its
     // claim committed is made only now, and may be left pending too.
+    timeline.rule("every key asked once more");
     let final_attempts = load::replay_all(&client, &mut runs, plan.clients).await;
     let asked = started.elapsed();
     let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
@@ -225,6 +235,9 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         waited(pending, "pending refunds", "settled", refunds_took),
         settle_took.as_secs_f64()
     ));
+    if let Some(drawing) = drawing {
+        drawing.finish(progress).await;
+    }
 
     let after = gateway.stats().await?;
     // A gateway restarted meanwhile counts from zero again; the check then fails, as it should.
@@ -255,6 +268,7 @@ async fn disturb(
     gateway: GatewayControl,
     mut stop: watch::Receiver<bool>,
     disturbed: Arc<Disturbed>,
+    timeline: Arc<Timeline>,
 ) -> anyhow::Result<Option<Fleet>> {
     let after = |range: std::ops::Range<Duration>| Instant::now() + rand::rng().random_range(range);
     let (mut kill_at, mut forget_at, mut pause_at) = (after(KILL_EVERY), after(KILL_EVERY), after(FIRST_PAUSE));
@@ -272,6 +286,7 @@ async fn disturb(
                     && let Some(name) = fleet.kill_one().await?
                 {
                     tally(&disturbed.kills, name);
+                    timeline.killed();
                 }
                 kill_at = after(KILL_EVERY);
             }
@@ -279,22 +294,27 @@ async fn disturb(
                 if let Some((index, name)) = fleet.as_mut().map(Fleet::pause_one).transpose()?.flatten() {
                     tally(&disturbed.pauses, name);
                     paused = Some((index, Instant::now() + LOCK_TIMEOUT + rand::rng().random_range(PAUSE_PAST_LEASE)));
+                    timeline.paused();
                 }
             }
             _ = tokio::time::sleep_until(paused.map_or(idle, |(_, at)| at)), if paused.is_some() => {
                 if let (Some(fleet), Some((index, _))) = (fleet.as_mut(), paused.take()) {
                     fleet.resume(index)?;
+                    timeline.thawed();
                 }
                 pause_at = after(PAUSE_EVERY);
             }
             _ = tokio::time::sleep_until(forget_at) => {
                 gateway.forget_keys().await?;
                 disturbed.forgotten.fetch_add(1, Ordering::Relaxed);
+                timeline.forgotten();
                 forget_at = after(KILL_EVERY);
             }
             _ = tokio::time::sleep(RESTART_POLL), if owned => {
                 if let Some(fleet) = fleet.as_mut() {
-                    disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
+                    let restarted = fleet.restart_exited().await?;
+                    disturbed.aborted.fetch_add(restarted, Ordering::Relaxed);
+                    timeline.aborted(restarted);
                 }
             }
         }
@@ -302,6 +322,7 @@ async fn disturb(
     if let Some(fleet) = fleet.as_mut() {
         if let Some((index, _)) = paused {
             fleet.resume(index)?;
+            timeline.thawed();
         }
         disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
     }

@@ -1,6 +1,7 @@
 //! `payments chaos`: the flags, turned into a [`chaos::Plan`]. The run itself is in
 //! [`crate::chaos`].
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -48,6 +49,11 @@ pub struct ChaosArgs {
     /// Neither kill nor pause processes (crash points, gateway faults and abandoned clients remain).
     #[arg(long)]
     pub no_kills: bool,
+    /// Also draw the run as an SVG timeline in this directory (made if need be),
+    /// chaos-timeline.svg: attempts per second by answer, the gateway's requests and faults, keys
+    /// unfinished, under a strip of the kills, pauses, crash-point aborts and forgotten keys.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
     /// Disturb a running deployment at these base URLs instead of starting one (repeat the flag
     /// for each server). It is driven and checked, not killed.
     #[arg(long = "url", requires_all = ["api_key", "database_url", "gateway_url"])]
@@ -82,6 +88,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
             pending_refund: args.pending_refund_rate,
         },
         processes: !args.no_kills,
+        plot: args.plot,
         deployment,
     };
     let held = chaos::run(plan).await?;

@@ -1,8 +1,15 @@
 //! `payments bench`, briefly, against a deployment of its own: it reports every figure (the refund
 //! scenario's and its pgbench reference's too), finds the protocol keeping its promises under
-//! load, and leaves nothing running behind it.
+//! load, draws what it saw, and leaves nothing running behind it.
 
 use serde_json::Value;
+
+use crate::helpers::Svg;
+
+/// Each scenario's colour in the charts, and the references'.
+const SCENARIO_COLORS: [(&str, &str); 4] =
+    [("new", "#1F77B4"), ("replay", "#2CA02C"), ("duplicates", "#9467BD"), ("refund", "#FF7F0E")];
+const REFERENCES: [&str; 4] = ["pgbench new_payment.sql", "pgbench replay.sql", "pgbench refund.sql", "bare endpoint"];
 
 /// Where each figure is in the JSON report; all of them must be there and measured.
 const FIGURES: &[&str] = &[
@@ -66,9 +73,10 @@ const SCENARIO_FIGURES: &[&str] = &[
 #[tokio::test]
 async fn bench_reports_every_figure_and_finds_no_violation() {
     let json = std::env::temp_dir().join(format!("payments-bench-{}.json", uuid::Uuid::new_v4().simple()));
+    let plots = std::env::temp_dir().join(format!("payments-plots-{}", uuid::Uuid::new_v4().simple()));
     let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
     bench.args(["bench", "--clients", "4", "--duration", "1s", "--replay-keys", "40", "--references", "--json"]);
-    bench.arg(&json).env_remove("DATABASE_URL").kill_on_drop(true);
+    bench.arg(&json).arg("--plot").arg(&plots).env_remove("DATABASE_URL").kill_on_drop(true);
     bench.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     let bench = bench.spawn().unwrap();
     let scratch = std::env::temp_dir().join(format!("payments-bench-{}", bench.id().unwrap()));
@@ -109,4 +117,35 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
     assert!(refund["outbox"]["deliveries"].as_u64() >= refund["refunds_created"].as_u64(), "every event delivered");
     assert_eq!(report["references"]["pgbench_refund"]["failed"], 0);
     assert!(report["references"]["bare_endpoint"]["throughput_per_s"].as_f64().unwrap() > 0.0);
+
+    charts_hold_every_run(&plots);
+    std::fs::remove_dir_all(&plots).unwrap();
+}
+
+/// The latency chart has a curve per scenario and per reference, each named with its
+/// percentiles; the throughput chart, a line per scenario and the bare endpoint, and the outbox
+/// backlog of each scenario.
+fn charts_hold_every_run(plots: &std::path::Path) {
+    let latency = Svg::read(&plots.join("bench-latency.svg"));
+    let texts = latency.texts();
+    for run in SCENARIO_COLORS.iter().map(|(name, _)| *name).chain(REFERENCES) {
+        assert!(latency.has_text(&format!("{run}: p50 ")), "{run}: {texts:?}");
+    }
+    for label in ["latency by percentile", "50%", "90%", "99%", "percentile", "latency"] {
+        assert!(texts.iter().any(|text| text.contains(label)), "{label}: {texts:?}");
+    }
+    for (name, color) in SCENARIO_COLORS {
+        assert!(latency.series(color) > 0, "{name}'s curve");
+    }
+
+    let throughput = Svg::read(&plots.join("bench-throughput.svg"));
+    let texts = throughput.texts();
+    let names = SCENARIO_COLORS.iter().map(|(name, _)| *name).chain(["bare endpoint"]);
+    let labels = ["requests (transactions) per second", "outbox backlog (events)", "seconds since the run started"];
+    for text in names.chain(labels) {
+        assert!(texts.contains(&text), "{text}: {texts:?}");
+    }
+    for (name, color) in SCENARIO_COLORS {
+        assert!(throughput.series(color) > 0, "{name}'s throughput and backlog");
+    }
 }

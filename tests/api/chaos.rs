@@ -3,7 +3,7 @@
 
 use tokio::process::Command;
 
-use crate::helpers::TestApp;
+use crate::helpers::{Svg, TestApp};
 
 async fn chaos(args: &[&str]) -> (Option<i32>, String, String) {
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
@@ -37,7 +37,8 @@ fn detail<'a>(table: &'a str, row: &str) -> &'a str {
 
 #[tokio::test]
 async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() {
-    let (code, table, log) = chaos(&["--keys", "200"]).await;
+    let plots = std::env::temp_dir().join(format!("payments-plots-{}", uuid::Uuid::new_v4().simple()));
+    let (code, table, log) = chaos(&["--keys", "200", "--plot", plots.to_str().unwrap()]).await;
     assert_eq!(code, Some(0), "{table}\n{log}");
     assert!(table.ends_with("every invariant held\n"), "{table}");
     assert_eq!(table.matches("\n  held   ").count(), INVARIANTS, "{table}");
@@ -66,6 +67,30 @@ async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() 
     ];
     for row in storm {
         assert!(count(&table, row) > 0, "{row}: {table}");
+    }
+    timeline_holds_the_storm(&plots.join("chaos-timeline.svg"), &table);
+    std::fs::remove_dir_all(&plots).unwrap();
+}
+
+/// The timeline marks every kill, pause and forgetting the table counts, and draws the attempts
+/// by answer, the gateway's requests and faults, and the keys unfinished.
+fn timeline_holds_the_storm(path: &std::path::Path, table: &str) {
+    let timeline = Svg::read(path);
+    let texts = timeline.texts();
+    let rows = ["killed", "paused", "crash-point abort", "keys forgotten"];
+    let rules = ["load ends", "every key asked once more"];
+    let lines = ["201", "charge and refund requests", "failed on purpose", "keys unfinished"];
+    let labels = ["attempts per second", "at the gateway, per second", "seconds since the load started"];
+    for text in rows.into_iter().chain(rules).chain(lines).chain(labels) {
+        assert!(texts.contains(&text), "{text}: {texts:?}");
+    }
+    let (kill, pause, forgetting) = ("#D62728", "#FF7F0E", "#7F7F7F");
+    assert_eq!(timeline.ticks(kill) as u64, count(table, "kills (SIGKILL)"), "a tick per kill");
+    assert_eq!(timeline.bars(pause) as u64, count(table, "pauses past the lease"), "a bar per pause");
+    assert_eq!(timeline.ticks(forgetting) as u64, count(table, "gateway forgot its keys"), "a tick per forgetting");
+    // The attempts answered 201, and the keys unfinished, sampled each second.
+    for (what, color) in [("201", "#2CA02C"), ("keys unfinished", "#1F77B4")] {
+        assert!(timeline.series(color) > 0, "{what}: {texts:?}");
     }
 }
 

@@ -9,6 +9,7 @@ mod plans;
 mod process;
 mod seed;
 mod statements;
+mod svg;
 mod test_app;
 
 use std::future::Future;
@@ -26,6 +27,7 @@ pub use plans::{plan_nodes, sql_of};
 pub use process::Process;
 pub use seed::{KeyRowId, Lock, audited_phase};
 pub use statements::{record_statements, statements};
+pub use svg::Svg;
 pub use test_app::{TestApp, new_key, payment_body};
 
 /// Sends the same payment request to each of `servers` (base URLs) at once, and returns every
