@@ -18,8 +18,8 @@ use super::reference::Script;
 use super::sampler::Samples;
 use crate::lab::plot::{self, Distribution, Line, Look, OverTime, PALETTE, Panel};
 
-pub const LATENCY: &str = "bench-latency.svg";
-pub const THROUGHPUT: &str = "bench-throughput.svg";
+const LATENCY: &str = "bench-latency.svg";
+const THROUGHPUT: &str = "bench-throughput.svg";
 
 /// What one run (a scenario or a reference) was seen doing.
 #[derive(Debug, Clone, Default)]

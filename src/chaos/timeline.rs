@@ -34,7 +34,7 @@ use crate::client::{Answer, NoAnswer};
 use crate::lab::plot::{self, EventRow, Line, Look, OverTime, PALETTE, Panel, Rule};
 use crate::lab::progress::Progress;
 
-pub const FILE: &str = "chaos-timeline.svg";
+const FILE: &str = "chaos-timeline.svg";
 
 /// How often the gateway and the database are asked.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -78,7 +78,7 @@ impl Default for Timeline {
 
 impl Timeline {
     /// Seconds since the timeline began.
-    pub fn now(&self) -> f64 {
+    fn now(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
     }
 

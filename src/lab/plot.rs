@@ -131,7 +131,7 @@ pub fn percentiles(path: &Path, title: &str, distributions: &[Distribution<'_>])
 /// The points HdrHistogram's percentile distribution gives (five per halving of the distance
 /// to 100 %), as (`1/(1-p)`, latency in ms), closed by the maximum at `1/(1-p)` = the number of
 /// values, where the last of them lies (the iteration may step past it).
-pub fn percentile_curve(latency_us: &Histogram<u64>) -> Vec<(f64, f64)> {
+fn percentile_curve(latency_us: &Histogram<u64>) -> Vec<(f64, f64)> {
     let last = (latency_us.len() as f64).max(1.0);
     let mut points: Vec<(f64, f64)> = latency_us
         .iter_quantiles(5)
