@@ -12,8 +12,8 @@ use diesel_async::AsyncPgConnection;
 use uuid::Uuid;
 
 use super::abandoned::Abandoned;
-use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::clock::Deadline;
+use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Remembered, ReplayCache};
 use super::store::{Claim, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim};
 use super::{IdempotencyKey, RecoveryPoint};

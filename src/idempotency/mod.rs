@@ -23,8 +23,8 @@
 //! retry runs again. The payment's phases themselves are in [`crate::payments::create`].
 
 mod abandoned;
-mod driver;
 mod clock;
+mod driver;
 mod fingerprint;
 mod key;
 mod phase;
@@ -37,8 +37,8 @@ mod story;
 pub use abandoned::{
     Abandoned, NeedsAttention, claim_abandoned, mark_needs_attention, needing_attention, retry_needing_attention,
 };
-pub use driver::{Context, DriveError, LeaseRunningOut, Phases, Run, TakenIn, release, take_in};
 pub use clock::Deadline;
+pub use driver::{Context, DriveError, LeaseRunningOut, Phases, Run, TakenIn, release, take_in};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, atomic_phase};
