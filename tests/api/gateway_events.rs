@@ -7,6 +7,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments::db::schema::refunds;
 use payments::gateway::signature::{WebhookSecret, sign};
+use payments::idempotency::needing_attention;
 use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -328,6 +329,10 @@ async fn a_refund_failing_after_it_succeeded_is_a_disagreement() {
         (story["needs_attention"].as_bool(), story["attention_reason"].as_str()),
         (Some(true), Some("gateway_disagreement"))
     );
+    // The operator's list names the refund the key made.
+    let listed = needing_attention(&mut app.db().await).await.unwrap();
+    let flagged: Vec<_> = listed.iter().map(|key| (key.request_path.as_str(), key.made_id)).collect();
+    assert_eq!(flagged, [("/v1/refunds", Some(refund["id"].as_str().unwrap().parse().unwrap()))]);
 }
 
 #[tokio::test]
