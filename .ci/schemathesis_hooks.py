@@ -1,9 +1,14 @@
 """A check that holds .ci/schemathesis.toml's exceptions to their causes.
 
-POST /v1/payments may answer 422 only when this run already made a request with the same key and
-another body, 413 only to a body over the limit, and 402 only to a source the mock gateway
-declines (`tok_chargeDeclined`) or does not know (anything not `tok_...`); each with its own
-problem type.
+POST /v1/payments and POST /v1/refunds may answer 422 only when this run already claimed the key
+with another body or on the other endpoint (a key serves one endpoint), and 413 only to a body over
+the limit. POST /v1/payments may answer 402 only to a source the mock gateway declines
+(`tok_chargeDeclined`) or does not know (anything not `tok_...`). POST /v1/refunds may answer a
+schema-valid request 400 only with a refusal decided against a payment that this run made (the
+links of openapi.yaml hand its id from one answer to the next request): `payment-not-refundable`,
+`payment-already-refunded`, or `refund-exceeds-payment` for more than the `refundable` it names.
+Each with its own problem type. POST /webhooks/gateway may answer 400 only `invalid-signature`: the
+fuzzer does not hold the gateway's secret, so no event it sends is signed.
 """
 
 import json
@@ -15,14 +20,20 @@ import schemathesis
 # src/http/extract.rs MAX_BODY_BYTES
 MAX_BODY_BYTES = 16 * 1024
 PROBLEMS = "https://payments.example/problems/"
-# Answers that mean this request claimed its key (and so bound the key to its body).
+# The endpoints whose requests claim keys.
+KEYED = {"/v1/payments", "/v1/refunds"}
+# Answers that mean this request claimed its key (and so bound the key to its endpoint and body).
 CLAIMING_STATUSES = {201, 402, 502, 503}
+# A refund's refusals, decided against the payment once the refund claimed its key, and stored.
+REFUSALS = {"payment-not-found", "payment-not-refundable", "payment-already-refunded", "refund-exceeds-payment"}
 # The mock gateway's tokens: this one is declined, and a source that is not a token is unknown.
 DECLINED_TOKEN = "tok_chargeDeclined"
 
 _lock = threading.Lock()
-# Key (as the service reads it) -> the bodies it was claimed with. Checks run in several threads.
+# Key (as the service reads it) -> the (endpoint, body) it was claimed with. Checks run in several threads.
 _claimed: dict[str, list] = {}
+# The ids of the payments this run saw in answers: those it can have learnt, and refunded.
+_payments: set[str] = set()
 
 
 def _key(header: str) -> str:
@@ -39,31 +50,73 @@ def _json(raw):
         return None
 
 
+def _payments_in(document) -> set[str]:
+    """The ids of the payments anywhere in an answer (a payment, a list, a problem embedding one)."""
+    found, pending = set(), [document]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if item.get("object") == "payment" and isinstance(item.get("id"), str):
+                found.add(item["id"])
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return found
+
+
+def _is_positive(case) -> bool:
+    meta = getattr(case, "meta", None)
+    return meta is not None and meta.generation.mode.is_positive
+
+
 @schemathesis.check
 def tolerated_answers_have_their_cause(ctx, response, case):
-    if case.method.upper() != "POST" or case.path != "/v1/payments":
+    answer = _json(response.content)
+    with _lock:
+        _payments.update(_payments_in(answer))
+    if case.method.upper() == "POST" and case.path == "/webhooks/gateway" and response.status_code == 400:
+        kind = str((answer if isinstance(answer, dict) else {}).get("type", "")).removeprefix(PROBLEMS)
+        assert kind == "invalid-signature", f"an unsigned event refused as {kind}: {answer}"
         return None
-    status, request = response.status_code, response.request
+    if case.method.upper() != "POST" or case.path not in KEYED:
+        return None
+    status, request, path = response.status_code, response.request, case.path
     body = _json(request.body)
+    problem = answer if isinstance(answer, dict) else {}
+    kind = str(problem.get("type", "")).removeprefix(PROBLEMS)
     key = _key(request.headers.get("Idempotency-Key", ""))
+    refused = path == "/v1/refunds" and kind in REFUSALS
     with _lock:
         earlier = _claimed.setdefault(key, [])
-        reused = any(claimed != body for claimed in earlier)
-        if status in CLAIMING_STATUSES:
-            earlier.append(body)
+        reused = any(claimed != (path, body) for claimed in earlier)
+        if status in CLAIMING_STATUSES or refused:
+            earlier.append((path, body))
+        known_payment = isinstance(body, dict) and str(body.get("payment")) in _payments
     causes = {
         422: ("idempotency-key-reused", reused),
         413: ("payload-too-large", len(request.body or b"") > MAX_BODY_BYTES),
     }
-    if isinstance(body, dict) and body.get("source") == DECLINED_TOKEN:
-        causes[402] = ("card-declined", True)
-    else:
-        source = str(body.get("source")) if isinstance(body, dict) else ""
-        causes[402] = ("unknown-source", not source.startswith("tok_"))
+    if path == "/v1/payments":
+        if isinstance(body, dict) and body.get("source") == DECLINED_TOKEN:
+            causes[402] = ("card-declined", True)
+        else:
+            source = str(body.get("source")) if isinstance(body, dict) else ""
+            causes[402] = ("unknown-source", not source.startswith("tok_"))
+    elif _is_positive(case) and status == 400:
+        # A schema-valid refund refused: only against a payment this run made, for what it was then.
+        if kind == "refund-exceeds-payment":
+            refundable = problem.get("refundable")
+            asked = body.get("amount") if isinstance(body, dict) else None
+            exceeds = isinstance(refundable, int) and isinstance(asked, (int, float)) and asked > refundable
+            causes[400] = (kind, known_payment and exceeds)
+        elif kind in ("payment-not-refundable", "payment-already-refunded"):
+            causes[400] = (kind, known_payment)
+        else:
+            causes[400] = ("a refusal", False)
     if status not in causes:
         return None
-    kind, has_cause = causes[status]
-    problem = _json(response.content) or {}
-    assert problem.get("type") == PROBLEMS + kind, f"{status} is not {kind}: {problem}"
-    assert has_cause, f"{status} {kind} without its cause (key {key!r}, {len(request.body or b'')} bytes)"
+    expected, has_cause = causes[status]
+    if expected != "a refusal":
+        assert kind == expected, f"{status} is not {expected}: {problem}"
+    assert has_cause, f"{status} {expected} without its cause (key {key!r}, {len(request.body or b'')} bytes): {problem}"
     return None

@@ -20,6 +20,10 @@ text_enum! {
         Completer = "completer",
         Reaper = "reaper",
         Outbox = "outbox",
+        /// The worker that settles refunds the gateway left pending.
+        Settler = "settler",
+        /// The gateway, by an event it sent (`POST /webhooks/gateway`).
+        Gateway = "gateway",
         Operator = "operator",
     }
 }

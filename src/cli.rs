@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
 use crate::commands::chaos::ChaosArgs;
 use crate::commands::pay::PayArgs;
+use crate::commands::refund::RefundArgs;
 use crate::config::{
     CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, StatsArgs, WorkerCommandArgs,
 };
@@ -27,7 +28,7 @@ pub enum Command {
     /// PostgreSQL (embedded mode), and without GATEWAY_URL an in-process mock gateway, so it works
     /// with no set-up.
     Serve(ServeArgs),
-    /// Run the background workers (completer, reaper, outbox) alone, with no HTTP.
+    /// Run the background workers (completer, reaper, outbox, settler) alone, with no HTTP.
     Worker(WorkerCommandArgs),
     /// Run the mock payment gateway as a process of its own.
     Gateway(GatewayArgs),
@@ -49,12 +50,20 @@ pub enum Command {
     /// key is printed, to resume with --key); 6 the key's record has expired (the payment it made
     /// is printed).
     Pay(PayArgs),
-    /// Watch the guarantees hold: many payments through the reference client while servers and
-    /// workers are killed, requests crash mid-way and the gateway fails; then check that nothing
-    /// was charged twice or lost. Exits 3 if an invariant is broken.
+    /// Refund a payment, all it has left or --amount of it, through the same client and with the
+    /// same exit codes: 0 refunded (or pending: the gateway settles it later, as stderr says); 3
+    /// declined: nothing refunded (the payment was not found, is not refundable, is refunded
+    /// already or has less left than asked; or the refund failed at the gateway); 4 rejected; 5
+    /// gave up (the key is printed, to resume with --key); 6 the key's record has expired (the
+    /// refund it made is printed).
+    Refund(RefundArgs),
+    /// Watch the guarantees hold: many payments, and refunds racing for them, through the reference
+    /// client while servers and workers are killed, requests crash mid-way and the gateway fails;
+    /// then check that nothing was charged or refunded twice or lost, and no payment refunded
+    /// beyond its amount. Exits 3 if an invariant is broken.
     Chaos(ChaosArgs),
-    /// Measure the service under load: new payments, replays and concurrent duplicates, against a
-    /// deployment of its own (or --url), and optionally against the reference workloads.
+    /// Measure the service under load: new payments, replays, concurrent duplicates and refunds,
+    /// against a deployment of its own (or --url), and optionally against the reference workloads.
     Bench(BenchArgs),
     /// The bare reference endpoint `bench --references` runs: actix-web parsing a JSON payment
     /// and answering JSON, with no database.

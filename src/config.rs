@@ -12,6 +12,8 @@
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
 //! | `PAYMENTS_GATEWAY_TIMEOUT_MS` | `10000` | timeout of one gateway call |
 //! | `PAYMENTS_FAULT_INJECTION` | off | `1` honours the `X-Fault-Inject` header (tests only) |
+//! | `PAYMENTS_GATEWAY_WEBHOOK_SECRETS` | unset: events refused (embedded mode makes its own) | the secrets the gateway's events are signed with, comma-separated |
+//! | `PAYMENTS_GATEWAY_WEBHOOK_TOLERANCE_SECS` | `300` | how far an event's signed time may be from this clock, either way |
 //! | `PAYMENTS_WORKER_INTERVAL_MS` | `1000` | how often an idle worker looks for work (jittered) |
 //! | `PAYMENTS_COMPLETER_BACKOFF_MS` | `5000` | the completer's first wait before re-driving a key; doubles per attempt |
 //! | `PAYMENTS_COMPLETER_MAX_ATTEMPTS` | `8` | completer attempts after which a key needs attention |
@@ -20,17 +22,22 @@
 //! | `PAYMENTS_WEBHOOK_BACKOFF_MS` | `1000` | first wait before redelivering a failed event; doubles per attempt |
 //! | `PAYMENTS_WEBHOOK_MAX_ATTEMPTS` | `10` | delivery attempts after which an event is dead-lettered |
 //! | `PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS` | `2160` (90 days) | the reaper deletes per-account request counts older than this |
+//! | `PAYMENTS_SETTLER_BACKOFF_MS` | `15000` | the settler's wait after looking up a pending refund the first time; doubles per look-up |
+//! | `PAYMENTS_SETTLER_MAX_BACKOFF_MS` | `3600000` (an hour) | the settler's longest wait between two look-ups of a pending refund |
+//! | `PAYMENTS_SETTLER_OVERDUE_ATTEMPTS` | `32` (about a day) | look-ups after which a refund still pending is overdue: logged as an error, counted |
 //! | `PAYMENTS_LOG_FORMAT` | `text` | `text` (coloured only on a terminal) or `json` lines; in `cli.rs`, as every command logs |
 //!
 //! Flags and variables are parsed here and turned into typed values ([`Settings`], `Duration`s) at
 //! the edge; tests build [`Settings`] in code instead of through the process environment.
 
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 
 use crate::db;
+use crate::gateway::signature::WebhookSecret;
 use crate::idempotency::{LEASE_MARGIN, MAX_PHASE_ATTEMPTS};
 use reqwest::Url;
 
@@ -51,6 +58,10 @@ pub const DEFAULT_KEY_RETENTION_SECS: u64 = 86_400;
 /// records a key's expiry (a longer retention would fail every finishing statement).
 const MAX_KEY_RETENTION_SECS: u64 = 10 * 366 * 86_400;
 pub const DEFAULT_GATEWAY_TIMEOUT_MS: u64 = 10_000;
+/// Five minutes either way, as Stripe's libraries allow: a signed event older than that is a
+/// replay to refuse, and a clock skew within it (one minute has refused valid events elsewhere)
+/// is no reason to.
+pub const DEFAULT_WEBHOOK_TOLERANCE_SECS: u64 = 300;
 /// Idle workers look again this often: a second of latency for background work is plenty.
 pub const DEFAULT_WORKER_INTERVAL_MS: u64 = 1_000;
 /// Gives a client that got a 503 a few seconds to retry by itself before a worker steps in.
@@ -66,6 +77,20 @@ pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
 /// Ninety days: `payments stats` can compare a client's retries this month with the two before,
 /// and the table holds at most 2,160 rows per account (one per hour it sent requests in).
 pub const DEFAULT_REQUEST_COUNTS_RETENTION_HOURS: u32 = 2_160;
+/// Longer than a look-up can take with the default gateway timeout (10 s, plus 2.5 s for the lease's
+/// statement), so the backoff, not the lease, decides when a refund is next looked up; short
+/// enough that a refund that settles within seconds, as the mock's do (2 s), is seen settled by the
+/// second look-up, a quarter minute after the first.
+pub const DEFAULT_SETTLER_BACKOFF_MS: u64 = 15_000;
+/// However long a refund stays pending (some take days), it is looked up at least hourly: 24
+/// look-ups a day per refund is nothing to a gateway, and an hour's delay nothing next to days.
+/// Gateway events, when they come, settle refunds sooner; this look-up is the backstop.
+pub const DEFAULT_SETTLER_MAX_BACKOFF_MS: u64 = 3_600_000;
+/// With the waits doubling from 15 s to an hour, the 32nd look-up comes about a day after the
+/// refund was made (eight doubling waits, about an hour, then hourly): a refund its gateway has
+/// left pending that long has a customer waiting on their money, and a person should look. The
+/// settler keeps looking all the same.
+pub const DEFAULT_SETTLER_OVERDUE_ATTEMPTS: u32 = 32;
 /// A hundred years, "for ever" in practice: the cut-off (now minus the retention) must stay a
 /// date PostgreSQL can hold.
 const MAX_REQUEST_COUNTS_RETENTION_HOURS: i64 = 876_000;
@@ -95,8 +120,9 @@ pub struct StatsArgs {
     pub database: DatabaseArgs,
 }
 
-/// The protocol's knobs.
-#[derive(Debug, Clone, Args)]
+/// The protocol's knobs. Not `Debug`: it holds the webhook secrets as given ([`Settings`] holds
+/// them as [`WebhookSecret`]s, which never show).
+#[derive(Clone, Args)]
 pub struct ProtocolArgs {
     /// Age in milliseconds after which a key's lock is stale and another request may take it over.
     #[arg(long, env = "PAYMENTS_LOCK_TIMEOUT_MS", default_value_t = DEFAULT_LOCK_TIMEOUT_MS)]
@@ -111,6 +137,15 @@ pub struct ProtocolArgs {
     #[arg(long, env = "PAYMENTS_FAULT_INJECTION", value_parser = clap::builder::BoolishValueParser::new(),
           default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub fault_injection: bool,
+    /// The secrets the gateway signs its events with, comma-separated (more than one while a
+    /// secret is rolled: an event signed with any of them is accepted). Unset: every event is
+    /// refused, except in embedded mode, which makes its own and gives it to its mock gateway.
+    #[arg(long, env = "PAYMENTS_GATEWAY_WEBHOOK_SECRETS", hide_env_values = true, value_delimiter = ',')]
+    pub gateway_webhook_secrets: Vec<String>,
+    /// How far, in seconds, an event's signed timestamp may be from this process's clock, before
+    /// or after, for the event to be accepted.
+    #[arg(long, env = "PAYMENTS_GATEWAY_WEBHOOK_TOLERANCE_SECS", default_value_t = DEFAULT_WEBHOOK_TOLERANCE_SECS)]
+    pub gateway_webhook_tolerance_secs: u64,
 }
 
 /// The background workers' knobs.
@@ -146,6 +181,20 @@ pub struct WorkerArgs {
           default_value_t = DEFAULT_REQUEST_COUNTS_RETENTION_HOURS,
           value_parser = clap::value_parser!(u32).range(1..=MAX_REQUEST_COUNTS_RETENTION_HOURS))]
     pub request_counts_retention_hours: u32,
+    /// Milliseconds the settler waits after its first look-up of a refund the gateway left
+    /// pending before the next; doubles with every look-up, up to the maximum. Never shorter than
+    /// a look-up can take (the gateway timeout plus 2.5 s), so two workers never look one refund
+    /// up at once.
+    #[arg(long, env = "PAYMENTS_SETTLER_BACKOFF_MS", default_value_t = DEFAULT_SETTLER_BACKOFF_MS)]
+    pub settler_backoff_ms: u64,
+    /// The settler's longest wait, in milliseconds, between two look-ups of a pending refund.
+    #[arg(long, env = "PAYMENTS_SETTLER_MAX_BACKOFF_MS", default_value_t = DEFAULT_SETTLER_MAX_BACKOFF_MS)]
+    pub settler_max_backoff_ms: u64,
+    /// Look-ups after which a refund the gateway still leaves pending is overdue: each further
+    /// look-up logs an error and counts as `overdue` (settler_runs_total), for a person to look.
+    #[arg(long, env = "PAYMENTS_SETTLER_OVERDUE_ATTEMPTS", default_value_t = DEFAULT_SETTLER_OVERDUE_ATTEMPTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub settler_overdue_attempts: u32,
 }
 
 /// `payments serve`.
@@ -201,8 +250,8 @@ pub struct WorkerCommandArgs {
     pub workers: WorkerArgs,
 }
 
-/// `payments gateway`.
-#[derive(Debug, Clone, Args)]
+/// `payments gateway`. Its `Debug` never shows a secret.
+#[derive(Clone, Args)]
 pub struct GatewayArgs {
     /// Address to listen on.
     #[arg(long, default_value = DEFAULT_GATEWAY_BIND)]
@@ -210,10 +259,36 @@ pub struct GatewayArgs {
     /// Start in `random` fault mode: each charge request fails with this probability (0 to 1).
     #[arg(long, value_parser = parse_rate)]
     pub fault_rate: Option<f64>,
-    /// Serve the `/_control/*` endpoints (inject faults, forget keys, stats). Off by default:
-    /// whoever reaches them can make the gateway misbehave.
+    /// Serve the `/_control/*` endpoints (inject faults, misdeliver events, forget keys, stats).
+    /// Off by default: whoever reaches them can make the gateway misbehave.
     #[arg(long)]
     pub control: bool,
+    /// Send the gateway's events here (`http://127.0.0.1:8080/webhooks/gateway`, a `serve`'s),
+    /// each retried until acknowledged. Needs a webhook secret. Unset: no events.
+    #[arg(long, env = "PAYMENTS_GATEWAY_EVENTS_URL")]
+    pub events_url: Option<Url>,
+    /// A secret to sign the events with; given more than once (or comma-separated), each event is
+    /// signed under every one, as while a secret is rolled. The same variable as the service's,
+    /// so that one setting configures both sides. Never printed.
+    #[arg(
+        long = "webhook-secret",
+        env = "PAYMENTS_GATEWAY_WEBHOOK_SECRETS",
+        hide_env_values = true,
+        value_delimiter = ','
+    )]
+    pub webhook_secrets: Vec<String>,
+}
+
+impl fmt::Debug for GatewayArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GatewayArgs")
+            .field("bind", &self.bind)
+            .field("fault_rate", &self.fault_rate)
+            .field("control", &self.control)
+            .field("events_url", &self.events_url)
+            .field("webhook_secrets", &webhook_secrets(&self.webhook_secrets))
+            .finish()
+    }
 }
 
 /// `payments migrate`.
@@ -240,6 +315,9 @@ pub struct Settings {
     pub key_retention: Duration,
     pub gateway_timeout: Duration,
     pub fault_injection: bool,
+    /// The secrets the gateway's events may be signed with (never printed: see [`WebhookSecret`]).
+    pub gateway_webhook_secrets: Vec<WebhookSecret>,
+    pub gateway_webhook_tolerance: Duration,
 }
 
 impl Default for Settings {
@@ -249,6 +327,8 @@ impl Default for Settings {
             key_retention: Duration::from_secs(DEFAULT_KEY_RETENTION_SECS),
             gateway_timeout: Duration::from_millis(DEFAULT_GATEWAY_TIMEOUT_MS),
             fault_injection: false,
+            gateway_webhook_secrets: Vec::new(),
+            gateway_webhook_tolerance: Duration::from_secs(DEFAULT_WEBHOOK_TOLERANCE_SECS),
         }
     }
 }
@@ -261,6 +341,8 @@ impl ProtocolArgs {
             key_retention: Duration::from_secs(self.key_retention_secs),
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
             fault_injection: self.fault_injection,
+            gateway_webhook_secrets: webhook_secrets(&self.gateway_webhook_secrets),
+            gateway_webhook_tolerance: Duration::from_secs(self.gateway_webhook_tolerance_secs),
         };
         settings.check()?;
         Ok(settings)
@@ -334,6 +416,12 @@ pub struct WorkerSettings {
     pub webhook_max_attempts: u32,
     /// How long the per-account request counts are kept.
     pub request_counts_retention: Duration,
+    /// The settler's first wait between two look-ups of a pending refund; doubles per look-up.
+    pub settler_backoff: Duration,
+    /// The settler's longest wait between two look-ups.
+    pub settler_max_backoff: Duration,
+    /// Look-ups after which a refund still pending is overdue.
+    pub settler_overdue_attempts: u32,
 }
 
 impl Default for WorkerSettings {
@@ -347,6 +435,9 @@ impl Default for WorkerSettings {
             webhook_backoff: Duration::from_millis(DEFAULT_WEBHOOK_BACKOFF_MS),
             webhook_max_attempts: DEFAULT_WEBHOOK_MAX_ATTEMPTS,
             request_counts_retention: hours(DEFAULT_REQUEST_COUNTS_RETENTION_HOURS),
+            settler_backoff: Duration::from_millis(DEFAULT_SETTLER_BACKOFF_MS),
+            settler_max_backoff: Duration::from_millis(DEFAULT_SETTLER_MAX_BACKOFF_MS),
+            settler_overdue_attempts: DEFAULT_SETTLER_OVERDUE_ATTEMPTS,
         }
     }
 }
@@ -362,8 +453,18 @@ impl WorkerArgs {
             webhook_backoff: Duration::from_millis(self.webhook_backoff_ms),
             webhook_max_attempts: self.webhook_max_attempts,
             request_counts_retention: hours(self.request_counts_retention_hours),
+            settler_backoff: Duration::from_millis(self.settler_backoff_ms),
+            settler_max_backoff: Duration::from_millis(self.settler_max_backoff_ms),
+            settler_overdue_attempts: self.settler_overdue_attempts,
         }
     }
+}
+
+/// The secrets in `values` (each as given, or comma-separated), without the spaces around them;
+/// empty ones are no secrets. The same reading on both sides, the gateway that signs and the
+/// service that verifies, so that one value configures both.
+pub fn webhook_secrets(values: &[String]) -> Vec<WebhookSecret> {
+    values.iter().map(|secret| secret.trim()).filter(|secret| !secret.is_empty()).map(WebhookSecret::new).collect()
 }
 
 fn hours(hours: u32) -> Duration {

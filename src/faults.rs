@@ -20,6 +20,10 @@ pub enum FaultPoint {
     AfterCharge,
     /// `charge_created` committed, before the `finished` transaction commits.
     AfterChargeCreated,
+    /// A refund's gateway call answered, before the `refund_created` transaction commits.
+    AfterRefund,
+    /// `refund_created` committed, before the refund's `finished` transaction commits.
+    AfterRefundCreated,
 }
 
 /// What happens to the process at the point.
@@ -39,10 +43,12 @@ pub struct Fault {
 }
 
 impl FaultPoint {
-    const ALL: [(FaultPoint, &'static str); 3] = [
+    const ALL: [(FaultPoint, &'static str); 5] = [
         (FaultPoint::AfterStarted, "after_started"),
         (FaultPoint::AfterCharge, "after_charge"),
         (FaultPoint::AfterChargeCreated, "after_charge_created"),
+        (FaultPoint::AfterRefund, "after_refund"),
+        (FaultPoint::AfterRefundCreated, "after_refund_created"),
     ];
 }
 
@@ -68,8 +74,8 @@ impl FromStr for Fault {
         match (action, point) {
             (Some(action), Some(point)) => Ok(Fault { action, point }),
             _ => Err(format!(
-                "{FAULT_HEADER} must be crash=<point> or pause=<point>, where <point> is after_started, after_charge \
-                 or after_charge_created"
+                "{FAULT_HEADER} must be crash=<point> or pause=<point>, where <point> is after_started, after_charge, \
+                 after_charge_created, after_refund or after_refund_created"
             )),
         }
     }

@@ -4,8 +4,8 @@
 //! [`idempotency`] holds the protocol's generic parts (the key, the fingerprint, the claim, the
 //! fenced phase runner); [`http`] the thin handlers and the one mapping of errors to responses;
 //! [`gateway`] the client with its typed outcomes, and the mock gateway; [`workers`] the
-//! completer, reaper and outbox that finish what clients abandon; [`bench`] measures the service
-//! under load, against references.
+//! completer, reaper and outbox that finish what clients abandon, and the settler that settles
+//! pending refunds; [`bench`] measures the service under load, against references.
 
 pub mod accounts;
 pub mod audit;
@@ -16,6 +16,7 @@ pub mod client;
 pub mod commands;
 pub mod config;
 pub mod db;
+pub mod events;
 pub mod faults;
 pub mod gateway;
 pub mod http;
@@ -25,8 +26,10 @@ pub mod metrics;
 pub mod outbox;
 pub mod payments;
 pub mod problem;
+pub mod refunds;
 pub mod request_id;
 pub mod startup;
 pub mod state;
+pub mod story;
 pub mod telemetry;
 pub mod workers;

@@ -22,6 +22,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::Stats(args) => commands::stats::run(args).await.map(done),
         Command::Pay(args) => commands::pay::run(args).await,
+        Command::Refund(args) => commands::refund::run(args).await,
         Command::Chaos(args) => commands::chaos::run(args).await,
         Command::Bench(args) => commands::bench::run(args).await.map(done),
         Command::BenchEndpoint(args) => commands::bench::endpoint(args).await.map(done),

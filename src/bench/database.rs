@@ -1,5 +1,5 @@
 //! What the benchmark reads from the service's database: statements run (`pg_stat_statements`),
-//! WAL written, payments made, and the outbox backlog, sampled during a load and watched as it
+//! WAL written, payments and refunds made, and the outbox backlog, sampled during a load and watched as it
 //! drains after it.
 //!
 //! All of it goes through one connection of the benchmark's own, which counts the statements it
@@ -33,6 +33,7 @@ pub struct Counters {
     /// WAL written by the whole cluster, in bytes: its current position.
     pub wal_bytes: u64,
     pub payments: u64,
+    pub refunds: u64,
 }
 
 /// The benchmark's connection to the service's database.
@@ -51,6 +52,8 @@ struct Row {
     wal_bytes: i64,
     #[diesel(sql_type = BigInt)]
     payments: i64,
+    #[diesel(sql_type = BigInt)]
+    refunds: i64,
 }
 
 #[derive(QueryableByName)]
@@ -116,7 +119,8 @@ impl Probe {
         let sql = format!(
             "SELECT {statements} AS statements, \
                     pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes, \
-                    (SELECT count(*) FROM payments) AS payments"
+                    (SELECT count(*) FROM payments) AS payments, \
+                    (SELECT count(*) FROM refunds) AS refunds"
         );
         let mut conn = self.conn.lock().await;
         let ours = self.issued.fetch_add(1, Ordering::Relaxed);
@@ -125,6 +129,7 @@ impl Probe {
             statements: row.statements.map(|all| (all as u64).saturating_sub(ours)),
             wal_bytes: row.wal_bytes as u64,
             payments: row.payments as u64,
+            refunds: row.refunds as u64,
         })
     }
 

@@ -26,6 +26,10 @@ pub const PAYMENT: &str = r#"{"amount": 1000, "currency": "usd", "source": "tok_
 /// Requests sent at once with one key in the `duplicates` scenario: enough that most groups race.
 pub const GROUP_SIZE: usize = 4;
 
+/// What each request of the `refund` scenario takes back, in minor units: a sliver of a
+/// [`PAYMENT`], so that each payment made beforehand takes a thousand of them.
+pub const REFUND_AMOUNT: u64 = 1;
+
 /// Latencies above this are recorded as this (a request that slow has failed anyway).
 const MAX_LATENCY_US: u64 = 60_000_000;
 
@@ -42,9 +46,13 @@ pub enum Scenario {
     Replay,
     /// Groups of [`GROUP_SIZE`] concurrent requests with one fresh key, then one more with it.
     Duplicates,
+    /// A new refund per request, of part of a payment made beforehand: each client task refunds
+    /// payments of its own in turn, so that no two requests in flight wait for one payment's lock.
+    Refund,
 }
 
-/// Keys of finished payments, and the body each was answered with.
+/// Keys of finished payments, and the body each was answered with: what `replay` replays, and
+/// (by the ids in the bodies) what `refund` refunds.
 pub type Finished = Arc<Vec<(String, Bytes)>>;
 
 /// What a run found.
@@ -69,6 +77,7 @@ pub struct Load {
 pub struct Driver {
     http: reqwest::Client,
     url: Url,
+    refunds_url: Url,
     api_key: Arc<str>,
     body: Bytes,
 }
@@ -81,7 +90,8 @@ struct Answer {
 }
 
 impl Driver {
-    /// A driver of `POST <base>/v1/payments` with `api_key`, keeping up to `clients` connections.
+    /// A driver of `POST <base>/v1/payments` (and `/v1/refunds`) with `api_key`, keeping up to
+    /// `clients` connections.
     pub fn new(base: &Url, api_key: &str, clients: usize) -> anyhow::Result<Driver> {
         let http = reqwest::Client::builder()
             .pool_max_idle_per_host(clients)
@@ -90,17 +100,24 @@ impl Driver {
             .redirect(reqwest::redirect::Policy::none())
             .build()?;
         let url = base.join("/v1/payments").context("the service's URL")?;
-        Ok(Driver { http, url, api_key: api_key.into(), body: Bytes::from_static(PAYMENT.as_bytes()) })
+        let refunds_url = base.join("/v1/refunds").context("the service's URL")?;
+        let body = Bytes::from_static(PAYMENT.as_bytes());
+        Ok(Driver { http, url, refunds_url, api_key: api_key.into(), body })
     }
 
+    /// A payment request.
     async fn post(&self, key: &str) -> Answer {
+        self.post_to(&self.url, key, self.body.clone()).await
+    }
+
+    async fn post_to(&self, url: &Url, key: &str, body: Bytes) -> Answer {
         let sent = self
             .http
-            .post(self.url.clone())
+            .post(url.clone())
             .bearer_auth(&*self.api_key)
             .header("Idempotency-Key", key)
             .header("Content-Type", "application/json")
-            .body(self.body.clone())
+            .body(body)
             .send()
             .await;
         let Ok(response) = sent else { return Answer { status: None, replayed: false, body: Bytes::new() } };
@@ -112,7 +129,8 @@ impl Driver {
         }
     }
 
-    /// Makes `count` finished payments, `clients` at a time, for the `replay` scenario.
+    /// Makes `count` finished payments, `clients` at a time, for the `replay` and `refund`
+    /// scenarios.
     pub async fn finished_payments(&self, count: usize, clients: usize) -> anyhow::Result<Finished> {
         let next = Arc::new(AtomicU64::new(0));
         let mut tasks = JoinSet::new();
@@ -156,11 +174,19 @@ impl Driver {
             Scenario::Duplicates => clients.div_ceil(GROUP_SIZE),
             _ => clients,
         };
-        for _ in 0..tasks_needed {
+        for task in 0..tasks_needed {
             let (driver, finished, sent) = (self.clone(), finished.clone(), sent.clone());
             tasks.spawn(async move {
                 let mut tally = Tally::new();
                 let mut rng = SmallRng::from_os_rng();
+                let refunds = match scenario {
+                    Scenario::Refund => {
+                        let finished = finished.as_deref().expect("refund needs finished payments");
+                        refund_bodies(finished, task, tasks_needed)
+                    }
+                    _ => Vec::new(),
+                };
+                let mut next_refund = (0..refunds.len()).cycle();
                 while Instant::now() < deadline {
                     match scenario {
                         Scenario::New => driver.new_payment(&mut tally).await,
@@ -170,6 +196,10 @@ impl Driver {
                             driver.replay(&mut tally, key, stored).await
                         }
                         Scenario::Duplicates => driver.duplicate_group(&mut tally).await,
+                        Scenario::Refund => match next_refund.next() {
+                            Some(index) => driver.refund(&mut tally, refunds[index].clone()).await,
+                            None => break,
+                        },
                     }
                     sent.fetch_add(tally.take_unreported(), Ordering::Relaxed);
                 }
@@ -196,6 +226,18 @@ impl Driver {
         match (answer.status, answer.replayed) {
             (Some(status), false) if status.is_success() => {}
             (Some(status), true) if status.is_success() => tally.violations += 1,
+            _ => tally.errors += 1,
+        }
+    }
+
+    /// A new refund, with a fresh key: a success, not a replay.
+    async fn refund(&self, tally: &mut Tally, body: Bytes) {
+        let start = Instant::now();
+        let answer = self.post_to(&self.refunds_url, &Uuid::new_v4().to_string(), body).await;
+        tally.record(start.elapsed(), &answer);
+        match (answer.status, answer.replayed) {
+            (Some(StatusCode::CREATED), false) => {}
+            (Some(StatusCode::CREATED), true) => tally.violations += 1,
             _ => tally.errors += 1,
         }
     }
@@ -246,6 +288,16 @@ impl Driver {
             tally.violations += 1;
         }
     }
+}
+
+/// The bodies of the refunds task `task` of `tasks` sends, in turn: [`REFUND_AMOUNT`] of each
+/// payment in `finished` that is its own (every `tasks`-th, from the `task`-th on).
+fn refund_bodies(finished: &[(String, Bytes)], task: usize, tasks: usize) -> Vec<Bytes> {
+    let payments = finished.iter().skip(task).step_by(tasks);
+    let ids = payments.filter_map(|(_, body)| {
+        serde_json::from_slice::<serde_json::Value>(body).ok()?["id"].as_str().map(str::to_owned)
+    });
+    ids.map(|id| Bytes::from(format!(r#"{{"payment": "{id}", "amount": {REFUND_AMOUNT}}}"#))).collect()
 }
 
 /// One task's findings.

@@ -6,7 +6,9 @@
 //!
 //! - `new`: a new payment per request;
 //! - `replay`: replays of payments made beforehand, each checked to be the stored answer;
-//! - `duplicates`: groups of concurrent requests with one key, each checked to make one payment.
+//! - `duplicates`: groups of concurrent requests with one key, each checked to make one payment;
+//! - `refund`: a new refund per request, of part of a payment made beforehand, each client
+//!   refunding payments of its own.
 //!
 //! For each it reports throughput and latency percentiles (an HDR histogram per client task,
 //! merged), the answers by status, and what a request cost: CPU time of each process (from
@@ -51,6 +53,15 @@ pub use world::Pids;
 /// Payments each client makes before the first scenario, so that connections are open and
 /// statements prepared when the measurement starts.
 const WARM_UP_PAYMENTS_PER_CLIENT: usize = 4;
+
+/// Payments made for each client to refund before the `refund` scenario: each takes a thousand
+/// refunds of [`load::REFUND_AMOUNT`], more than a client sends in minutes.
+const REFUND_PAYMENTS_PER_CLIENT: usize = 8;
+
+/// How long refunds are sent before the `refund` scenario, as the payments' warm-up does for
+/// them: connections open, statements prepared, and, once analyzed, the refunds table's
+/// statistics no longer those of an empty table.
+const REFUND_WARM_UP: Duration = Duration::from_millis(500);
 
 /// What to run.
 pub struct Plan {
@@ -159,6 +170,19 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
                 drop(making);
                 Some(finished)
             }
+            Scenario::Refund => {
+                let making = progress.step("making payments to refund");
+                let finished =
+                    driver.finished_payments(plan.clients * REFUND_PAYMENTS_PER_CLIENT, plan.clients).await?;
+                let warm_up = Some(finished.clone());
+                driver.run(Scenario::Refund, warm_up, plan.clients, REFUND_WARM_UP, Arc::default()).await;
+                drain(probe.as_deref()).await?;
+                if let Some(probe) = &probe {
+                    probe.analyze().await?;
+                }
+                drop(making);
+                Some(finished)
+            }
             _ => None,
         };
         let ran = Run { plan, world, probe: probe.clone(), driver: &driver, processes: &processes, progress };
@@ -167,6 +191,7 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
             Scenario::New => scenarios.new = Some(report),
             Scenario::Replay => scenarios.replay = Some(report),
             Scenario::Duplicates => scenarios.duplicates = Some(report),
+            Scenario::Refund => scenarios.refund = Some(report),
         }
     }
     let rss_after = world.pids.api.and_then(rss_kib);
@@ -244,8 +269,10 @@ impl Run<'_> {
                 wal_bytes_per_request: per_request(delta(|c| Some(c.wal_bytes)), load.requests),
             }
         };
-        let payments_created =
-            counters_before.zip(counters_after).map(|(before, after)| after.payments - before.payments);
+        let created = |made: fn(&Counters) -> u64| {
+            counters_before.zip(counters_after).map(|(before, after)| made(&after) - made(&before))
+        };
+        let (payments_created, refunds_created) = (created(|c| c.payments), created(|c| c.refunds));
         if scenario == Scenario::Duplicates
             && let Some(created) = payments_created
         {
@@ -258,6 +285,7 @@ impl Run<'_> {
             cost: cost(counters_after, cpu_after),
             during_load: cost(counters_at_end, cpu_at_end),
             payments_created,
+            refunds_created,
             outbox: Outbox {
                 backlog_max,
                 drain_ms: drained_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -291,6 +319,7 @@ async fn references(
             references.pgbench_new_payment =
                 Some(pgbench.run(reference::NEW_PAYMENT, clients, duration, probe, progress).await?);
             references.pgbench_replay = Some(pgbench.run(reference::REPLAY, clients, duration, probe, progress).await?);
+            references.pgbench_refund = Some(pgbench.run(reference::REFUND, clients, duration, probe, progress).await?);
         }
         None => progress.note("pgbench references skipped: they need the database (--database-url)"),
     }

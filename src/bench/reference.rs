@@ -3,7 +3,8 @@
 //!
 //! - The protocol's SQL under pgbench, in a database of its own beside the service's (a schema
 //!   with no foreign keys and no secondary indexes): a new payment as its three durable
-//!   transactions, and the one indexed look-up a replay needs.
+//!   transactions, the one indexed look-up a replay needs, and a refund as its three durable
+//!   transactions (the first taking the payment's row lock and reserving the amount on it).
 //! - A bare actix-web endpoint that parses a JSON payment and answers JSON (`payments
 //!   bench-endpoint`), driven by the same load generator as the service, so that the client's
 //!   own cost cancels out in the ratio.
@@ -33,14 +34,26 @@ const DATABASE: &str = "payments_reference";
 const SCHEMA: &str = include_str!("reference/schema.sql");
 /// 100,000 finished keys for `replay.sql` to look up.
 const SEED_REPLAY: &str = include_str!("reference/seed_replay.sql");
-pub const NEW_PAYMENT: Script = Script { name: "new_payment.sql", sql: include_str!("reference/new_payment.sql") };
-pub const REPLAY: Script = Script { name: "replay.sql", sql: include_str!("reference/replay.sql") };
+/// 100,000 succeeded payments for `refund.sql` to refund.
+const SEED_REFUND: &str = include_str!("reference/seed_refund.sql");
+pub const NEW_PAYMENT: Script =
+    Script { name: "new_payment.sql", sql: include_str!("reference/new_payment.sql"), seed: None };
+pub const REPLAY: Script = Script { name: "replay.sql", sql: include_str!("reference/replay.sql"), seed: None };
+/// Its payments are loaded just before it runs, so that the runs before it find the tables as
+/// they always have.
+pub const REFUND: Script = Script {
+    name: "refund.sql",
+    sql: include_str!("reference/refund.sql"),
+    seed: Some(("seed_refund.sql", SEED_REFUND)),
+};
 
 /// A pgbench script.
 #[derive(Clone, Copy)]
 pub struct Script {
     name: &'static str,
     sql: &'static str,
+    /// What to load before it runs (a name for the file, and its SQL), if anything.
+    seed: Option<(&'static str, &'static str)>,
 }
 
 /// What one pgbench run reported.
@@ -49,7 +62,8 @@ pub struct PgbenchRun {
     pub script: &'static str,
     pub transactions: u64,
     pub failed: u64,
-    /// Transactions per second (a transaction is a whole script: one payment, or one look-up).
+    /// Transactions per second (a transaction is a whole script: one payment, one look-up, or one
+    /// refund).
     pub tps: f64,
     pub latency_average_ms: f64,
     pub duration_s: u64,
@@ -107,6 +121,9 @@ impl Pgbench {
         probe: Option<&Probe>,
         progress: &Progress,
     ) -> anyhow::Result<PgbenchRun> {
+        if let Some((name, sql)) = script.seed {
+            self.psql(name, sql).await?;
+        }
         let file = self.scratch.join(script.name);
         std::fs::write(&file, script.sql)?;
         let seconds = duration.as_secs_f64().ceil().max(1.0) as u64;

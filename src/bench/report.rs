@@ -44,6 +44,7 @@ pub struct Scenarios {
     pub new: Option<ScenarioReport>,
     pub replay: Option<ScenarioReport>,
     pub duplicates: Option<ScenarioReport>,
+    pub refund: Option<ScenarioReport>,
 }
 
 #[derive(Serialize)]
@@ -87,6 +88,8 @@ pub struct ScenarioReport {
     /// outbox catching up.
     pub during_load: Cost,
     pub payments_created: Option<u64>,
+    /// Refunds made during the scenario and the drain after it.
+    pub refunds_created: Option<u64>,
     pub outbox: Outbox,
 }
 
@@ -123,6 +126,7 @@ pub struct Outbox {
 pub struct References {
     pub pgbench_new_payment: Option<PgbenchRun>,
     pub pgbench_replay: Option<PgbenchRun>,
+    pub pgbench_refund: Option<PgbenchRun>,
     pub bare_endpoint: Option<BareReport>,
 }
 
@@ -151,6 +155,10 @@ pub struct Ratios {
     pub replay_p99_vs_bare_endpoint_p99: Option<f64>,
     /// New payments' p99 latency over their mean: how long the tail is.
     pub new_p99_vs_new_mean: Option<f64>,
+    /// Refunds per second over pgbench's refund transactions per second.
+    pub refund_vs_pgbench_refund: Option<f64>,
+    /// Refunds per second over new payments per second: what a refund costs beside a payment.
+    pub refund_vs_new: Option<f64>,
 }
 
 impl LoadReport {
@@ -179,6 +187,7 @@ impl Ratios {
     pub fn of(scenarios: &Scenarios, references: &References) -> Ratios {
         let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|(_, b)| *b > 0.0).map(|(a, b)| a / b);
         let (new, replay) = (scenarios.new.as_ref().map(|s| &s.load), scenarios.replay.as_ref().map(|s| &s.load));
+        let refund = scenarios.refund.as_ref().map(|s| &s.load);
         let bare = references.bare_endpoint.as_ref().map(|b| &b.load);
         Ratios {
             new_vs_pgbench_new_payment: ratio(
@@ -192,6 +201,11 @@ impl Ratios {
             ),
             replay_p99_vs_bare_endpoint_p99: ratio(replay.map(|r| r.latency_ms.p99), bare.map(|b| b.latency_ms.p99)),
             new_p99_vs_new_mean: ratio(new.map(|n| n.latency_ms.p99), new.map(|n| n.latency_ms.mean)),
+            refund_vs_pgbench_refund: ratio(
+                refund.map(|r| r.throughput_per_s),
+                references.pgbench_refund.as_ref().map(|p| p.tps),
+            ),
+            refund_vs_new: ratio(refund.map(|r| r.throughput_per_s), new.map(|n| n.throughput_per_s)),
         }
     }
 }
@@ -215,6 +229,7 @@ impl Report {
             ("new", &self.scenarios.new),
             ("replay", &self.scenarios.replay),
             ("duplicates", &self.scenarios.duplicates),
+            ("refund", &self.scenarios.refund),
         ];
         let scenarios: Vec<(&str, &ScenarioReport)> =
             scenarios.iter().filter_map(|(n, s)| Some((*n, s.as_ref()?))).collect();
@@ -242,29 +257,31 @@ impl Report {
             );
         }
 
-        out.push_str("\n| per request, to the end of the drain | CPU µs API | gateway | PostgreSQL | bench | statements | WAL bytes | payments made | outbox max backlog | drain ms | deliveries |\n");
-        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        out.push_str("\n| per request, to the end of the drain | CPU µs API | gateway | PostgreSQL | bench | statements | WAL bytes | payments made | refunds made | outbox max backlog | drain ms | deliveries |\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
         for (name, s) in &scenarios {
             let _ = writeln!(
                 out,
-                "| {name} | {} | {} | {} | {} | {} |",
+                "| {name} | {} | {} | {} | {} | {} | {} |",
                 cost(&s.cost),
                 int(s.payments_created),
+                int(s.refunds_created),
                 int(s.outbox.backlog_max),
                 s.outbox.drain_ms.map_or_else(|| "not drained".to_owned(), |ms| ms.to_string()),
                 int(s.outbox.deliveries)
             );
-            let _ = writeln!(out, "| {name}, during the load | {} | | | | |", cost(&s.during_load));
+            let _ = writeln!(out, "| {name}, during the load | {} | | | | | |", cost(&s.during_load));
         }
         if let Some(b) = bare {
             let c = &b.cpu_us_per_request;
             let _ =
-                writeln!(out, "| bare endpoint | {} | | | {} | | | | | | |", float(c.endpoint, 0), float(c.bench, 0));
+                writeln!(out, "| bare endpoint | {} | | | {} | | | | | | | |", float(c.endpoint, 0), float(c.bench, 0));
         }
         let rss = &self.api_rss_kib;
         let _ = writeln!(out, "\nAPI resident memory: {} KiB before, {} KiB after", int(rss.before), int(rss.after));
 
-        let pgbench = [&self.references.pgbench_new_payment, &self.references.pgbench_replay];
+        let pgbench =
+            [&self.references.pgbench_new_payment, &self.references.pgbench_replay, &self.references.pgbench_refund];
         if pgbench.iter().any(|p| p.is_some()) {
             out.push_str(
                 "\n| pgbench | transactions | tps | latency average ms | failed | CPU µs/tx PostgreSQL | pgbench | WAL bytes/tx |\n",
@@ -294,6 +311,8 @@ impl Report {
             ("replays / pgbench replay tps", r.replay_vs_pgbench_replay),
             ("replay p99 / bare endpoint p99", r.replay_p99_vs_bare_endpoint_p99),
             ("new p99 / new mean", r.new_p99_vs_new_mean),
+            ("refunds / pgbench refund tps", r.refund_vs_pgbench_refund),
+            ("refunds / new payments", r.refund_vs_new),
         ];
         for (name, value) in ratios {
             let _ = writeln!(out, "| {name} | {} |", float(value, 3));

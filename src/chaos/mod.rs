@@ -1,9 +1,10 @@
 //! `payments chaos`: watch the guarantees hold.
 //!
 //! It starts a deployment of its own (see [`world`]), or is pointed at one, and then, while many
-//! payments go through the reference client ([`load`]) over both servers:
-//! - the gateway fails a share of the charge requests (`error_before`, `error_after`,
-//!   `timeout_after`: each leaves the service unsure whether it charged);
+//! payments, and refunds of a share of them, several at once per payment, go through the reference
+//! client ([`load`]) over both servers:
+//! - the gateway fails a share of the charge and refund requests (`error_before`, `error_after`,
+//!   `timeout_after`: each leaves the service unsure whether it charged or refunded);
 //! - every 1 to 3 s a random server or the worker is killed with SIGKILL, and started again;
 //! - every 10 to 20 s one is frozen with SIGSTOP for a little longer than its leases, then thawed:
 //!   its requests wake up to find their keys taken over, and the fence must stop them;
@@ -12,8 +13,9 @@
 //! - some requests carry a crash point, and the server that takes them aborts there;
 //! - some clients walk away after one try, leaving their key to the workers.
 //!
-//! When the load ends the faults stop, the system settles, every key is asked for once more, and
-//! [`check`] holds what everyone saw against the database. The run prints what it did and each
+//! When the load ends the faults stop, the system settles (every key finished, every refund the
+//! gateway left pending settled, each within a bounded wait), every key is asked for once more, and
+//! [`check`] holds what everyone saw, and what the gateway holds, against the database. The run prints what it did and each
 //! invariant, and fails if one is broken.
 
 mod check;
@@ -21,12 +23,14 @@ mod load;
 mod report;
 mod world;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::Context;
+use futures_util::{StreamExt, TryStreamExt};
 use rand::Rng;
 use reqwest::Url;
 use serde::Deserialize;
@@ -35,8 +39,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::client::Client;
-use crate::lab::progress::Progress;
-use check::{Outside, Stored};
+use crate::gateway::downstream_key;
+use crate::lab::progress::{Phase, Progress};
+use check::{GatewayCharge, Outside, Stored};
 use load::Live;
 use report::{Did, Report};
 use world::{Fleet, LOCK_TIMEOUT, World};
@@ -62,7 +67,13 @@ const RESTART_POLL: Duration = Duration::from_millis(100);
 
 /// How long the system may take to settle after the load: a key locked by a request that a
 /// crash cut short waits out the lock timeout (11 s) before a worker or a retry takes it over.
+/// Pending refunds get as long again to settle once the keys have: the gateway settles them about
+/// 2 s after they were made, and the workers look them up with a backoff that the storm's faults
+/// may have stretched.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Look-ups at the gateway at once, after the run.
+const LOOK_UPS_AT_ONCE: usize = 16;
 
 /// How long the gateway's control endpoints may take to answer.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -169,42 +180,68 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     if let Some(fleet) = disturber.await?? {
         world.put_back(fleet);
     }
-    phase.finish(&format!("{} payments in {:.1} s", runs.len(), load_took.as_secs_f64()));
+    let refunds = runs.iter().filter(|run| run.request.is_refund()).count();
+    let payments = runs.len() - refunds;
+    phase.finish(&format!("{payments} payments and {refunds} refunds in {:.1} s", load_took.as_secs_f64()));
 
     // The calm after it.
     let settling = progress.step("settling");
     let started = Instant::now();
     gateway.clear_faults().await?;
     let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
-    wait_for_settling(&world.database_url, &keys, &settling).await?;
-    let settled_in = started.elapsed();
+    let database = world.database_url.as_str();
+    let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
+    let keys_took = started.elapsed();
+    // Asked once more before the refunds settle: a refund whose every attempt was lost before its
+    // claim committed is made only now, and may be left pending too.
     let final_attempts = load::replay_all(&client, &mut runs, plan.clients).await;
-    let stored = Stored::read(&world.database_url, &keys).await?;
+    let asked = started.elapsed();
+    let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
+    let refunds_took = started.elapsed() - asked;
+    let stored = Stored::read(database, &keys).await?;
     let events = match world.webhook() {
         Some(webhook) => {
-            let finished = stored.finished_payments();
             let deadline = Instant::now() + SETTLE_TIMEOUT;
-            while !webhook.payments().is_superset(&finished) && Instant::now() < deadline {
+            let missing = |events| {
+                !check::payment_events_missing(&stored, &events).is_empty()
+                    || !check::refund_events_missing(&stored, &events).is_empty()
+            };
+            while missing(webhook.events()) && Instant::now() < deadline {
                 settling.set_message("waiting for the outbox's events".into());
                 tokio::time::sleep(SETTLE_POLL).await;
             }
-            Some(webhook.payments())
+            Some(webhook.events())
         }
         None => None,
     };
     let settle_took = started.elapsed();
+    let waited = |left: i64, what: &str, done: &str, took: Duration| match left {
+        0 => format!("{what} {done} in {:.1} s", took.as_secs_f64()),
+        left => format!("{left} {what} not {done} after {:.1} s", took.as_secs_f64()),
+    };
     settling.finish(&format!(
-        "every key finished in {:.1} s; each asked once more, the events awaited: {:.1} s",
-        settled_in.as_secs_f64(),
+        "{}, {}; each key asked once more, the events awaited: {:.1} s",
+        waited(unfinished, "keys", "finished", keys_took),
+        waited(pending, "pending refunds", "settled", refunds_took),
         settle_took.as_secs_f64()
     ));
 
     let after = gateway.stats().await?;
     // A gateway restarted meanwhile counts from zero again; the check then fails, as it should.
-    let outside = Outside { gateway_charges: after.charges.saturating_sub(before.charges), events };
+    let outside = Outside {
+        gateway_charges: after.charges.saturating_sub(before.charges),
+        gateway_refunds: after.refunds.saturating_sub(before.refunds),
+        charges: gateway.charges(stored.totals.values().filter_map(|totals| totals.charge_id.clone())).await?,
+        refunds_by_key: gateway
+            .refunds_by_key(
+                stored.all_refunds().map(|refund| (refund.id, downstream_key(refund.account_id, refund.key_id))),
+            )
+            .await?,
+        events,
+    };
     let verdicts = check::check(&runs, &stored, &outside);
     let attempts = (live.attempts.load(Ordering::Relaxed), final_attempts);
-    let did = Did::of(&runs, attempts, &disturbed, before, after, load_took, settle_took);
+    let did = Did::of(&runs, &stored, attempts, &disturbed, before, after, load_took, settle_took);
     Ok(Report { did, verdicts })
 }
 
@@ -274,7 +311,7 @@ async fn disturb(
 /// Keeps the progress line's counts up to date.
 async fn show(extent: Extent, live: Arc<Live>, disturbed: Arc<Disturbed>, bar: indicatif::ProgressBar) {
     loop {
-        let keys = live.keys.load(Ordering::Relaxed);
+        let (keys, refunds) = (live.keys.load(Ordering::Relaxed), live.refunds.load(Ordering::Relaxed));
         let count = |counts: &Mutex<BTreeMap<String, u64>>| -> u64 {
             counts.lock().unwrap_or_else(PoisonError::into_inner).values().sum()
         };
@@ -286,24 +323,26 @@ async fn show(extent: Extent, live: Arc<Live>, disturbed: Arc<Disturbed>, bar: i
             Extent::For(_) => {}
         }
         bar.set_message(format!(
-            "{keys} payments · {attempts} attempts · {kills} kills · {pauses} pauses · {aborted} aborted at a crash point"
+            "{keys} payments · {refunds} refunds · {attempts} attempts · {kills} kills · {pauses} pauses · {aborted} \
+             aborted at a crash point"
         ));
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// Waits until every key the database holds is finished and none needs attention.
-async fn wait_for_settling(
-    database_url: &str,
-    keys: &[String],
-    step: &crate::lab::progress::Phase<'_>,
-) -> anyhow::Result<()> {
+/// Polls `count` (of what is not settled yet, `what`) until it is zero, or for at most
+/// [`SETTLE_TIMEOUT`]; returns what is still unsettled then, which the checks report.
+async fn wait_for_none<F, Fut>(step: &Phase<'_>, what: &str, mut count: F) -> anyhow::Result<i64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<i64>>,
+{
     let deadline = Instant::now() + SETTLE_TIMEOUT;
     loop {
-        let unsettled = check::unsettled(database_url, keys).await?;
-        step.set_message(format!("{unsettled} keys not finished yet"));
-        if unsettled == 0 || Instant::now() >= deadline {
-            return Ok(());
+        let left = count().await?;
+        step.set_message(format!("{left} {what}"));
+        if left == 0 || Instant::now() >= deadline {
+            return Ok(left);
         }
         tokio::time::sleep(SETTLE_POLL).await;
     }
@@ -315,6 +354,9 @@ pub struct GatewayStats {
     pub charges: u64,
     pub requests: u64,
     pub faults: u64,
+    /// Refunds made, whatever their status.
+    pub refunds: u64,
+    pub refund_requests: u64,
 }
 
 /// The mock gateway's `/_control` endpoints.
@@ -339,7 +381,42 @@ impl GatewayControl {
             .context("the gateway's /_control/stats (is it started with --control?)")
     }
 
-    /// From now on, each charge request fails with probability `rate`.
+    /// The charges `ids`, as the gateway shows them now, by id.
+    async fn charges(&self, ids: impl Iterator<Item = String>) -> anyhow::Result<HashMap<String, GatewayCharge>> {
+        let look_up = |id: String| async move {
+            let url = self.base.join("v1/charges/")?.join(&id)?;
+            let charge = self.http.get(url).send().await?.error_for_status()?.json().await?;
+            anyhow::Ok((id, charge))
+        };
+        futures_util::stream::iter(ids).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
+    }
+
+    /// The ids of the refunds the gateway made with each downstream key, by whose they are.
+    async fn refunds_by_key<T>(
+        &self,
+        keys: impl Iterator<Item = (T, String)>,
+    ) -> anyhow::Result<HashMap<T, Vec<String>>>
+    where
+        T: std::hash::Hash + Eq,
+    {
+        #[derive(Deserialize)]
+        struct List {
+            data: Vec<Made>,
+        }
+        #[derive(Deserialize)]
+        struct Made {
+            id: String,
+        }
+        let look_up = |(whose, key): (T, String)| async move {
+            let mut url = self.base.join("v1/refunds")?;
+            url.query_pairs_mut().append_pair("idempotency_key", &key);
+            let list: List = self.http.get(url).send().await?.error_for_status()?.json().await?;
+            anyhow::Ok((whose, list.data.into_iter().map(|refund| refund.id).collect()))
+        };
+        futures_util::stream::iter(keys).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
+    }
+
+    /// From now on, each charge or refund request fails with probability `rate`.
     async fn random_faults(&self, rate: f64) -> anyhow::Result<()> {
         let plan = json!({ "mode": "random", "rate": rate, "count": u32::MAX });
         self.http.post(self.base.join("_control/faults")?).json(&plan).send().await?.error_for_status()?;

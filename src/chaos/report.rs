@@ -6,14 +6,23 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::check::Invariant;
-use super::load::KeyRun;
+use super::check::{Invariant, Stored};
+use super::load::{KeyRun, Request};
 use super::{Disturbed, GatewayStats};
+use crate::client::KeySeen;
 
 /// What the run did.
 #[derive(Debug)]
 pub struct Did {
-    keys: usize,
+    /// Payments' keys.
+    payments: usize,
+    /// Refunds' keys.
+    refunds: usize,
+    /// Payments refunded, and those of them with more than one refund at once.
+    refunded: usize,
+    raced: usize,
+    /// What the refunds' keys made: refunds by status now, then refusals by problem type.
+    refund_outcomes: Vec<(String, u64)>,
     /// The load's attempts.
     attempts: u64,
     /// The attempts of the final round, which asks every key once more.
@@ -26,6 +35,7 @@ pub struct Did {
     pauses: BTreeMap<String, u64>,
     forgotten: u64,
     charge_requests: u64,
+    refund_requests: u64,
     faults: u64,
     /// Answers by status, the final replays' included; `None` for attempts that got none.
     answers: BTreeMap<Option<u16>, u64>,
@@ -39,8 +49,10 @@ pub struct Report {
 }
 
 impl Did {
+    #[expect(clippy::too_many_arguments, reason = "each is a different source of the report")]
     pub(super) fn of(
         runs: &[KeyRun],
+        stored: &Stored,
         (attempts, final_attempts): (u64, u64),
         disturbed: &Disturbed,
         before: GatewayStats,
@@ -54,8 +66,33 @@ impl Did {
         }
         let answered: u64 = answers.values().sum();
         answers.insert(None, (attempts + final_attempts).saturating_sub(answered));
+        let refunds: Vec<&KeyRun> = runs.iter().filter(|run| run.request.is_refund()).collect();
+        let mut per_payment: BTreeMap<&str, usize> = BTreeMap::new();
+        for run in &refunds {
+            if let Request::Refund(refund) = &run.request {
+                *per_payment.entry(&refund.payment).or_default() += 1;
+            }
+        }
+        let mut refund_outcomes: Vec<(String, u64)> = ["succeeded", "pending", "failed"]
+            .into_iter()
+            .map(|status| {
+                (status.to_owned(), stored.all_refunds().filter(|refund| refund.status == status).count() as u64)
+            })
+            .collect();
+        // A key that made no refund: its refusal, as its answers name it.
+        let mut refusals: BTreeMap<String, u64> = BTreeMap::new();
+        for run in refunds.iter().filter(|run| stored.refunds.get(&run.key).is_none_or(Vec::is_empty)) {
+            let ending = run.answers.iter().find(|answer| answer.is_definitive(KeySeen::No));
+            let problem = ending.and_then(|answer| answer.problem.clone()).unwrap_or_else(|| "no answer".into());
+            *refusals.entry(format!("refused {problem}")).or_default() += 1;
+        }
+        refund_outcomes.extend(refusals);
         Did {
-            keys: runs.len(),
+            payments: runs.len() - refunds.len(),
+            refunds: refunds.len(),
+            refunded: per_payment.len(),
+            raced: per_payment.values().filter(|refunds| **refunds > 1).count(),
+            refund_outcomes,
             attempts,
             final_attempts,
             abandoned: runs.iter().filter(|run| run.abandoned).count(),
@@ -66,6 +103,7 @@ impl Did {
             pauses: disturbed.pauses.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             forgotten: disturbed.forgotten.load(Ordering::Relaxed),
             charge_requests: after.requests - before.requests,
+            refund_requests: after.refund_requests - before.refund_requests,
             faults: after.faults - before.faults,
             answers,
             load,
@@ -94,15 +132,28 @@ impl Report {
                 None => format!("none ×{n}"),
             })
             .collect();
+        let outcomes: Vec<String> =
+            did.refund_outcomes.iter().filter(|(_, n)| *n > 0).map(|(outcome, n)| format!("{outcome} ×{n}")).collect();
+        let keys = (did.payments + did.refunds) as u64;
         let rows = [
-            ("payments (keys)", did.keys.to_string(), String::new()),
-            ("attempts", did.attempts.to_string(), format!("{} retries", did.attempts.saturating_sub(did.keys as u64))),
+            ("payments (keys)", did.payments.to_string(), String::new()),
+            (
+                "refunds (keys)",
+                did.refunds.to_string(),
+                format!("of {} payments, {} of them by 2 or 3 refunds at once", did.refunded, did.raced),
+            ),
+            ("refund outcomes", String::new(), outcomes.join(" · ")),
+            ("attempts", did.attempts.to_string(), format!("{} retries", did.attempts.saturating_sub(keys))),
             ("abandoned after one try", did.abandoned.to_string(), "left to the workers".into()),
             ("clients that gave up", did.gave_up.to_string(), "their keys asked again at the end".into()),
             ("crash points sent", did.crash_points.to_string(), format!("{} processes aborted at one", did.aborted)),
             ("kills (SIGKILL)", total(&did.kills), by_process(&did.kills)),
             ("pauses past the lease", total(&did.pauses), by_process(&did.pauses)),
-            ("gateway faults", did.faults.to_string(), format!("of {} charge requests", did.charge_requests)),
+            (
+                "gateway faults",
+                did.faults.to_string(),
+                format!("of {} charge and {} refund requests", did.charge_requests, did.refund_requests),
+            ),
             ("gateway forgot its keys", did.forgotten.to_string(), "times".into()),
             ("final round", did.final_attempts.to_string(), "attempts asking every key once more".into()),
             ("answers", String::new(), answers.join(" · ")),

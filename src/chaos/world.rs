@@ -38,6 +38,11 @@ const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("PAYMENTS_COMPLETER_MAX_ATTEMPTS", "50"),
     ("PAYMENTS_COMPLETER_BACKOFF_MS", "200"),
     ("PAYMENTS_WEBHOOK_BACKOFF_MS", "200"),
+    // The settler's look-ups of the refunds the gateway left pending (it settles them about 2 s
+    // after they were made): a second or so apart, never more than four, so that the storm's
+    // refunds settle within seconds of it, not minutes.
+    ("PAYMENTS_SETTLER_BACKOFF_MS", "1000"),
+    ("PAYMENTS_SETTLER_MAX_BACKOFF_MS", "4000"),
     ("RUST_LOG", "warn"),
 ];
 

@@ -3,7 +3,9 @@
 //! The service answers about the key's own request only once it has checked the API key, the
 //! headers and the body; whatever it answers before (`401`, `400`), and whatever a proxy or another
 //! server answers (`404`, `413`, a redirect), would be the same whether or not the key has made a
-//! payment. Such an answer can be acted on only while no attempt can have reached the service.
+//! payment or a refund. Such an answer can be acted on only while no attempt can have reached the
+//! service. Which answers are about the key is the same rule for every endpoint; only the object a
+//! success carries and the endpoint's refusals differ ([`Endpoint`]).
 
 use std::fmt;
 use std::time::Duration;
@@ -13,21 +15,14 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::request::Endpoint;
 use crate::problem::ProblemType;
-
-/// The problems the service answers only about the key's own request (it checks the API key, the
-/// headers and the body first): a retry with the key gets the same problem again.
-const PROBLEMS_ABOUT_THE_KEY: [ProblemType; 5] = [
-    ProblemType::CardDeclined,
-    ProblemType::UnknownSource,
-    ProblemType::IdempotencyKeyExpired,
-    ProblemType::IdempotencyKeyReused,
-    ProblemType::GatewayRejected,
-];
 
 /// An answer the server gave to one attempt.
 #[derive(Debug, Clone)]
 pub struct Answer {
+    /// The endpoint that was asked.
+    pub endpoint: Endpoint,
     pub status: StatusCode,
     pub body: Bytes,
     /// Whether the server marked it as a stored answer replayed.
@@ -49,11 +44,11 @@ pub enum NoAnswer {
     Lost(String),
 }
 
-/// Whether a request with the key may have reached the service, so that the payment may have been
-/// made. It decides what an answer that is not about the key means (see [`Answer::is_definitive`]).
+/// Whether a request with the key may have reached the service, so that the payment (or refund) may
+/// have been made. It decides what an answer that is not about the key means (see [`Answer::is_definitive`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeySeen {
-    /// No: a key made for this payment, whose attempts so far could not connect.
+    /// No: a key made for this request, whose attempts so far could not connect.
     No,
     /// Perhaps: an attempt went out and its outcome is not known (no answer, or one to retry), or
     /// the key came from elsewhere (an earlier run that gave up).
@@ -91,25 +86,38 @@ impl Answer {
     }
 
     /// Whether the service answered this about the key's own request, so that the key gets it
-    /// again: the payment (a `2xx` whose body is one), an answer it stored (marked replayed), a
-    /// decline (`402`), `410` (the key's record is gone), `422` (the key was used for another
-    /// request) or `502 gateway-rejected`, each by its problem type. Not so `400` (the service checks
-    /// the body before it looks at the key), `401`, and anything from a proxy or another server.
+    /// again: what the key made (a `2xx` whose body is the endpoint's object), an answer it stored
+    /// (marked replayed), one of the endpoint's refusals (a decline; a refund's payment not found,
+    /// not refundable or with too little left), `410` (the key's record is gone), `422` (the key was
+    /// used for another request) or `502 gateway-rejected`, each by its problem type. Not so `400`
+    /// in general (the service checks the body before it looks at the key), `401`, and anything
+    /// from a proxy or another server.
     pub fn is_about_the_key(&self) -> bool {
-        (self.status.is_success() && self.payment_id().is_some())
+        (self.status.is_success() && self.object_id().is_some())
             || self.replayed
-            || PROBLEMS_ABOUT_THE_KEY.into_iter().any(|kind| self.has_problem(kind))
+            || self.endpoint.problems_about_the_key().any(|kind| self.has_problem(kind))
     }
 
-    /// The id of the payment this answer carries: a `2xx`'s own, or a problem's `payment` member
-    /// (the failed payment of a `402` or `502`, the key's payment in a `410`).
-    pub fn payment_id(&self) -> Option<String> {
-        let body: Value = serde_json::from_slice(&self.body).ok()?;
-        let payment = if self.status.is_success() { &body } else { &body["payment"] };
-        if payment["object"] != "payment" {
-            return None;
-        }
-        payment["id"].as_str().map(str::to_owned)
+    /// Whether the request was refused or failed, about the key, so that nothing was made: one of
+    /// the endpoint's refusals, or a success that carries a failed object (a refund the gateway
+    /// failed).
+    pub fn is_refusal(&self) -> bool {
+        let failed = || self.object().is_some_and(|object| object["status"] == "failed");
+        self.endpoint.refusals().iter().any(|kind| self.has_problem(*kind)) || (self.status.is_success() && failed())
+    }
+
+    /// The id of the object this answer carries: a `2xx`'s own, or the one a problem embeds (the
+    /// failed payment of a `402` or `502`, the failed refund of a `502`, what the key made in a
+    /// `410`).
+    pub fn object_id(&self) -> Option<String> {
+        self.object()?["id"].as_str().map(str::to_owned)
+    }
+
+    /// The endpoint's object this answer carries, if any.
+    fn object(&self) -> Option<Value> {
+        let mut body: Value = serde_json::from_slice(&self.body).ok()?;
+        let object = if self.status.is_success() { body } else { body[self.endpoint.object()].take() };
+        (object["object"] == self.endpoint.object()).then_some(object)
     }
 
     /// Whether this is the service's problem `kind`, with its status.
@@ -155,14 +163,20 @@ impl fmt::Display for Answer {
 #[cfg(test)]
 impl Answer {
     /// An answer with no `Retry-After`.
-    pub(super) fn for_test(status: u16, problem: Option<&str>, replayed: bool, body: &str) -> Answer {
+    pub(crate) fn for_test(status: u16, problem: Option<&str>, replayed: bool, body: &str) -> Answer {
         Answer {
+            endpoint: Endpoint::Payments,
             status: StatusCode::from_u16(status).unwrap(),
             body: Bytes::from(body.to_owned()),
             replayed,
             retry_after: None,
             problem: problem.map(str::to_owned),
         }
+    }
+
+    /// The same answer, from `endpoint`.
+    pub(crate) fn from(self, endpoint: Endpoint) -> Answer {
+        Answer { endpoint, ..self }
     }
 }
 
@@ -196,15 +210,40 @@ mod tests {
     }
 
     #[test]
-    fn the_payment_an_answer_carries_is_named() {
+    fn the_object_an_answer_carries_is_named() {
         let expired = r#"{"type":"https://payments.example/problems/idempotency-key-expired","status":410,"payment":{"id":"pay_1","object":"payment"}}"#;
         assert_eq!(
-            Answer::for_test(410, Some("idempotency-key-expired"), false, expired).payment_id().as_deref(),
+            Answer::for_test(410, Some("idempotency-key-expired"), false, expired).object_id().as_deref(),
             Some("pay_1")
         );
-        assert_eq!(Answer::for_test(201, None, false, PAYMENT).payment_id().as_deref(), Some("pay_1"));
-        assert_eq!(Answer::for_test(201, None, false, r#"{"id":"x"}"#).payment_id(), None);
-        assert_eq!(Answer::for_test(404, None, false, "Not Found").payment_id(), None);
+        assert_eq!(Answer::for_test(201, None, false, PAYMENT).object_id().as_deref(), Some("pay_1"));
+        assert_eq!(Answer::for_test(201, None, false, r#"{"id":"x"}"#).object_id(), None);
+        assert_eq!(Answer::for_test(404, None, false, "Not Found").object_id(), None);
+        // A refund's answers carry a refund, never a payment.
+        let rejected = r#"{"type":"https://payments.example/problems/gateway-rejected","status":502,"refund":{"id":"re_1","object":"refund","status":"failed"}}"#;
+        let rejected = Answer::for_test(502, Some("gateway-rejected"), false, rejected).from(Endpoint::Refunds);
+        assert_eq!(rejected.object_id().as_deref(), Some("re_1"));
+        assert_eq!(Answer::for_test(201, None, false, PAYMENT).from(Endpoint::Refunds).object_id(), None);
+    }
+
+    #[test]
+    fn a_refusal_is_the_endpoints_own_or_a_failed_refund() {
+        let refund = |status: u16, problem: Option<&str>, body: &str| {
+            Answer::for_test(status, problem, false, body).from(Endpoint::Refunds)
+        };
+        for problem in ["payment-already-refunded", "payment-not-refundable", "refund-exceeds-payment"] {
+            assert!(refund(400, Some(problem), "").is_refusal(), "{problem}");
+            assert!(refund(400, Some(problem), "").is_about_the_key(), "{problem}");
+        }
+        assert!(refund(404, Some("payment-not-found"), "").is_refusal());
+        assert!(refund(201, None, r#"{"id":"re_1","object":"refund","status":"failed"}"#).is_refusal());
+        assert!(!refund(201, None, r#"{"id":"re_1","object":"refund","status":"pending"}"#).is_refusal());
+        // Another endpoint's refusal, or the same status without the problem type, is none.
+        assert!(!refund(402, Some("card-declined"), "").is_refusal());
+        assert!(!refund(402, Some("card-declined"), "").is_about_the_key());
+        assert!(!refund(404, None, "Not Found").is_refusal());
+        assert!(!Answer::for_test(404, Some("payment-not-found"), false, "").is_about_the_key());
+        assert!(Answer::for_test(402, Some("card-declined"), false, "").is_refusal());
     }
 
     #[test]

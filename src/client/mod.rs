@@ -1,41 +1,52 @@
-//! A reference client for `POST /v1/payments`: the other half of the idempotency contract.
+//! A reference client for the service's idempotent endpoints, `POST /v1/payments` and `POST
+//! /v1/refunds`: the other half of the idempotency contract. One retry loop and one reading of
+//! answers serve both; what differs is in [`Endpoint`].
 //!
 //! What it does, and why:
-//! - one idempotency key per payment, made once (a UUIDv4) and sent with every attempt, so a
-//!   retry is the same request and the server charges at most once however many arrive;
+//! - one idempotency key per request, made once (a UUIDv4) and sent with every attempt, so a
+//!   retry is the same request and the server charges (or refunds) at most once however many
+//!   arrive;
 //! - it retries what may succeed on another try: no answer at all (connection refused or lost, a
 //!   timeout), `409` (the key's request is still running), `5xx` (`503` above all: the outcome
 //!   is not known yet), and `408` and `429`, which speak of the request's delivery, not of the
 //!   request, waiting as [`RetryPolicy`] says and never less than `Retry-After`;
 //! - it never retries any other answer. An answer about the key's request ends it, since the same
-//!   key gets the same answer again: the payment (`2xx`), a decline (`402`), `410` (the key made a
-//!   payment and its record has since expired; the answer names that payment), `422` (the key was
-//!   used for another request), and a stored `5xx` (`502 gateway-rejected`, or any answer marked
-//!   `Idempotent-Replayed`);
+//!   key gets the same answer again: what the key made (`2xx`), one of the endpoint's refusals
+//!   (a decline, `402`; a refund's `404 payment-not-found` or `400` nothing or too little left to
+//!   refund), `410` (the key made something and its record has since expired; the answer names
+//!   it), `422` (the key was used for another request), and a stored `5xx` (`502
+//!   gateway-rejected`, or any answer marked `Idempotent-Replayed`);
 //! - any other answer (`401`, `400`, a proxy's `404` or `413`, a wrong URL's answer) says nothing
 //!   of the key. Before any attempt may have reached the service it is definitive: nothing
-//!   happened, so fixing the request and paying again is safe. Once one may have (an attempt
+//!   happened, so fixing the request and sending it again is safe. Once one may have (an attempt
 //!   timed out, lost its connection or got a `5xx`, `408`, `409` or `429`; or the key came from an
-//!   earlier run), the payment may have been made, and the client gives up, for the caller to
-//!   resume with the same key once the answer's cause is put right ([`KeySeen`]);
+//!   earlier run), the payment or refund may have been made, and the client gives up, for the
+//!   caller to resume with the same key once the answer's cause is put right ([`KeySeen`]);
 //! - given several base URLs, it sends each attempt to the next one, so a retry goes around a
-//!   server that has gone down, and each payment starts where the last one did not.
+//!   server that has gone down, and each request starts where the last one did not.
 //!
-//! `payments pay` is this module on the command line; `payments chaos` drives it under faults.
+//! `payments pay` and `payments refund` are this module on the command line; `payments chaos`
+//! drives it under faults.
 //!
 //! ```no_run
-//! use payments::client::{Client, KeySeen, NewPayment, Outcome, RetryPolicy};
+//! use payments::client::{Client, KeySeen, NewPayment, NewRefund, Outcome, RetryPolicy};
 //!
 //! # async fn pay() -> anyhow::Result<()> {
 //! let client = Client::new(&["http://127.0.0.1:8080".parse()?], "sk_test_demo", RetryPolicy::default())?;
 //! let payment = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
 //! // Keep the key with the order: asked again with it, the service answers what it answered.
 //! let key = Client::new_key();
-//! let finished = client.pay(&key, KeySeen::No, &payment, |attempt| eprintln!("{attempt}")).await;
+//! let finished = client.send(&key, KeySeen::No, &payment, |attempt| eprintln!("{attempt}")).await;
 //! match finished.outcome {
-//!     Outcome::Paid(answer) => println!("paid: {}", String::from_utf8_lossy(&answer.body)),
+//!     Outcome::Succeeded(answer) => {
+//!         println!("paid: {}", String::from_utf8_lossy(&answer.body));
+//!         // A refund of part of it, with a key of its own.
+//!         let payment = answer.object_id().expect("a success carries the payment");
+//!         let refund = NewRefund { payment, amount: Some(400), reason: None };
+//!         client.send(&Client::new_key(), KeySeen::No, &refund, |attempt| eprintln!("{attempt}")).await;
+//!     }
 //!     Outcome::Declined(_) => println!("declined"),
-//!     Outcome::Expired(answer) => println!("the key made payment {:?} earlier", answer.payment_id()),
+//!     Outcome::Expired(answer) => println!("the key made payment {:?} earlier", answer.object_id()),
 //!     Outcome::Rejected(answer) => println!("refused: {answer}"),
 //!     // Asking again: the key may have been seen now.
 //!     Outcome::GaveUp { .. } => println!("not known yet: ask again later with key {key} and KeySeen::Maybe"),
@@ -45,6 +56,7 @@
 //! ```
 
 mod answer;
+mod request;
 mod retry;
 
 use std::fmt;
@@ -55,11 +67,11 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 use reqwest::header::RETRY_AFTER;
 use reqwest::{StatusCode, Url};
-use serde::Serialize;
 use tokio::time::Instant;
 
 use answer::problem_slug;
 pub use answer::{Answer, KeySeen, NoAnswer};
+pub use request::{Endpoint, IdempotentRequest, NewPayment, NewRefund};
 pub use retry::{
     DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_DELAY,
     MIN_ATTEMPT_TIME, RetryPolicy, parse_retry_after,
@@ -68,25 +80,16 @@ pub use retry::{
 /// The header that marks a stored answer replayed for a retry.
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
-/// A payment to make, as `POST /v1/payments` takes it.
-#[derive(Debug, Clone, Serialize)]
-pub struct NewPayment {
-    pub amount: u64,
-    pub currency: String,
-    pub source: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-}
-
 /// A client of one deployment, reachable at one or more base URLs.
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
-    endpoints: Vec<Url>,
+    /// Each ends with a `/`, so that an endpoint's path joins below it.
+    bases: Vec<Url>,
     api_key: String,
     policy: RetryPolicy,
-    /// Where the next payment's first attempt goes (shared by clones).
-    next_endpoint: Arc<AtomicUsize>,
+    /// Where the next request's first attempt goes (shared by clones).
+    next_base: Arc<AtomicUsize>,
 }
 
 /// One attempt: where it went, what came back, and what the client does next.
@@ -115,31 +118,35 @@ pub enum GaveUp {
     /// The next attempt would start with less than [`MIN_ATTEMPT_TIME`] (or its timeout) left.
     Deadline,
     /// An answer not about the key (a `401`, a proxy's `404`) after the key may have been seen:
-    /// it cannot tell whether the payment was made, and asking again would get it again.
+    /// it cannot tell whether the payment or refund was made, and asking again would get it again.
     NotAboutTheKey,
 }
 
-/// How a payment request ended.
+/// How a request ended.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    /// `2xx`: the payment.
-    Paid(Answer),
-    /// `402`: declined; the failed payment is in the problem body.
+    /// `2xx` with what the key made: the payment, or the refund (succeeded, or pending: the
+    /// gateway settles it later, and `GET /v1/refunds/{id}` shows how).
+    Succeeded(Answer),
+    /// Refused about the key, and nothing made ([`Answer::is_refusal`]): the card was declined
+    /// (`402`, the failed payment in the problem body); the refund's payment is not found (`404`),
+    /// not refundable, already refunded or has less left than asked (`400`, with `refundable`); or
+    /// the refund failed at the gateway (`2xx` with a `failed` refund).
     Declined(Answer),
-    /// `410`: the key made a payment, and its record has since expired; nothing was charged now.
-    /// The problem body names that payment ([`Answer::payment_id`]), as it is now.
+    /// `410`: the key made a payment or refund, and its record has since expired; nothing was
+    /// made now. The problem body names what it made ([`Answer::object_id`]), as it is now.
     Expired(Answer),
     /// Any other definitive answer: the key was used for another request (`422`), the gateway
-    /// rejected the charge (`502`), or, before the key could have been seen, the request was
-    /// refused (a `4xx`) or reached something other than the service.
+    /// rejected the charge or refund (`502`), or, before the key could have been seen, the request
+    /// was refused (a `4xx`) or reached something other than the service.
     Rejected(Answer),
     /// No definitive answer: the deadline, the last attempt, or an answer not about the key once
-    /// the key may have been seen. The payment may have been made, or may still be (the server
-    /// finishes what it started): ask again later with the same key.
+    /// the key may have been seen. The payment or refund may have been made, or may still be (the
+    /// server finishes what it started): ask again later with the same key.
     GaveUp { why: GaveUp, last: Result<Answer, NoAnswer> },
 }
 
-/// A payment request that has ended.
+/// A request that has ended.
 #[derive(Debug, Clone)]
 pub struct Finished {
     pub key: String,
@@ -148,22 +155,23 @@ pub struct Finished {
 }
 
 impl Client {
-    /// A client of the deployment at `base_urls` (at least one), paying with `api_key`.
+    /// A client of the deployment at `base_urls` (at least one), sending `api_key`.
     pub fn new(base_urls: &[Url], api_key: &str, policy: RetryPolicy) -> anyhow::Result<Client> {
         anyhow::ensure!(!base_urls.is_empty(), "a client needs at least one base URL");
-        let endpoints = base_urls
-            .iter()
-            .map(|base| {
-                let mut base = base.clone();
-                if !base.path().ends_with('/') {
-                    base.set_path(&format!("{}/", base.path()));
-                }
-                base.join("v1/payments")
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        // Redirects are answers too: a payment is never re-sent somewhere it was not addressed to.
+        let mut bases = Vec::with_capacity(base_urls.len());
+        for base in base_urls {
+            let mut base = base.clone();
+            if !base.path().ends_with('/') {
+                base.set_path(&format!("{}/", base.path()));
+            }
+            for endpoint in Endpoint::ALL {
+                base.join(endpoint.path())?;
+            }
+            bases.push(base);
+        }
+        // Redirects are answers too: a request is never re-sent somewhere it was not addressed to.
         let http = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build()?;
-        Ok(Client { http, endpoints, api_key: api_key.to_owned(), policy, next_endpoint: Arc::default() })
+        Ok(Client { http, bases, api_key: api_key.to_owned(), policy, next_base: Arc::default() })
     }
 
     /// The same client with another policy (sharing its connections).
@@ -171,41 +179,49 @@ impl Client {
         Client { policy, ..self.clone() }
     }
 
-    /// A new idempotency key: one per payment, kept for all its retries.
+    /// A new idempotency key: one per request, kept for all its retries.
     pub fn new_key() -> String {
         uuid::Uuid::new_v4().to_string()
     }
 
-    /// Pays, retrying with the same `key` until a definitive answer, the deadline or the last
-    /// attempt. `seen` says whether the key may have been sent before: [`KeySeen::No`] for one
-    /// made for this payment, [`KeySeen::Maybe`] for one an earlier run used. `observe` sees every
-    /// attempt as it ends, before the wait that may follow it.
-    pub async fn pay(&self, key: &str, seen: KeySeen, payment: &NewPayment, observe: impl FnMut(&Attempt)) -> Finished {
-        self.pay_with(key, seen, payment, &[], observe).await
+    /// Sends `request` to its endpoint, retrying with the same `key` until a definitive answer,
+    /// the deadline or the last attempt. `seen` says whether the key may have been sent before:
+    /// [`KeySeen::No`] for one made for this request, [`KeySeen::Maybe`] for one an earlier run
+    /// used. `observe` sees every attempt as it ends, before the wait that may follow it.
+    pub async fn send<R: IdempotentRequest>(
+        &self,
+        key: &str,
+        seen: KeySeen,
+        request: &R,
+        observe: impl FnMut(&Attempt),
+    ) -> Finished {
+        self.send_with(key, seen, request, &[], observe).await
     }
 
-    /// As [`Client::pay`], with extra headers on the first attempt only (such as a test's
+    /// As [`Client::send`], with extra headers on the first attempt only (such as a test's
     /// fault-injection header, which a retry must not repeat).
-    pub async fn pay_with(
+    pub async fn send_with<R: IdempotentRequest>(
         &self,
         key: &str,
         mut seen: KeySeen,
-        payment: &NewPayment,
+        request: &R,
         first_attempt_headers: &[(&str, &str)],
         mut observe: impl FnMut(&Attempt),
     ) -> Finished {
         let started = Instant::now();
-        let first_endpoint = self.next_endpoint.fetch_add(1, Ordering::Relaxed);
+        let first_base = self.next_base.fetch_add(1, Ordering::Relaxed);
         let mut number = 0;
         loop {
             number += 1;
-            let endpoint = &self.endpoints[(first_endpoint + number as usize - 1) % self.endpoints.len()];
+            let base = &self.bases[(first_base + number as usize - 1) % self.bases.len()];
+            let endpoint = base.join(R::ENDPOINT.path()).expect("every endpoint joins every base, as checked in new");
             let left = self.policy.deadline.saturating_sub(started.elapsed());
             let headers = if number == 1 { first_attempt_headers } else { &[] };
-            let result = self.send(endpoint, key, payment, headers, self.policy.attempt_timeout.min(left)).await;
+            let timeout = self.policy.attempt_timeout.min(left);
+            let result = self.attempt(&endpoint, key, request, headers, timeout).await;
             let next = next(&self.policy, number, started.elapsed(), &result, seen, &mut rand::rng());
             seen = seen.after(&result);
-            let attempt = Attempt { number, endpoint: endpoint.clone(), result, next };
+            let attempt = Attempt { number, endpoint, result, next };
             observe(&attempt);
             let outcome = match (next, attempt.result) {
                 (Next::RetryIn(wait), _) => {
@@ -221,37 +237,37 @@ impl Client {
     }
 
     /// One attempt.
-    async fn send(
+    async fn attempt<R: IdempotentRequest>(
         &self,
         endpoint: &Url,
         key: &str,
-        payment: &NewPayment,
+        request: &R,
         headers: &[(&str, &str)],
         timeout: Duration,
     ) -> Result<Answer, NoAnswer> {
-        let mut request = self
+        let mut sending = self
             .http
             .post(endpoint.clone())
             .bearer_auth(&self.api_key)
             .header("Idempotency-Key", key)
-            .json(payment)
+            .json(request)
             .timeout(timeout);
         for (name, value) in headers {
-            request = request.header(*name, *value);
+            sending = sending.header(*name, *value);
         }
         let no_answer = |error: reqwest::Error| match () {
             _ if error.is_timeout() => NoAnswer::TimedOut(timeout),
             _ if error.is_connect() => NoAnswer::Connect(root_cause(&error)),
             _ => NoAnswer::Lost(root_cause(&error)),
         };
-        let response = request.send().await.map_err(no_answer)?;
+        let response = sending.send().await.map_err(no_answer)?;
         let status = response.status();
         let header = |name| response.headers().get(name).and_then(|value| value.to_str().ok()).map(str::to_owned);
         let replayed = header(REPLAYED_HEADER).is_some_and(|value| value == "true");
         let retry_after = header(RETRY_AFTER.as_str()).and_then(|value| parse_retry_after(&value, SystemTime::now()));
         let body = response.bytes().await.map_err(no_answer)?;
         let problem = problem_slug(&body);
-        Ok(Answer { status, body, replayed, retry_after, problem })
+        Ok(Answer { endpoint: R::ENDPOINT, status, body, replayed, retry_after, problem })
     }
 }
 
@@ -283,13 +299,11 @@ fn next(
 impl Outcome {
     /// What a definitive answer means.
     fn of_definitive(answer: Answer) -> Outcome {
-        if !answer.is_about_the_key() {
-            return Outcome::Rejected(answer);
-        }
-        match answer.status {
-            status if status.is_success() => Outcome::Paid(answer),
-            StatusCode::PAYMENT_REQUIRED => Outcome::Declined(answer),
-            StatusCode::GONE => Outcome::Expired(answer),
+        match () {
+            _ if !answer.is_about_the_key() => Outcome::Rejected(answer),
+            _ if answer.is_refusal() => Outcome::Declined(answer),
+            _ if answer.status.is_success() => Outcome::Succeeded(answer),
+            _ if answer.status == StatusCode::GONE => Outcome::Expired(answer),
             _ => Outcome::Rejected(answer),
         }
     }
@@ -319,7 +333,9 @@ impl fmt::Display for Attempt {
             Next::GiveUp(GaveUp::Attempts) => write!(f, ", giving up: that was the last attempt"),
             Next::GiveUp(GaveUp::Deadline) => write!(f, ", giving up: the next would start too close to the deadline"),
             Next::GiveUp(GaveUp::NotAboutTheKey) => {
-                write!(f, ", giving up: not an answer about this key, and an earlier attempt may have paid")
+                // Only an answer gives up so.
+                let done = self.result.as_ref().map_or("done it", |answer| answer.endpoint.done());
+                write!(f, ", giving up: not an answer about this key, and an earlier attempt may have {done}")
             }
         }
     }
@@ -330,6 +346,7 @@ mod tests {
     use super::*;
 
     const PAYMENT: &str = r#"{"id":"pay_1","object":"payment","status":"succeeded"}"#;
+    const REFUND: &str = r#"{"id":"re_1","object":"refund","status":"pending"}"#;
 
     fn answer(status: u16, problem: Option<&str>, replayed: bool) -> Result<Answer, NoAnswer> {
         Ok(Answer::for_test(status, problem, replayed, ""))
@@ -373,6 +390,12 @@ mod tests {
             answer(422, Some("idempotency-key-reused"), false),
             answer(502, Some("gateway-rejected"), false),
             answer(502, Some("internal-error"), true),
+            Ok(Answer::for_test(201, None, false, REFUND).from(Endpoint::Refunds)),
+            Ok(Answer::for_test(404, Some("payment-not-found"), false, "").from(Endpoint::Refunds)),
+            Ok(Answer::for_test(400, Some("payment-not-refundable"), false, "").from(Endpoint::Refunds)),
+            Ok(Answer::for_test(400, Some("payment-already-refunded"), false, "").from(Endpoint::Refunds)),
+            Ok(Answer::for_test(400, Some("refund-exceeds-payment"), false, "").from(Endpoint::Refunds)),
+            Ok(Answer::for_test(410, Some("idempotency-key-expired"), false, "").from(Endpoint::Refunds)),
         ];
         for result in &about_the_key {
             assert_eq!(after(result, KeySeen::Maybe), Next::Done, "{result:?}");
@@ -396,6 +419,13 @@ mod tests {
             answer(410, None, false),
             answer(422, Some("unprocessable"), false),
             answer(400, Some("idempotency-key-reused"), false),
+            // Another endpoint's refusal, or what the other endpoint makes.
+            answer(404, Some("payment-not-found"), false),
+            answer(400, Some("payment-already-refunded"), false),
+            Ok(Answer::for_test(201, None, false, REFUND)),
+            Ok(Answer::for_test(201, None, false, PAYMENT).from(Endpoint::Refunds)),
+            Ok(Answer::for_test(402, Some("card-declined"), false, "").from(Endpoint::Refunds)),
+            Ok(Answer::for_test(404, Some("route-not-found"), false, "").from(Endpoint::Refunds)),
         ];
         for result in &not_about_the_key {
             assert_eq!(after(result, KeySeen::Maybe), Next::GiveUp(GaveUp::NotAboutTheKey), "{result:?}");
@@ -407,13 +437,13 @@ mod tests {
     #[test]
     fn a_definitive_answer_means_what_its_status_and_type_say() {
         let outcome = |answer: Answer| match Outcome::of_definitive(answer) {
-            Outcome::Paid(_) => "paid",
+            Outcome::Succeeded(_) => "succeeded",
             Outcome::Declined(_) => "declined",
             Outcome::Expired(_) => "expired",
             Outcome::Rejected(_) => "rejected",
             Outcome::GaveUp { .. } => "gave up",
         };
-        assert_eq!(outcome(Answer::for_test(201, None, false, PAYMENT)), "paid");
+        assert_eq!(outcome(Answer::for_test(201, None, false, PAYMENT)), "succeeded");
         assert_eq!(outcome(Answer::for_test(200, None, false, "<html>welcome</html>")), "rejected");
         assert_eq!(outcome(Answer::for_test(402, Some("card-declined"), false, "")), "declined");
         assert_eq!(outcome(Answer::for_test(402, None, false, "")), "rejected");
@@ -421,6 +451,18 @@ mod tests {
         assert_eq!(outcome(Answer::for_test(410, None, false, "")), "rejected");
         assert_eq!(outcome(Answer::for_test(422, Some("idempotency-key-reused"), false, "")), "rejected");
         assert_eq!(outcome(Answer::for_test(401, Some("unauthorized"), false, "")), "rejected");
+
+        let refund = |status, problem, body| Answer::for_test(status, problem, false, body).from(Endpoint::Refunds);
+        assert_eq!(outcome(refund(201, None, REFUND)), "succeeded", "a pending refund is made");
+        let failed = r#"{"id":"re_1","object":"refund","status":"failed"}"#;
+        assert_eq!(outcome(refund(201, None, failed)), "declined", "a failed refund refunded nothing");
+        for refusal in ["payment-not-refundable", "payment-already-refunded", "refund-exceeds-payment"] {
+            assert_eq!(outcome(refund(400, Some(refusal), "")), "declined", "{refusal}");
+        }
+        assert_eq!(outcome(refund(404, Some("payment-not-found"), "")), "declined");
+        assert_eq!(outcome(refund(410, Some("idempotency-key-expired"), "")), "expired");
+        assert_eq!(outcome(refund(502, Some("gateway-rejected"), "")), "rejected");
+        assert_eq!(outcome(refund(400, Some("invalid-request"), "")), "rejected");
     }
 
     #[test]
@@ -432,5 +474,15 @@ mod tests {
             next: Next::RetryIn(Duration::from_millis(1_260)),
         };
         assert_eq!(attempt.to_string(), "attempt 2: 503 gateway-unavailable, retrying in 1.3 s");
+        let gave_up = Attempt {
+            result: Ok(Answer::for_test(401, Some("unauthorized"), false, "").from(Endpoint::Refunds)),
+            next: Next::GiveUp(GaveUp::NotAboutTheKey),
+            ..attempt
+        };
+        assert_eq!(
+            gave_up.to_string(),
+            "attempt 2: 401 unauthorized, giving up: not an answer about this key, and an earlier attempt may have \
+             refunded"
+        );
     }
 }

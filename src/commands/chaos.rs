@@ -37,6 +37,14 @@ pub struct ChaosArgs {
     /// The share of payments made with a card that is declined.
     #[arg(long, default_value_t = 0.1, value_parser = rate)]
     pub decline_rate: f64,
+    /// The share of the other payments that are refunded once they succeed, by 1 to 3 refunds at
+    /// once, each with a key of its own, for part of the payment or all it has left.
+    #[arg(long, default_value_t = 0.3, value_parser = rate)]
+    pub refund_rate: f64,
+    /// The share of the refunded payments charged with `tok_refundPending` (a quarter of them
+    /// `tok_refundFails`): the gateway leaves their refunds pending, and they must settle.
+    #[arg(long, default_value_t = 0.3, value_parser = rate)]
+    pub pending_refund_rate: f64,
     /// Neither kill nor pause processes (crash points, gateway faults and abandoned clients remain).
     #[arg(long)]
     pub no_kills: bool,
@@ -66,7 +74,13 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         extent: args.keys.map_or(Extent::For(args.duration), Extent::Keys),
         clients: args.clients as usize,
         fault_rate: args.fault_rate,
-        mix: Mix { crash: args.crash_rate, abandon: args.abandon_rate, decline: args.decline_rate },
+        mix: Mix {
+            crash: args.crash_rate,
+            abandon: args.abandon_rate,
+            decline: args.decline_rate,
+            refund: args.refund_rate,
+            pending_refund: args.pending_refund_rate,
+        },
         processes: !args.no_kills,
         deployment,
     };

@@ -7,6 +7,8 @@ pub mod chaos;
 pub mod gateway;
 pub mod migrate;
 pub mod pay;
+pub mod refund;
+pub mod send;
 pub mod serve;
 pub mod stats;
 pub mod worker;

@@ -2,7 +2,7 @@
 //! needs started around it.
 
 use std::future::pending;
-use std::net::TcpListener;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -10,11 +10,12 @@ use tokio::sync::watch;
 
 use super::{MetricsListener, advertise_gateway, open_database, warn_if_events_are_only_logged, withdraw_gateway};
 use crate::accounts::DEMO_API_KEY;
-use crate::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, ServeArgs};
+use crate::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, ServeArgs, Settings};
 use crate::db;
 use crate::db::embedded::{EmbeddedDatabase, Sharing};
 use crate::gateway::GatewayClient;
-use crate::gateway::mock::{Controls, FaultPlan, MockGateway};
+use crate::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
+use crate::gateway::signature::WebhookSecret;
 use crate::metrics;
 use crate::startup::{Application, LISTENING, bind_usual_or_free, exit_on_second_signal, shutdown_signal};
 use crate::state::AppState;
@@ -25,7 +26,7 @@ use crate::workers::Workers;
 const POOL_SIZE: u32 = 32;
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let settings = args.protocol.settings()?;
+    let mut settings = args.protocol.settings()?;
     let stop_requested = shutdown_signal()?;
     if settings.fault_injection {
         tracing::warn!("FAULT INJECTION IS ON: X-Fault-Inject can crash this process. Never use this in production.");
@@ -52,8 +53,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (gateway_url, mock) = match &args.gateway_url {
         Some(url) => (url.clone(), None),
         None => {
-            let mock = start_mock_gateway(args.mock_gateway_bind.as_deref())?;
-            (mock.url().parse()?, Some(mock))
+            let events = own_events(listener.local_addr()?, &mut settings);
+            let mock = start_mock_gateway(args.mock_gateway_bind.as_deref(), events.webhook.clone())?;
+            (mock.url().parse()?, Some((mock, events)))
         }
     };
     let (database_url, embedded) = open_database(&args.database, Sharing::Own).await?;
@@ -87,13 +89,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     println!("{LISTENING} http://{addr}");
     match &mock {
-        Some(mock) if args.mock_gateway_bind.is_none() && mock.addr().to_string() != DEFAULT_GATEWAY_BIND => {
+        Some((mock, _)) if args.mock_gateway_bind.is_none() && mock.addr().to_string() != DEFAULT_GATEWAY_BIND => {
             println!("gateway: in-process mock at {} ({DEFAULT_GATEWAY_BIND} is taken)", mock.url())
         }
-        Some(mock) => println!("gateway: in-process mock at {}", mock.url()),
+        Some((mock, _)) => println!("gateway: in-process mock at {}", mock.url()),
         None => println!("gateway: {gateway_url}"),
     }
-    println!("workers: {}", if workers.is_some() { "completer, reaper, outbox" } else { "none (--no-workers)" });
+    if let Some((_, events)) = &mock {
+        events.announce();
+    }
+    println!(
+        "workers: {}",
+        if workers.is_some() { "completer, reaper, outbox, settler" } else { "none (--no-workers)" }
+    );
     if embedded.is_some() {
         let socket = EmbeddedDatabase::socket_dir(&args.database.data_dir);
         println!(
@@ -131,7 +139,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let _ = flusher.await;
     metrics.stop().await;
-    if let Some(mock) = mock {
+    if let Some((mock, _)) = mock {
         mock.stop().await;
     }
     if let Some(embedded) = embedded {
@@ -142,13 +150,63 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where the in-process mock gateway sends its events: to this `serve`'s own `POST
+/// /webhooks/gateway`, signed under the webhook secrets it has; and a secret made for this run
+/// (and added to the settings, so that this process accepts what its mock signs) if none is set.
+struct OwnEvents {
+    webhook: Webhook,
+    /// Shown once, at start, for whoever wants to sign an event by hand; never logged.
+    made_secret: Option<String>,
+}
+
+/// The events of the in-process mock gateway of the `serve` that listens at `api`. A secret made
+/// here lives as long as the process: the mock's events in flight die with it anyway (it keeps
+/// them in memory), so nothing needs it after, and no secret is left on disk.
+fn own_events(api: SocketAddr, settings: &mut Settings) -> OwnEvents {
+    let made_secret = settings.gateway_webhook_secrets.is_empty().then(new_webhook_secret);
+    if let Some(secret) = &made_secret {
+        settings.gateway_webhook_secrets.push(WebhookSecret::new(secret.as_str()));
+    }
+    let url = format!("http://{}/webhooks/gateway", reachable(api)).parse().expect("a socket address makes a URL");
+    OwnEvents { webhook: Webhook::new(url, settings.gateway_webhook_secrets.clone()), made_secret }
+}
+
+impl OwnEvents {
+    /// Says where the events go, and with which secret.
+    fn announce(&self) {
+        match &self.made_secret {
+            Some(secret) => {
+                println!("gateway events: to {}", self.webhook.shown_url());
+                println!(
+                    "webhook secret: {secret} (made for this run; PAYMENTS_GATEWAY_WEBHOOK_SECRETS sets your own)"
+                );
+            }
+            None => println!(
+                "gateway events: to {}, signed under PAYMENTS_GATEWAY_WEBHOOK_SECRETS",
+                self.webhook.shown_url()
+            ),
+        }
+    }
+}
+
+/// Where a listener at `addr` is reached from this machine: through loopback if it listens on
+/// every interface.
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    let ip = match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    SocketAddr::new(ip, addr.port())
+}
+
 /// Starts the in-process mock gateway at `bind`, or, when none is given, at the standalone
 /// gateway's usual address so that the README's fault-control commands work as printed. If that
 /// is taken it takes a free port, and says so loudly: it never charges anywhere unannounced, and
 /// every payment records the gateway that answers for it, so no other gateway is ever asked to
 /// charge it.
-/// Its fault controls are served only on a loopback address.
-fn start_mock_gateway(bind: Option<&str>) -> anyhow::Result<MockGateway> {
+/// Its fault controls are served only on a loopback address. It sends its events to `webhook`.
+fn start_mock_gateway(bind: Option<&str>, webhook: Webhook) -> anyhow::Result<MockGateway> {
     let listener = match bind {
         Some(bind) => TcpListener::bind(bind).with_context(|| {
             format!(
@@ -170,5 +228,5 @@ fn start_mock_gateway(bind: Option<&str>) -> anyhow::Result<MockGateway> {
         true => Controls::Served,
         false => Controls::Hidden,
     };
-    Ok(MockGateway::start(listener, FaultPlan::none(), controls)?)
+    Ok(MockGateway::start_with_events(listener, FaultPlan::none(), controls, webhook)?)
 }

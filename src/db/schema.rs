@@ -24,6 +24,20 @@ diesel::table! {
 }
 
 diesel::table! {
+    gateway_events (account_id, idempotency_key_id, event_id) {
+        account_id -> Uuid,
+        gateway -> Text,
+        event_id -> Text,
+        event_type -> Text,
+        idempotency_key_id -> Uuid,
+        object_id -> Text,
+        created_at -> Timestamptz,
+        received_at -> Timestamptz,
+        outcome -> Text,
+    }
+}
+
+diesel::table! {
     idempotency_keys (account_id, id) {
         id -> Uuid,
         account_id -> Uuid,
@@ -44,6 +58,7 @@ diesel::table! {
         attention_reason -> Nullable<Text>,
         finished_at -> Nullable<Timestamptz>,
         expires_at -> Nullable<Timestamptz>,
+        nudged_at -> Nullable<Timestamptz>,
     }
 }
 
@@ -78,6 +93,32 @@ diesel::table! {
         updated_at -> Timestamptz,
         gateway -> Nullable<Text>,
         created_seq -> Int8,
+        amount_refunded -> Int8,
+        amount_refund_pending -> Int8,
+    }
+}
+
+diesel::table! {
+    refunds (account_id, id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        payment_id -> Uuid,
+        idempotency_key_id -> Uuid,
+        idempotency_key -> Text,
+        amount -> Int8,
+        currency -> Text,
+        reason -> Nullable<Text>,
+        metadata -> Jsonb,
+        status -> Text,
+        gateway -> Text,
+        gateway_refund_id -> Nullable<Text>,
+        failure_code -> Nullable<Text>,
+        failure_message -> Nullable<Text>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+        settle_at -> Nullable<Timestamptz>,
+        settle_attempts -> Int4,
+        created_seq -> Int8,
     }
 }
 
@@ -96,15 +137,19 @@ diesel::table! {
 }
 
 diesel::joinable!(audit_records -> accounts (account_id));
+diesel::joinable!(gateway_events -> accounts (account_id));
 diesel::joinable!(idempotency_keys -> accounts (account_id));
 diesel::joinable!(payments -> accounts (account_id));
+diesel::joinable!(refunds -> accounts (account_id));
 diesel::joinable!(staged_jobs -> accounts (account_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     accounts,
     audit_records,
+    gateway_events,
     idempotency_keys,
     key_request_counts,
     payments,
+    refunds,
     staged_jobs,
 );

@@ -1,5 +1,5 @@
-//! What we ask the gateway and what can come of it: the vocabulary that the client and the
-//! reading of the gateway's answers share.
+//! What we ask the gateway to charge and what can come of it: the vocabulary that the client and
+//! the reading of the gateway's answers share, and the errors of every gateway call.
 
 use std::collections::BTreeMap;
 
@@ -8,9 +8,20 @@ use uuid::Uuid;
 
 /// The key we send the gateway for the request behind one of our key rows. Derived from our own
 /// row, never the client's header: unique across accounts (two accounts may use the same client
-/// key) and the same on every retry, resumption and worker run, so the gateway charges once.
+/// key) and the same on every retry, resumption and worker run, so the gateway charges (or
+/// refunds) once.
 pub fn downstream_key(account_id: Uuid, key_id: Uuid) -> String {
-    format!("payments:{account_id}:{key_id}")
+    format!("{DOWNSTREAM_PREFIX}{account_id}:{key_id}")
+}
+
+const DOWNSTREAM_PREFIX: &str = "payments:";
+
+/// The account and key row a downstream key names, if it is one of ours: how an event the
+/// gateway sends about a request is matched with the request, whatever the gateway calls its
+/// object.
+pub fn parse_downstream_key(key: &str) -> Option<(Uuid, Uuid)> {
+    let (account_id, key_id) = key.strip_prefix(DOWNSTREAM_PREFIX)?.split_once(':')?;
+    Some((Uuid::try_parse(account_id).ok()?, Uuid::try_parse(key_id).ok()?))
 }
 
 /// A charge request, as the gateway takes it.
@@ -30,7 +41,7 @@ pub struct Charge {
     pub id: String,
 }
 
-/// Why a charge was not made, or may not have been.
+/// Why a charge or refund was not made, or may not have been.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     /// The card was declined: definitive, nothing was charged.
@@ -40,15 +51,18 @@ pub enum GatewayError {
     /// the client's to fix.
     #[error("unknown source: {message}")]
     UnknownSource { message: String },
-    /// The gateway refused the request for another reason (a 4xx): definitive, nothing charged.
-    #[error("charge rejected with {status}: {message}")]
+    /// The gateway refused the request for another reason (a 4xx; for a refund, also a 402):
+    /// definitive, nothing was charged or refunded. A refund is refused when it asks for more than
+    /// the charge has left (`amount_too_large`), when nothing is left (`charge_already_refunded`),
+    /// or when the gateway knows no such charge (`404`).
+    #[error("request rejected with {status}: {message}")]
     Rejected { status: u16, message: String },
     /// No definitive answer: a connection error, a 5xx, a 408/409/425/429 (timed out, still
     /// processing this key, throttled), an idempotency conflict at the gateway, or a success we
-    /// cannot read or record. The charge may or may not exist.
+    /// cannot read or record. The charge or refund may or may not exist.
     #[error("gateway unavailable: {0}")]
     Unavailable(String),
-    /// No answer in time. The charge may or may not exist.
+    /// No answer in time. The charge or refund may or may not exist.
     #[error("the gateway did not answer in time")]
     Timeout,
 }

@@ -1,10 +1,12 @@
 //! Our client for a Stripe-like payment gateway.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::answers::{charge_outcome, look_up_outcome, recordable};
+use super::answers::{charge_look_up, charge_outcome, recordable, refund_look_up, refund_outcome, refund_read};
 use super::charge::{Charge, ChargeRequest, GatewayError};
+use super::refund::{Refund, RefundRequest, RefundStatus};
 use crate::metrics::{GatewayOperation, GatewayOutcome, Metrics};
 use reqwest::{RequestBuilder, Url};
 
@@ -38,12 +40,13 @@ pub struct GatewayClient {
     http: reqwest::Client,
     account_url: Url,
     charges_url: Url,
+    refunds_url: Url,
     /// The base URL without credentials, query or fragment: the identity of a gateway whose
     /// answers name none.
     url_identity: Arc<str>,
     /// The identity of the last answer read (see [`GatewayClient::id`]).
     id: Arc<Mutex<Option<Arc<str>>>>,
-    /// Where look-ups and charges are counted, once the client belongs to an application.
+    /// Where its calls are counted, once the client belongs to an application.
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -70,13 +73,14 @@ impl GatewayClient {
             http,
             account_url: base_url.join("v1/account")?,
             charges_url: base_url.join("v1/charges")?,
+            refunds_url: base_url.join("v1/refunds")?,
             url_identity: identity.as_str().into(),
             id: Arc::default(),
             metrics: None,
         })
     }
 
-    /// The same client, counting its look-ups and charges in `metrics`.
+    /// The same client, counting its calls (but the identity look-up) in `metrics`.
     pub fn observed_by(self, metrics: Arc<Metrics>) -> GatewayClient {
         GatewayClient { metrics: Some(metrics), ..self }
     }
@@ -102,30 +106,18 @@ impl GatewayClient {
     }
 
     /// What the gateway answering at this address holds under `idempotency_key` for `request`:
-    /// the charge's outcome (see [`look_up_outcome`] for what counts), or none. Charges keep the
+    /// the charge's outcome (see [`charge_look_up`] for what counts), or none. Charges keep the
     /// key they were made with, so this finds one even after the gateway has forgotten the key
     /// itself (and would charge again if asked to). An error means no readable answer.
-    #[tracing::instrument(name = "gateway.find_charge", skip_all)]
+    #[tracing::instrument(name = "gateway.find_charge", skip_all, fields(gateway.status))]
     pub async fn find_charge(
         &self,
         idempotency_key: &str,
         request: &ChargeRequest<'_>,
     ) -> Result<Answered<Option<Result<Charge, GatewayError>>>, GatewayError> {
-        let mut url = self.charges_url.clone();
-        url.query_pairs_mut().append_pair("idempotency_key", idempotency_key);
-        let started = Instant::now();
-        let found = async {
-            let Answered { by, answer: (status, body) } = self.send(self.http.get(url)).await?;
-            Ok(Answered { by, answer: look_up_outcome(status, &body, idempotency_key, request)? })
-        }
-        .await;
-        let outcome = match &found {
-            Ok(Answered { answer: Some(Ok(_)), .. }) => Ok(()),
-            Ok(Answered { answer: Some(Err(error)), .. }) | Err(error) => Err(Some(error)),
-            Ok(Answered { answer: None, .. }) => Err(None),
-        };
-        self.count(GatewayOperation::Lookup, outcome, started);
-        found
+        let get = self.http.get(with_key(&self.charges_url, idempotency_key));
+        let found = self.read(get, |status, body| charge_look_up(status, body, idempotency_key, request));
+        self.counted(GatewayOperation::Lookup, found).await
     }
 
     /// Asks the gateway answering at this address to charge, under `idempotency_key` (see
@@ -140,33 +132,87 @@ impl GatewayClient {
         request: &ChargeRequest<'_>,
     ) -> Result<Answered<Result<Charge, GatewayError>>, GatewayError> {
         let post = self.http.post(self.charges_url.clone()).header("Idempotency-Key", idempotency_key).json(request);
-        let started = Instant::now();
-        let charged = async {
-            let Answered { by, answer: (status, body) } = self.send(post).await?;
-            tracing::Span::current().record("gateway.status", status);
-            Ok(Answered { by, answer: charge_outcome(status, &body) })
-        }
-        .await;
-        let outcome = match &charged {
-            Ok(Answered { answer: Ok(_), .. }) => Ok(()),
-            Ok(Answered { answer: Err(error), .. }) | Err(error) => Err(Some(error)),
-        };
-        self.count(GatewayOperation::Charge, outcome, started);
-        charged
+        let charged = self.read(post, |status, body| Ok(charge_outcome(status, body)));
+        self.counted(GatewayOperation::Charge, charged).await
     }
 
-    /// Counts a call that began at `started` and succeeded (`Ok`), found nothing (`Err(None)`), or
-    /// failed.
-    fn count(&self, operation: GatewayOperation, result: Result<(), Option<&GatewayError>>, started: Instant) {
-        let Some(metrics) = &self.metrics else { return };
-        let outcome = match result {
-            Ok(()) => GatewayOutcome::Succeeded,
-            Err(None) => GatewayOutcome::NotFound,
-            Err(Some(GatewayError::Declined { .. } | GatewayError::UnknownSource { .. })) => GatewayOutcome::Declined,
-            Err(Some(GatewayError::Rejected { .. })) => GatewayOutcome::Rejected,
-            Err(Some(GatewayError::Unavailable(_) | GatewayError::Timeout)) => GatewayOutcome::Indeterminate,
-        };
-        metrics.gateway_call(operation, outcome, started.elapsed());
+    /// Asks the gateway answering at this address to refund, under `idempotency_key` (see
+    /// [`downstream_key`]; a key of its own, never a charge's). The outer error means no readable
+    /// answer; the inner result is what the answer says: the refund (which may be
+    /// [`Pending`](RefundStatus::Pending)), a definitive refusal ([`GatewayError::Rejected`]:
+    /// nothing was refunded), or an unknown outcome ([`GatewayError::Unavailable`],
+    /// [`GatewayError::Timeout`]), which never means "not refunded".
+    ///
+    /// [`downstream_key`]: super::downstream_key
+    #[tracing::instrument(name = "gateway.refund", skip_all, fields(gateway.status))]
+    pub async fn refund(
+        &self,
+        idempotency_key: &str,
+        request: &RefundRequest<'_>,
+    ) -> Result<Answered<Result<Refund, GatewayError>>, GatewayError> {
+        let post = self.http.post(self.refunds_url.clone()).header("Idempotency-Key", idempotency_key).json(request);
+        let refunded = self.read(post, |status, body| Ok(refund_outcome(status, body)));
+        self.counted(GatewayOperation::Refund, refunded).await
+    }
+
+    /// What the gateway answering at this address holds under `idempotency_key` for `request`:
+    /// the refund as it stands now (made under our key, of our charge and amount; see
+    /// [`refund_look_up`] for which stands among several), or none: nothing was refunded under
+    /// the key. Refunds keep their key, so this holds after the gateway has forgotten the key. An
+    /// inner error means a refund of ours that does not say where it stands (not known); the
+    /// outer error, no readable answer.
+    #[tracing::instrument(name = "gateway.find_refund", skip_all, fields(gateway.status))]
+    pub async fn find_refund(
+        &self,
+        idempotency_key: &str,
+        request: &RefundRequest<'_>,
+    ) -> Result<Answered<Option<Result<Refund, GatewayError>>>, GatewayError> {
+        let get = self.http.get(with_key(&self.refunds_url, idempotency_key));
+        let found = self.read(get, |status, body| refund_look_up(status, body, idempotency_key, request));
+        self.counted(GatewayOperation::RefundLookup, found).await
+    }
+
+    /// The refund `id` as it stands now at the gateway answering at this address (to learn
+    /// whether a pending one has settled), or none if that gateway says it has no such refund
+    /// (which, from the gateway that made it, says something is badly wrong; from another, only
+    /// that it is another). The error means no readable answer.
+    #[tracing::instrument(name = "gateway.get_refund", skip_all, fields(gateway.status))]
+    pub async fn get_refund(&self, id: &str) -> Result<Answered<Option<Refund>>, GatewayError> {
+        let mut url = self.refunds_url.clone();
+        // The URL was joined onto in `new`, so it has a path to add to.
+        url.path_segments_mut().expect("an http(s) URL has path segments").push(id);
+        let read = self.read(self.http.get(url), |status, body| refund_read(status, body, id));
+        self.counted(GatewayOperation::RefundRead, read).await
+    }
+
+    /// Counts a call as `operation`, by what its answer says, and how long it took.
+    async fn counted<T: Counted>(
+        &self,
+        operation: GatewayOperation,
+        call: impl Future<Output = Result<Answered<T>, GatewayError>>,
+    ) -> Result<Answered<T>, GatewayError> {
+        let started = Instant::now();
+        let answered = call.await;
+        if let Some(metrics) = &self.metrics {
+            let outcome = match &answered {
+                Ok(answered) => answered.answer.outcome(),
+                Err(error) => error.outcome(),
+            };
+            metrics.gateway_call(operation, outcome, started.elapsed());
+        }
+        answered
+    }
+
+    /// Sends a request and reads its answer with `interpret`, whose error, like the sending's,
+    /// means no readable answer.
+    async fn read<T>(
+        &self,
+        request: RequestBuilder,
+        interpret: impl FnOnce(u16, &[u8]) -> Result<T, GatewayError>,
+    ) -> Result<Answered<T>, GatewayError> {
+        let Answered { by, answer: (status, body) } = self.send(request).await?;
+        tracing::Span::current().record("gateway.status", status);
+        Ok(Answered { by, answer: interpret(status, &body)? })
     }
 
     /// Sends a request, and returns the answer's status and body with the identity that gave it,
@@ -196,6 +242,60 @@ impl GatewayClient {
 
     fn remember(&self, id: Arc<str>) {
         *self.id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id);
+    }
+}
+
+/// `url` asked for what was made under `idempotency_key`.
+fn with_key(url: &Url, idempotency_key: &str) -> Url {
+    let mut url = url.clone();
+    url.query_pairs_mut().append_pair("idempotency_key", idempotency_key);
+    url
+}
+
+/// What an answer counts as in the metrics.
+trait Counted {
+    fn outcome(&self) -> GatewayOutcome;
+}
+
+impl Counted for GatewayError {
+    fn outcome(&self) -> GatewayOutcome {
+        match self {
+            GatewayError::Declined { .. } | GatewayError::UnknownSource { .. } => GatewayOutcome::Declined,
+            GatewayError::Rejected { .. } => GatewayOutcome::Rejected,
+            GatewayError::Unavailable(_) | GatewayError::Timeout => GatewayOutcome::Indeterminate,
+        }
+    }
+}
+
+impl Counted for Charge {
+    fn outcome(&self) -> GatewayOutcome {
+        GatewayOutcome::Succeeded
+    }
+}
+
+impl Counted for Refund {
+    fn outcome(&self) -> GatewayOutcome {
+        match self.status {
+            RefundStatus::Pending => GatewayOutcome::Pending,
+            RefundStatus::Succeeded => GatewayOutcome::Succeeded,
+            RefundStatus::Failed { .. } => GatewayOutcome::Failed,
+        }
+    }
+}
+
+impl<T: Counted> Counted for Result<T, GatewayError> {
+    fn outcome(&self) -> GatewayOutcome {
+        match self {
+            Ok(made) => made.outcome(),
+            Err(error) => error.outcome(),
+        }
+    }
+}
+
+/// A look-up that found nothing.
+impl<T: Counted> Counted for Option<T> {
+    fn outcome(&self) -> GatewayOutcome {
+        self.as_ref().map_or(GatewayOutcome::NotFound, T::outcome)
     }
 }
 

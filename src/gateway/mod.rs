@@ -1,9 +1,13 @@
-//! The payment gateway: our client for it, and the mock we run in tests and demos.
+//! The payment gateway: our client for it (charges and refunds), and the mock we run in tests and
+//! demos.
 
 mod answers;
 mod charge;
 mod client;
 pub mod mock;
+mod refund;
+pub mod signature;
 
-pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key};
+pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key, parse_downstream_key};
 pub use client::{Answered, GatewayClient, IDENTITY_HEADER};
+pub use refund::{Refund, RefundRequest, RefundStatus};

@@ -35,12 +35,17 @@ pub enum ApiError {
     /// Well-formed, but a value breaks a rule (or a query parameter or header is invalid).
     #[error("{0}")]
     InvalidRequest(String),
+    /// A gateway event whose signature does not hold.
+    #[error("The event's Gateway-Signature does not hold: {0}. Nothing was recorded.")]
+    InvalidSignature(crate::gateway::signature::SignatureError),
     #[error("The request body is larger than {limit} bytes.")]
     PayloadTooLarge { limit: usize },
     #[error("Send the body as JSON, with `Content-Type: application/json`.")]
     UnsupportedMediaType,
     #[error("There is no payment with this id in your account.")]
     PaymentNotFound,
+    #[error("There is no refund with this id in your account.")]
+    RefundNotFound,
     #[error("Your account has used no request with this idempotency key, or its record and its payment are gone.")]
     IdempotencyKeyNotFound,
     #[error("There is no endpoint at this path; the API is described at /openapi.yaml.")]
@@ -55,27 +60,28 @@ pub enum ApiError {
     #[error("A request with this Idempotency-Key is still in progress. Retry with the same key shortly.")]
     InFlight,
     #[error(
-        "The payment's outcome is not known yet: the payment gateway gave no definitive answer, or could not be \
+        "The request's outcome is not known yet: the payment gateway gave no definitive answer, or could not be \
          asked in time. The request may still complete (a background worker finishes it if you do not come \
-         back): retry with the same Idempotency-Key to learn its outcome; it resumes where it stopped and is \
-         charged at most once. Do not pay again with a new key."
+         back): retry with the same Idempotency-Key to learn its outcome; it resumes where it stopped and moves \
+         money at most once. Do not send it again with a new key."
     )]
     GatewayUnavailable,
     #[error(
-        "The database is unreachable. A payment request may still complete if it got far enough before the \
-         outage: retry it with the same Idempotency-Key to learn its outcome, and do not pay again with a new key."
+        "The database is unreachable. A payment or refund may still complete if it got far enough before the \
+         outage: retry it with the same Idempotency-Key to learn its outcome, and do not send it again with a new \
+         key."
     )]
     DatabaseUnavailable,
     /// A phase kept colliding with concurrent transactions and was rolled back each time.
     #[error(
         "The request kept colliding with concurrent work. It may still complete: retry with the same \
-         Idempotency-Key to learn its outcome. Do not pay again with a new key."
+         Idempotency-Key to learn its outcome. Do not send it again with a new key."
     )]
     TransactionConflict,
     /// The cause is logged, never sent.
     #[error(
-        "Something went wrong on our side. A payment request may still complete: retry it with the same \
-         Idempotency-Key to learn its outcome, and do not pay again with a new key."
+        "Something went wrong on our side. A payment or refund may still complete: retry it with the same \
+         Idempotency-Key to learn its outcome, and do not send it again with a new key."
     )]
     Internal(String),
 }
@@ -88,9 +94,11 @@ impl ApiError {
             ApiError::IdempotencyKey(_) => ProblemType::InvalidIdempotencyKey,
             ApiError::MalformedBody(_) => ProblemType::MalformedBody,
             ApiError::InvalidRequest(_) => ProblemType::InvalidRequest,
+            ApiError::InvalidSignature(_) => ProblemType::InvalidSignature,
             ApiError::PayloadTooLarge { .. } => ProblemType::PayloadTooLarge,
             ApiError::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
             ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
+            ApiError::RefundNotFound => ProblemType::RefundNotFound,
             ApiError::IdempotencyKeyNotFound => ProblemType::IdempotencyKeyNotFound,
             ApiError::RouteNotFound => ProblemType::RouteNotFound,
             ApiError::MethodNotAllowed { .. } => ProblemType::MethodNotAllowed,
@@ -195,6 +203,18 @@ impl From<tokio::task::JoinError> for ApiError {
     }
 }
 
+/// A raw body that could not be read (see [`super::extract::extractor_configs`]'s bound).
+impl From<actix_web::Error> for ApiError {
+    fn from(error: actix_web::Error) -> Self {
+        match error.as_error::<actix_web::error::PayloadError>() {
+            Some(actix_web::error::PayloadError::Overflow) => {
+                ApiError::PayloadTooLarge { limit: super::extract::MAX_BODY_BYTES }
+            }
+            _ => ApiError::MalformedBody(format!("The body could not be read: {error}.")),
+        }
+    }
+}
+
 impl From<JsonPayloadError> for ApiError {
     fn from(error: JsonPayloadError) -> Self {
         match error {
@@ -233,9 +253,11 @@ mod tests {
             ApiError::IdempotencyKey(KeyError::Empty),
             ApiError::MalformedBody("bad".into()),
             ApiError::InvalidRequest("bad".into()),
+            ApiError::InvalidSignature(crate::gateway::signature::SignatureError::NoMatch),
             ApiError::PayloadTooLarge { limit: 1 },
             ApiError::UnsupportedMediaType,
             ApiError::PaymentNotFound,
+            ApiError::RefundNotFound,
             ApiError::IdempotencyKeyNotFound,
             ApiError::RouteNotFound,
             ApiError::MethodNotAllowed { allowed: "GET".into() },

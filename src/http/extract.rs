@@ -86,5 +86,8 @@ pub fn extractor_configs(cfg: &mut web::ServiceConfig) {
         web::JsonConfig::default().limit(MAX_BODY_BYTES).error_handler(|error, _| ApiError::from(error).into()),
     )
     .app_data(web::QueryConfig::default().error_handler(|error, _| ApiError::from(error).into()))
+    // Raw bodies (a gateway event's, verified before it is read) are held to the same bound: an
+    // unsigned megabyte costs nothing to send and a signature check to refuse.
+    .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
     .app_data(web::PathConfig::default().error_handler(|error, _| ApiError::from(error).into()));
 }

@@ -7,8 +7,8 @@ use super::error::ApiError;
 use super::extract::AuthenticatedAccount;
 use crate::db;
 use crate::idempotency::IdempotencyKey;
-use crate::payments::KeyStory;
 use crate::state::AppState;
+use crate::story::KeyStory;
 
 /// The query of `GET /v1/idempotency_keys`.
 #[derive(Debug, Deserialize)]

@@ -6,6 +6,8 @@ mod health;
 mod idempotency_keys;
 mod observe;
 mod payments;
+mod refunds;
+mod webhooks;
 
 use actix_web::http::Method;
 use actix_web::{HttpResponse, Route, web};
@@ -27,10 +29,18 @@ pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: Method::POST, path: "/v1/payments", route: || web::post().to(payments::create_payment) },
     Endpoint { method: Method::GET, path: "/v1/payments", route: || web::get().to(payments::list_payments) },
     Endpoint { method: Method::GET, path: "/v1/payments/{id}", route: || web::get().to(payments::get_payment) },
+    Endpoint { method: Method::POST, path: "/v1/refunds", route: || web::post().to(refunds::create_refund) },
+    Endpoint { method: Method::GET, path: "/v1/refunds", route: || web::get().to(refunds::list_refunds) },
+    Endpoint { method: Method::GET, path: "/v1/refunds/{id}", route: || web::get().to(refunds::get_refund) },
     Endpoint {
         method: Method::GET,
         path: "/v1/idempotency_keys",
         route: || web::get().to(idempotency_keys::key_story),
+    },
+    Endpoint {
+        method: Method::POST,
+        path: "/webhooks/gateway",
+        route: || web::post().to(webhooks::receive_gateway_event),
     },
     Endpoint { method: Method::GET, path: "/healthz", route: || web::get().to(health::healthz) },
     Endpoint { method: Method::GET, path: "/readyz", route: || web::get().to(health::readyz) },

@@ -18,9 +18,9 @@ use crate::state::AppState;
 /// The header that marks a stored answer replayed for a retry (as Stripe sends it).
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
-/// Page size bounds of `GET /v1/payments`.
-const DEFAULT_PAGE: i64 = 10;
-const MAX_PAGE: i64 = 100;
+/// Page size bounds of `GET /v1/payments` and `GET /v1/refunds`.
+pub(super) const DEFAULT_PAGE: i64 = 10;
+pub(super) const MAX_PAGE: i64 = 100;
 
 /// `POST /v1/payments`
 pub async fn create_payment(
@@ -89,7 +89,7 @@ pub async fn list_payments(
 }
 
 /// A stored answer, exactly as stored.
-fn stored_response(response: StoredResponse, replayed: bool) -> HttpResponse {
+pub(super) fn stored_response(response: StoredResponse, replayed: bool) -> HttpResponse {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut builder = HttpResponse::build(status);
     builder.content_type(if status.is_success() { "application/json" } else { PROBLEM_JSON });

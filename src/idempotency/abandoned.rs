@@ -23,6 +23,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 pub struct Abandoned {
     pub lock: KeyLock,
     pub key: IdempotencyKey,
+    /// The endpoint the key was used on (`/v1/payments`, `/v1/refunds`): whose phases drive it.
+    pub path: String,
     /// The validated request, as stored by the claim.
     pub params: serde_json::Value,
     /// Worker attempts on this key, this one included.
@@ -41,6 +43,8 @@ struct AbandonedRow {
     recovery_point: RecoveryPoint,
     #[diesel(sql_type = SqlUuid)]
     lock_token: Uuid,
+    #[diesel(sql_type = Text)]
+    request_path: String,
     #[diesel(sql_type = Jsonb)]
     request_params: serde_json::Value,
     #[diesel(sql_type = Integer)]
@@ -50,7 +54,9 @@ struct AbandonedRow {
 /// Takes over the unfinished key that has waited longest, if one is due: unlocked or its lease
 /// over (by its owner's own lock timeout, which it wrote on the row), not given up on, and
 /// untouched for its backoff (`backoff` doubled per earlier attempt, counted from the end of the
-/// last run, at most an hour). Our lease on it lasts `lease`.
+/// last run, at most an hour), or nudged by a gateway event about it since a worker last took it
+/// (then at once: the gateway has said what happened, and the look-up will find it). Our lease on
+/// it lasts `lease`.
 /// `FOR UPDATE SKIP LOCKED`: concurrent workers take different keys, and none takes a key while a
 /// request is committing a phase on it. The claim and its audit record are one statement; `run`
 /// is the id of the worker's run, which every record it writes about the key carries.
@@ -65,17 +71,18 @@ pub async fn claim_abandoned(
              UPDATE idempotency_keys k
              SET locked_until = now() + $1 * interval '1 millisecond', lock_token = gen_random_uuid(),
                  last_run_at = now(),
-                 completer_attempts = k.completer_attempts + 1
+                 completer_attempts = k.completer_attempts + 1, nudged_at = NULL
              FROM (SELECT account_id, id FROM idempotency_keys
                    WHERE finished_at IS NULL AND needs_attention_at IS NULL
                      AND (locked_until IS NULL OR locked_until < now())
-                     AND last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
+                     AND (last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
+                          OR nudged_at IS NOT NULL)
                    ORDER BY last_run_at
                    LIMIT 1
                    FOR UPDATE SKIP LOCKED) due
              WHERE k.account_id = due.account_id AND k.id = due.id
              RETURNING k.account_id, k.id, k.idempotency_key, k.recovery_point, k.lock_token,
-                       k.request_params, k.completer_attempts
+                       k.request_path, k.request_params, k.completer_attempts
          ), audited AS (
              INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT account_id, 'idempotency_key.taken_over', 'idempotency_key', id, 'completer',
@@ -99,6 +106,7 @@ pub async fn claim_abandoned(
             Lease { token: row.lock_token, length: lease, sent },
         ),
         key: IdempotencyKey::from_stored(row.idempotency_key),
+        path: row.request_path,
         params: row.request_params,
         attempts: row.completer_attempts.unsigned_abs(),
     }))
@@ -149,18 +157,23 @@ pub struct NeedsAttention {
     pub needs_attention_at: DateTime<Utc>,
     #[diesel(sql_type = Text)]
     pub attention_reason: String,
+    /// The endpoint the key is bound to (`/v1/payments`, `/v1/refunds`).
+    #[diesel(sql_type = Text)]
+    pub request_path: String,
+    /// The payment or refund the key made, if any yet.
     #[diesel(sql_type = Nullable<SqlUuid>)]
-    pub payment_id: Option<Uuid>,
+    pub made_id: Option<Uuid>,
 }
 
-/// The keys workers gave up on, oldest first, with their payment if one was made.
+/// The keys workers gave up on, oldest first, with what each made, if anything.
 pub async fn needing_attention(conn: &mut AsyncPgConnection) -> Result<Vec<NeedsAttention>, StoreError> {
     db::query(
         diesel::sql_query(
             "SELECT k.id, k.account_id, k.idempotency_key, k.recovery_point, k.completer_attempts,
-                k.needs_attention_at, k.attention_reason, p.id AS payment_id
+                k.needs_attention_at, k.attention_reason, k.request_path, made.id AS made_id
          FROM idempotency_keys k
-         LEFT JOIN payments p ON p.account_id = k.account_id AND p.idempotency_key_id = k.id
+         LEFT JOIN made_by_keys made ON made.account_id = k.account_id
+             AND made.idempotency_key = k.idempotency_key AND made.request_path = k.request_path
          WHERE k.needs_attention_at IS NOT NULL
          ORDER BY k.needs_attention_at",
         )

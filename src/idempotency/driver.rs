@@ -101,15 +101,15 @@ pub enum TakenIn<'a> {
 /// Takes a request in under its key: from the replay cache if its answer is there, else by the
 /// claim. Counts what became of it.
 pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'a>, DriveError> {
-    let (metrics, account_id) = (ctx.metrics, new.account_id);
+    let (metrics, account_id, endpoint) = (ctx.metrics, new.account_id, new.endpoint.label);
     // A finished key's answer may be in memory: answered from there, with no database at all.
     match ctx.replays.recall(new) {
         Some(Remembered::Replay(response)) => {
-            metrics.key(account_id, KeyOutcome::Replayed);
+            metrics.key(account_id, endpoint, KeyOutcome::Replayed);
             return Ok(TakenIn::Replayed(response));
         }
         Some(Remembered::Mismatch) => {
-            metrics.key(account_id, KeyOutcome::KeyReused);
+            metrics.key(account_id, endpoint, KeyOutcome::KeyReused);
             return Err(DriveError::KeyReused);
         }
         None => {}
@@ -117,11 +117,11 @@ pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'
     let mut conn = db::connect(ctx.db).await?;
     let lock = match claim(&mut conn, new, ctx.lock_timeout).await? {
         Claim::Mismatch => {
-            metrics.key(account_id, KeyOutcome::KeyReused);
+            metrics.key(account_id, endpoint, KeyOutcome::KeyReused);
             return Err(DriveError::KeyReused);
         }
         Claim::Replay { response, expires } => {
-            metrics.key(account_id, KeyOutcome::Replayed);
+            metrics.key(account_id, endpoint, KeyOutcome::Replayed);
             // A key finished before expiries were recorded is never kept in memory.
             if let Some(expires) = expires {
                 ctx.replays.remember(new, &response, expires);
@@ -129,16 +129,16 @@ pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'
             return Ok(TakenIn::Replayed(response));
         }
         Claim::InFlight => {
-            metrics.key(account_id, KeyOutcome::InFlight);
+            metrics.key(account_id, endpoint, KeyOutcome::InFlight);
             return Err(DriveError::InFlight);
         }
-        Claim::Expired { payment_id } => {
-            metrics.key(account_id, KeyOutcome::Expired);
-            return Ok(TakenIn::Expired { id: payment_id });
+        Claim::Expired { id } => {
+            metrics.key(account_id, endpoint, KeyOutcome::Expired);
+            return Ok(TakenIn::Expired { id });
         }
         Claim::Acquired(lock) => lock,
     };
-    metrics.key(account_id, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
+    metrics.key(account_id, endpoint, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
     let key = new.key.clone();
     let run = Run { conn: Some(conn), ..Run::new(ctx, lock, key, Actor::Api, new.request_id.clone()) };
@@ -210,9 +210,10 @@ impl<'a> Run<'a> {
                 }
             }
             Err(error) => {
-                // A worker's runs are counted as its own (see the completer).
-                if self.actor == Actor::Api {
-                    self.ctx.metrics.unfinished(error.unfinished());
+                // A client's request is counted here; a worker's runs are counted as its own (see
+                // the completer).
+                if let Some(new) = new {
+                    self.ctx.metrics.unfinished(new.endpoint.label, error.unfinished());
                 }
                 if !matches!(error, DriveError::Phase(PhaseError::LockLost)) {
                     self.release(error).await;

@@ -16,20 +16,21 @@ use crate::db::{self, StoreError};
 /// One partial index on `(expires_at, finished_at)` of finished keys serves both scans: a range
 /// of its leading column, and its null `expires_at` entries by `finished_at` (which are none once
 /// the keys finished before the upgrade are gone). `SKIP LOCKED` lets reapers run side by side. A
-/// payment outlives its key, and keeps the key's id (for the key's story).
+/// payment outlives its key, and keeps the key's id (for the key's story). A finished key flagged
+/// for a person (a gateway event disagreed with it) is kept until the flag is cleared.
 pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, batch: i64) -> Result<usize, StoreError> {
     let retention_secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
     db::query(
         diesel::sql_query(
             "WITH expired AS (
              SELECT account_id, id FROM idempotency_keys
-             WHERE finished_at IS NOT NULL AND expires_at <= now()
+             WHERE finished_at IS NOT NULL AND expires_at <= now() AND needs_attention_at IS NULL
              ORDER BY expires_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED
          ), expired_unrecorded AS (
              SELECT account_id, id FROM idempotency_keys
-             WHERE finished_at IS NOT NULL AND expires_at IS NULL
+             WHERE finished_at IS NOT NULL AND expires_at IS NULL AND needs_attention_at IS NULL
                AND finished_at < now() - $1 * interval '1 second'
              LIMIT $2
              FOR UPDATE SKIP LOCKED

@@ -8,10 +8,13 @@ text_enum! {
     /// `started`: the key is claimed; its payment may exist (pending). Nothing is known about the
     /// gateway, so resuming calls it again with the same downstream key, which cannot charge twice.
     /// `charge_created`: the gateway's definitive answer is recorded on the payment.
+    /// `refund_created`: the gateway's answer is recorded on the refund (which may still be
+    /// pending there).
     /// `finished`: the response is stored; every later request with the key replays it.
     pub enum RecoveryPoint {
         Started = "started",
         ChargeCreated = "charge_created",
+        RefundCreated = "refund_created",
         Finished = "finished",
     }
 }

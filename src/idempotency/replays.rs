@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use super::Fingerprint;
 use super::clock::Deadline;
-use super::store::{NewKey, StoredResponse};
+use super::store::{Endpoint, NewKey, StoredResponse};
 
 /// What an entry weighs besides its key and body, roughly: the fingerprint, the method and path,
 /// and the cache's own bookkeeping.
@@ -29,8 +29,7 @@ const ENTRY_OVERHEAD_BYTES: usize = 160;
 #[derive(Debug)]
 struct Finished {
     fingerprint: Fingerprint,
-    method: String,
-    path: String,
+    endpoint: &'static Endpoint,
     response: StoredResponse,
     /// When the key expires, at the latest.
     expires: Deadline,
@@ -79,8 +78,7 @@ impl ReplayCache {
     /// for the same request, or a mismatch for another. `None`: ask the database.
     pub fn recall(&self, new: &NewKey<'_>) -> Option<Remembered> {
         let finished = self.live((new.account_id, new.key.as_str().to_owned()))?;
-        let same_request =
-            finished.fingerprint == new.fingerprint && finished.method == new.method && finished.path == new.path;
+        let same_request = finished.fingerprint == new.fingerprint && finished.endpoint == new.endpoint;
         Some(match same_request {
             true => Remembered::Replay(finished.response.clone()),
             false => Remembered::Mismatch,
@@ -92,13 +90,8 @@ impl ReplayCache {
         if expires.has_passed() {
             return;
         }
-        let finished = Finished {
-            fingerprint: new.fingerprint,
-            method: new.method.to_owned(),
-            path: new.path.to_owned(),
-            response: response.clone(),
-            expires,
-        };
+        let finished =
+            Finished { fingerprint: new.fingerprint, endpoint: new.endpoint, response: response.clone(), expires };
         self.cache.insert((new.account_id, new.key.as_str().to_owned()), Arc::new(finished));
     }
 
@@ -127,6 +120,9 @@ impl ReplayCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::KeyEndpoint;
+
+    static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/payments", label: KeyEndpoint::Payments };
     use crate::idempotency::IdempotencyKey;
     use crate::request_id::RequestId;
 
@@ -140,8 +136,7 @@ mod tests {
         let new = |account_id, params| NewKey {
             account_id,
             key: &key,
-            method: "POST",
-            path: "/v1/payments",
+            endpoint: &ENDPOINT,
             fingerprint: Fingerprint::of(params),
             params,
             request_id: &request_id,
@@ -166,8 +161,7 @@ mod tests {
         let new = NewKey {
             account_id: Uuid::nil(),
             key: &key,
-            method: "POST",
-            path: "/v1/payments",
+            endpoint: &ENDPOINT,
             fingerprint: Fingerprint::of(&body),
             params: &body,
             request_id: &request_id,
@@ -193,8 +187,7 @@ mod tests {
             let new = NewKey {
                 account_id: Uuid::nil(),
                 key: &key,
-                method: "POST",
-                path: "/v1/payments",
+                endpoint: &ENDPOINT,
                 fingerprint: Fingerprint::of(&body),
                 params: &body,
                 request_id: &request_id,

@@ -14,6 +14,7 @@ use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
 use crate::db::{self, StoreError};
+use crate::metrics::KeyEndpoint;
 use crate::request_id::RequestId;
 
 /// What a driver keeps in hand when it checks that its lease covers something it is about to do.
@@ -30,12 +31,21 @@ use crate::request_id::RequestId;
 /// charge. Keeping the database hosts' clocks synchronised is part of running it.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
 
+/// An endpoint whose requests are made safe to retry by keys: each key is bound to the endpoint
+/// it was first used on (on another, it is a mismatch).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub method: &'static str,
+    pub path: &'static str,
+    /// How metrics name it.
+    pub label: KeyEndpoint,
+}
+
 /// A request about to claim its key.
 pub struct NewKey<'a> {
     pub account_id: Uuid,
     pub key: &'a IdempotencyKey,
-    pub method: &'a str,
-    pub path: &'a str,
+    pub endpoint: &'static Endpoint,
     pub fingerprint: Fingerprint,
     /// The validated request, stored so that a worker can re-drive it without its client.
     pub params: &'a serde_json::Value,
@@ -56,9 +66,11 @@ pub enum Claim {
     InFlight,
     /// We hold the key: a new one, an unlocked one, or one whose lease ran out.
     Acquired(KeyLock),
-    /// The key expired (its record past its recorded expiry, or already reaped), but the payment it
-    /// made remains: whatever the body, the request is a late retry and must not charge again.
-    Expired { payment_id: Uuid },
+    /// The key expired (its record past its recorded expiry, or already reaped), but what its
+    /// request made on this endpoint remains (`id`: a payment, a refund): whatever the body, the
+    /// request is a late retry and must not do it again. (Made on another endpoint, it is a
+    /// [`Claim::Mismatch`].)
+    Expired { id: Uuid },
 }
 
 /// A final response, stored with its key and replayed byte for byte.
@@ -103,10 +115,11 @@ pub enum Transition {
 /// Claims `new.key` in one statement, which is race-free without any check-then-insert:
 /// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
 ///   its recorded expiry has come, by the database's clock;
-/// - `expired` looks, only when there is no row or an expired one, for the payment the key made
-///   (one more probe, of the payments' unique key). An expired key is answered as one since
-///   reaped would be, whoever reads it and whatever its own retention: no process replays a key
-///   past its expiry, from the database or from memory;
+/// - `expired` looks, only when there is no row or an expired one, for what the key made (the view
+///   `made_by_keys`: a probe of each endpoint's table by its unique client key). An expired key is
+///   answered as one since reaped would be, whoever reads it and whatever its own retention: no
+///   process replays a key past its expiry, from the database or from memory. (An expired key that
+///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
 /// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
 ///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
 ///   statement again, which then sees that request's row;
@@ -132,7 +145,7 @@ pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Durati
             continue;
         };
         return Ok(match row {
-            ClaimRow { expired_payment_id: Some(payment_id), .. } => Claim::Expired { payment_id },
+            ClaimRow { made_id: Some(id), .. } => Claim::Expired { id },
             ClaimRow { claimed: true, id, recovery_point, fresh, .. } => {
                 let lease = Lease { token, length: lease, sent };
                 Claim::Acquired(KeyLock::new(new.account_id, id, recovery_point, !fresh, lease))
@@ -286,9 +299,9 @@ struct ClaimRow {
     response_status: Option<i16>,
     #[diesel(sql_type = Nullable<Bytea>)]
     response_body: Option<Vec<u8>>,
-    /// Set when the key's row is gone but its payment remains.
+    /// Set when the key's row is gone but what it made on this endpoint remains.
     #[diesel(sql_type = Nullable<SqlUuid>)]
-    expired_payment_id: Option<Uuid>,
+    made_id: Option<Uuid>,
     /// How long a finished key has left before it expires, by the database's clock; none if no
     /// expiry was recorded.
     #[diesel(sql_type = Nullable<BigInt>)]
@@ -311,9 +324,10 @@ const CLAIM_SQL: &str = "
     SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k, input i
     WHERE k.account_id = i.account_id AND k.idempotency_key = i.idempotency_key
 ), expired AS (
-    SELECT p.id FROM payments p, input i
+    SELECT m.id, m.request_method = i.method AND m.request_path = i.path AS same_endpoint
+    FROM made_by_keys m, input i
     WHERE (NOT EXISTS (SELECT FROM existing) OR EXISTS (SELECT FROM existing WHERE expired))
-      AND p.account_id = i.account_id AND p.idempotency_key = i.idempotency_key
+      AND m.account_id = i.account_id AND m.idempotency_key = i.idempotency_key
 ), inserted AS (
     INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
                                   request_fingerprint, request_params, locked_until, lock_token)
@@ -345,7 +359,7 @@ const CLAIM_SQL: &str = "
     FROM taken t, existing e, input i
 )
 SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body,
-       NULL::uuid AS expired_payment_id, NULL::bigint AS expires_in_ms
+       NULL::uuid AS made_id, NULL::bigint AS expires_in_ms
 FROM inserted
 UNION ALL
 SELECT true, false, id, true, recovery_point, response_status, response_body, NULL, NULL
@@ -356,9 +370,9 @@ SELECT false, false, e.id,
        e.recovery_point, e.response_status, e.response_body, NULL,
        (extract(epoch FROM e.expires_at - now()) * 1000)::bigint
 FROM existing e, input i
-WHERE NOT EXISTS (SELECT FROM taken) AND NOT e.expired
+WHERE NOT EXISTS (SELECT FROM taken) AND NOT (e.expired AND EXISTS (SELECT FROM expired))
 UNION ALL
-SELECT false, false, x.id, false, 'finished', NULL, NULL, x.id, NULL
+SELECT false, false, x.id, x.same_endpoint, 'finished', NULL, NULL, CASE WHEN x.same_endpoint THEN x.id END, NULL
 FROM expired x";
 
 impl QueryFragment<Pg> for ClaimQuery<'_> {
@@ -374,9 +388,9 @@ impl QueryFragment<Pg> for ClaimQuery<'_> {
         out.push_sql(", ");
         out.push_bind_param::<SqlUuid, _>(&self.key_id)?;
         out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.method)?;
+        out.push_bind_param::<Text, _>(new.endpoint.method)?;
         out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.path)?;
+        out.push_bind_param::<Text, _>(new.endpoint.path)?;
         out.push_sql(", ");
         out.push_bind_param::<Bytea, _>(new.fingerprint.as_bytes())?;
         out.push_sql(", ");

@@ -1,8 +1,8 @@
 //! The webhook a run's own service delivers its events to: it answers every POST `200`, counts
-//! the deliveries, and keeps the id of each event's payment. It runs inside the run's process
-//! (so the benchmark counts its CPU time with its own).
+//! the deliveries, and keeps each event's type and the id of its object (a payment, a refund). It
+//! runs inside the run's process (so the benchmark counts its CPU time with its own).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,12 +21,17 @@ pub struct WebhookSink {
 #[derive(Default)]
 struct Received {
     deliveries: AtomicU64,
-    payments: Mutex<HashSet<String>>,
+    events: Mutex<Events>,
 }
 
-/// What the sink reads of an event: `{"data": {"object": {"id": ...}}}`.
+/// The events that arrived: each object's id, and the types of the events about it.
+pub type Events = HashMap<String, BTreeSet<String>>;
+
+/// What the sink reads of an event: `{"type": ..., "data": {"object": {"id": ...}}}`.
 #[derive(Deserialize)]
 struct Event {
+    #[serde(rename = "type")]
+    kind: String,
     data: EventData,
 }
 
@@ -61,9 +66,9 @@ impl WebhookSink {
         self.received.deliveries.load(Ordering::Relaxed)
     }
 
-    /// The payments whose events arrived.
-    pub fn payments(&self) -> HashSet<String> {
-        self.received.payments.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    /// The events that arrived so far, by the id of their object.
+    pub fn events(&self) -> Events {
+        self.received.events.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     pub async fn stop(self) {
@@ -74,7 +79,8 @@ impl WebhookSink {
 async fn receive(received: web::Data<Received>, body: web::Bytes) -> HttpResponse {
     received.deliveries.fetch_add(1, Ordering::Relaxed);
     if let Ok(event) = serde_json::from_slice::<Event>(&body) {
-        received.payments.lock().unwrap_or_else(PoisonError::into_inner).insert(event.data.object.id);
+        let mut events = received.events.lock().unwrap_or_else(PoisonError::into_inner);
+        events.entry(event.data.object.id).or_default().insert(event.kind);
     }
     HttpResponse::Ok().finish()
 }

@@ -100,6 +100,11 @@ label! {
         Charge = "charge",
         /// Looking a charge up by its key, before charging a resumed payment.
         Lookup = "lookup",
+        Refund = "refund",
+        /// Looking a refund up by its key, before refunding again.
+        RefundLookup = "refund_lookup",
+        /// Reading a refund by its id, to learn whether a pending one has settled.
+        RefundRead = "refund_read",
     }
 }
 
@@ -107,11 +112,17 @@ label! {
     /// What a gateway call ended with.
     pub enum GatewayOutcome {
         Succeeded = "succeeded",
-        /// A look-up that found no charge under the key.
+        /// A refund the gateway has not settled yet.
+        Pending = "pending",
+        /// A refund that failed (its money not moved).
+        Failed = "failed",
+        /// A look-up that found nothing under the key, or a read of a refund the gateway does not
+        /// know.
         NotFound = "not_found",
         /// The card was declined, or the source is unknown (402 to our client).
         Declined = "declined",
-        /// Refused for another definitive reason (502 to our client).
+        /// Refused for another definitive reason (502 to our client): for a refund, more than the
+        /// charge has left, or an unknown charge.
         Rejected = "rejected",
         /// No definitive answer: a timeout, a connection error, a 5xx, a 409 or 429.
         Indeterminate = "indeterminate",
@@ -126,6 +137,70 @@ label! {
         RetryLater = "retry_later",
         /// Its last attempt failed: the key now needs a person.
         GaveUp = "gave_up",
+    }
+}
+
+label! {
+    /// An endpoint whose requests take idempotency keys.
+    pub enum KeyEndpoint {
+        Payments = "payments",
+        Refunds = "refunds",
+    }
+}
+
+label! {
+    /// What became of an event the gateway sent.
+    pub enum EventOutcome {
+        /// Recorded, and applied: it settled a pending refund, or agreed with what was recorded.
+        Applied = "applied",
+        /// Received before: nothing changed.
+        Duplicate = "duplicate",
+        /// Refused: no valid signature, or a timestamp outside the tolerance. Nothing recorded.
+        InvalidSignature = "invalid_signature",
+        /// Older than what the service knows (a refund settled otherwise since): recorded, ignored.
+        Stale = "stale",
+        /// Says otherwise than what the service recorded: recorded, the key flagged for a person.
+        Disagreement = "disagreement",
+        /// About a key still unfinished: recorded, the key made due for the completer at once.
+        Nudged = "nudged",
+        /// About no request of this service's (another downstream key, an unknown type).
+        Unknown = "unknown",
+    }
+}
+
+label! {
+    /// The types of the gateway's events, as labelled (`other` for any type the service does not
+    /// act on, `unverified` for an event refused before it was read).
+    pub enum EventKind {
+        ChargeSucceeded = "charge.succeeded",
+        ChargeFailed = "charge.failed",
+        RefundSucceeded = "refund.succeeded",
+        RefundFailed = "refund.failed",
+        Other = "other",
+        Unverified = "unverified",
+    }
+}
+
+label! {
+    /// How a settler run on a refund the gateway had left pending ended.
+    pub enum SettlerOutcome {
+        /// The gateway said it succeeded: settled so.
+        Succeeded = "succeeded",
+        /// The gateway said it failed: settled so, its amount refundable again.
+        Failed = "failed",
+        /// Still pending at the gateway: looked up again after its backoff.
+        Pending = "pending",
+        /// Its gateway says it has no such refund: something is badly wrong; looked up again.
+        NotFound = "not_found",
+        /// No readable answer, or one that does not say where the refund stands; looked up again.
+        Unanswered = "unanswered",
+        /// Another gateway answered at the address: its answer says nothing about the refund.
+        WrongGateway = "wrong_gateway",
+        /// Settled by another run meanwhile: nothing written.
+        SettledMeanwhile = "settled_meanwhile",
+        /// Not settled (any of the four above) after the look-ups that make it overdue: a person
+        /// should look.
+        Overdue = "overdue",
     }
 }
 
@@ -146,11 +221,14 @@ pub struct Metrics {
     requests: IntCounterVec,
     unfinished: IntCounterVec,
     payments: IntCounterVec,
+    refunds: IntCounterVec,
+    gateway_events: IntCounterVec,
     gateway_requests: IntCounterVec,
     gateway_duration: HistogramVec,
     http_requests: IntCounterVec,
     http_duration: HistogramVec,
     completer_runs: IntCounterVec,
+    settler_runs: IntCounterVec,
     reaped: IntCounter,
     deliveries: IntCounterVec,
     /// Each account's requests by outcome since the last flush (see [`tally`]).
@@ -179,18 +257,28 @@ impl Metrics {
         let metrics = Metrics {
             requests: counter(
                 "idempotency_requests_total",
-                "Requests with an Idempotency-Key, by how their key was taken in.",
-                &["outcome"],
+                "Requests with an Idempotency-Key, by endpoint and how their key was taken in.",
+                &["endpoint", "outcome"],
             ),
             unfinished: counter(
                 "idempotency_requests_unfinished_total",
-                "Requests that held their key but answered without finishing it, by why.",
-                &["reason"],
+                "Requests that held their key but answered without finishing it, by endpoint and why.",
+                &["endpoint", "reason"],
             ),
             payments: counter(
                 "payments_total",
                 "Payments finished (their final answer stored), by status and failure reason.",
                 &["status", "reason"],
+            ),
+            refunds: counter(
+                "refunds_total",
+                "Refunds finished (their answer stored), by status then: pending ones settle later.",
+                &["status"],
+            ),
+            gateway_events: counter(
+                "gateway_events_total",
+                "Events the gateway sent, by type and what became of them.",
+                &["type", "outcome"],
             ),
             gateway_requests: counter(
                 "gateway_requests_total",
@@ -217,6 +305,11 @@ impl Metrics {
                 "Abandoned keys the completer took over, by how the run ended.",
                 &["outcome"],
             ),
+            settler_runs: counter(
+                "settler_runs_total",
+                "Look-ups of refunds the gateway had left pending, by how the run ended.",
+                &["outcome"],
+            ),
             reaped: IntCounter::new("reaper_keys_reaped_total", "Finished keys deleted after their retention.")
                 .expect("a valid counter"),
             deliveries: counter(
@@ -231,11 +324,21 @@ impl Metrics {
         metrics.registry.register(Box::new(metrics.reaped.clone())).expect("registered once");
         // Every series of a closed set is there from the start, at 0: an alert on a rate then
         // sees the first event, and a dashboard shows a zero rather than nothing.
-        for &outcome in KeyOutcome::ALL {
-            metrics.requests.with_label_values(&[outcome.as_str()]);
+        for &endpoint in KeyEndpoint::ALL {
+            for &outcome in KeyOutcome::ALL {
+                metrics.requests.with_label_values(&[endpoint.as_str(), outcome.as_str()]);
+            }
+            for &reason in Unfinished::ALL {
+                metrics.unfinished.with_label_values(&[endpoint.as_str(), reason.as_str()]);
+            }
         }
-        for &reason in Unfinished::ALL {
-            metrics.unfinished.with_label_values(&[reason.as_str()]);
+        for &kind in EventKind::ALL {
+            for &outcome in EventOutcome::ALL {
+                metrics.gateway_events.with_label_values(&[kind.as_str(), outcome.as_str()]);
+            }
+        }
+        for &status in ["pending", "succeeded", "failed"].iter() {
+            metrics.refunds.with_label_values(&[status]);
         }
         for &operation in GatewayOperation::ALL {
             for &outcome in GatewayOutcome::ALL {
@@ -245,15 +348,19 @@ impl Metrics {
         for &outcome in CompleterOutcome::ALL {
             metrics.completer_runs.with_label_values(&[outcome.as_str()]);
         }
+        for &outcome in SettlerOutcome::ALL {
+            metrics.settler_runs.with_label_values(&[outcome.as_str()]);
+        }
         for &outcome in DeliveryOutcome::ALL {
             metrics.deliveries.with_label_values(&[outcome.as_str()]);
         }
         metrics
     }
 
-    /// A request of `account_id` was taken in: counted here, and in the account's tally.
-    pub fn key(&self, account_id: Uuid, outcome: KeyOutcome) {
-        self.requests.with_label_values(&[outcome.as_str()]).inc();
+    /// A request of `account_id` to `endpoint` was taken in: counted here, and in the account's
+    /// tally.
+    pub fn key(&self, account_id: Uuid, endpoint: KeyEndpoint, outcome: KeyOutcome) {
+        self.requests.with_label_values(&[endpoint.as_str(), outcome.as_str()]).inc();
         self.tally.count(account_id, outcome);
     }
 
@@ -262,13 +369,23 @@ impl Metrics {
         self.tally.flush(pool).await
     }
 
-    pub fn unfinished(&self, reason: Unfinished) {
-        self.unfinished.with_label_values(&[reason.as_str()]).inc();
+    pub fn unfinished(&self, endpoint: KeyEndpoint, reason: Unfinished) {
+        self.unfinished.with_label_values(&[endpoint.as_str(), reason.as_str()]).inc();
     }
 
     /// A payment's final answer was stored: `reason` is `none` for a success, else why it failed.
     pub fn payment_finished(&self, status: &str, reason: &str) {
         self.payments.with_label_values(&[status, reason]).inc();
+    }
+
+    /// An event the gateway sent, of `kind`, came to `outcome`.
+    pub fn gateway_event(&self, kind: EventKind, outcome: EventOutcome) {
+        self.gateway_events.with_label_values(&[kind.as_str(), outcome.as_str()]).inc();
+    }
+
+    /// A refund's answer was stored, with the refund `status` then.
+    pub fn refund_finished(&self, status: &str) {
+        self.refunds.with_label_values(&[status]).inc();
     }
 
     pub fn gateway_call(&self, operation: GatewayOperation, outcome: GatewayOutcome, took: Duration) {
@@ -285,6 +402,10 @@ impl Metrics {
 
     pub fn completer_run(&self, outcome: CompleterOutcome) {
         self.completer_runs.with_label_values(&[outcome.as_str()]).inc();
+    }
+
+    pub fn settler_run(&self, outcome: SettlerOutcome) {
+        self.settler_runs.with_label_values(&[outcome.as_str()]).inc();
     }
 
     pub fn reaped(&self, keys: usize) {

@@ -44,16 +44,16 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse, TakenIn,
-    Transition, take_in,
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse,
+    TakenIn, Transition, take_in,
 };
+use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
-/// The method and path a payment key is bound to: a key used on another endpoint is a mismatch.
-const METHOD: &str = "POST";
-const PATH: &str = "/v1/payments";
+/// The endpoint: a payment key is bound to it (used on another, it is a mismatch).
+pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/payments", label: KeyEndpoint::Payments };
 
 /// The answer to a create request.
 #[derive(Debug)]
@@ -78,8 +78,7 @@ pub async fn create_payment(
     let new = NewKey {
         account_id,
         key: &key,
-        method: METHOD,
-        path: PATH,
+        endpoint: &ENDPOINT,
         fingerprint: Fingerprint::of(&params),
         params: &params,
         request_id,

@@ -3,12 +3,11 @@
 pub mod create;
 mod model;
 mod request;
-mod story;
 mod view;
 mod writes;
 
-pub use create::{Created, complete_abandoned, create_payment};
+pub use create::{Created, ENDPOINT, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};
-pub use request::{CreatePaymentBody, ValidationError};
-pub use story::{KeyStory, TRAIL_LIMIT};
+pub(crate) use request::integral_number;
+pub use request::{CreatePaymentBody, MAX_AMOUNT, ValidationError, validate_metadata};
 pub use view::{PaymentList, PaymentView};

@@ -45,6 +45,10 @@ pub struct Payment {
     /// The gateway it is charged through ([`crate::gateway::GatewayClient::id`]). None only for
     /// payments made before gateways were recorded, which no driver touches.
     pub gateway: Option<String>,
+    /// The sum of its succeeded refunds.
+    pub amount_refunded: i64,
+    /// The sum of its refunds still pending: reserved, not refundable again until they settle.
+    pub amount_refund_pending: i64,
 }
 
 /// A new, pending payment, linked to the key row that creates it.

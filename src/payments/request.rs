@@ -81,24 +81,10 @@ impl CreatePaymentBody {
             return fail(format!("description must be at most {MAX_DESCRIPTION_CHARS} characters"));
         }
         // PostgreSQL text cannot hold NUL; anything else (new lines included) is the client's to use.
-        let has_nul = |text: &str| text.contains('\0');
-        if self.description.as_deref().is_some_and(has_nul)
-            || self.metadata.iter().flatten().any(|(key, value)| has_nul(key) || has_nul(value))
-        {
-            return fail("description and metadata may not contain NUL characters".into());
+        if self.description.as_deref().is_some_and(has_nul) {
+            return fail("description may not contain NUL characters".into());
         }
-        let metadata = self.metadata.unwrap_or_default();
-        if metadata.len() > MAX_METADATA_KEYS {
-            return fail(format!("metadata may have at most {MAX_METADATA_KEYS} keys"));
-        }
-        for (key, value) in &metadata {
-            if key.is_empty() || key.chars().count() > MAX_METADATA_KEY_CHARS {
-                return fail(format!("metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters"));
-            }
-            if value.chars().count() > MAX_METADATA_VALUE_CHARS {
-                return fail(format!("metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"));
-            }
-        }
+        let metadata = validate_metadata(self.metadata)?;
         Ok(PaymentRequest {
             amount: self.amount,
             currency: self.currency.to_ascii_lowercase(),
@@ -107,6 +93,35 @@ impl CreatePaymentBody {
             source: self.source,
         })
     }
+}
+
+/// Checks the rules of `metadata` (a payment's or a refund's): at most [`MAX_METADATA_KEYS`] keys of
+/// 1 to [`MAX_METADATA_KEY_CHARS`] characters, values of at most [`MAX_METADATA_VALUE_CHARS`], no
+/// NUL anywhere. None is the same as empty.
+pub fn validate_metadata(
+    metadata: Option<BTreeMap<String, String>>,
+) -> Result<BTreeMap<String, String>, ValidationError> {
+    let fail = |message: String| Err(ValidationError(message));
+    let metadata = metadata.unwrap_or_default();
+    if metadata.iter().any(|(key, value)| has_nul(key) || has_nul(value)) {
+        return fail("metadata may not contain NUL characters".into());
+    }
+    if metadata.len() > MAX_METADATA_KEYS {
+        return fail(format!("metadata may have at most {MAX_METADATA_KEYS} keys"));
+    }
+    for (key, value) in &metadata {
+        if key.is_empty() || key.chars().count() > MAX_METADATA_KEY_CHARS {
+            return fail(format!("metadata keys must be 1 to {MAX_METADATA_KEY_CHARS} characters"));
+        }
+        if value.chars().count() > MAX_METADATA_VALUE_CHARS {
+            return fail(format!("metadata values must be at most {MAX_METADATA_VALUE_CHARS} characters"));
+        }
+    }
+    Ok(metadata)
+}
+
+fn has_nul(text: &str) -> bool {
+    text.contains('\0')
 }
 
 /// The largest amount chargeable in `currency`, in its minor units: under a million major units,
@@ -120,7 +135,7 @@ fn max_amount(currency: Currency) -> Option<i64> {
 /// JSON has one kind of number, and JSON Schema counts `51803.0` as an integer, so an integral
 /// number is accepted however it is written; `10.5` is not an amount of minor units. A number
 /// too large for `i64` saturates, and is then refused by the amount's range.
-fn integral_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
+pub(crate) fn integral_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
     let number = serde_json::Number::deserialize(deserializer)?;
     let float = number.as_f64().unwrap_or(f64::NAN);
     match number.as_i64() {

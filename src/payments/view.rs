@@ -25,6 +25,9 @@ pub struct PaymentView<'a> {
     /// (`None`) where only facts and codes are shown: a key's story.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_message: Option<Option<&'a str>>,
+    /// The sum of its succeeded refunds, and whether that is all of it.
+    pub amount_refunded: i64,
+    pub refunded: bool,
     pub created_at: DateTime<Utc>,
 }
 
@@ -41,6 +44,8 @@ impl<'a> From<&'a Payment> for PaymentView<'a> {
             gateway_charge_id: payment.gateway_charge_id.as_deref(),
             failure_code: payment.failure_code.as_deref(),
             failure_message: Some(payment.failure_message.as_deref()),
+            amount_refunded: payment.amount_refunded,
+            refunded: payment.amount_refunded == payment.amount,
             created_at: payment.created_at,
         }
     }

@@ -18,7 +18,8 @@ use crate::outbox::StagedEvent;
 
 /// The columns of [`super::Payment`], as a phase returns them.
 const PAYMENT: &str = "id, account_id, idempotency_key_id, idempotency_key, amount, currency, description, metadata, \
-                       status, gateway_charge_id, failure_code, failure_message, created_at, updated_at, gateway";
+                       status, gateway_charge_id, failure_code, failure_message, created_at, updated_at, gateway, \
+                       amount_refunded, amount_refund_pending";
 
 /// `started`: the pending payment and its audit record; or, when the phase runs again, the
 /// payment that an earlier run made (never a second one, and no second record).

@@ -6,13 +6,16 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::{Outcome, Worker};
+use crate::audit::Actor;
 use crate::config::WorkerSettings;
 use crate::db;
-use crate::idempotency::{Reason, claim_abandoned, mark_needs_attention};
-use crate::metrics::CompleterOutcome;
-use crate::payments::complete_abandoned;
+use crate::idempotency::{
+    Abandoned, DriveError, Reason, StoredResponse, claim_abandoned, mark_needs_attention, release,
+};
+use crate::metrics::{CompleterOutcome, Unfinished};
 use crate::request_id::RequestId;
 use crate::state::AppState;
+use crate::{payments, refunds};
 
 /// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
 /// between attempts; after `max_attempts` it gives up, and the key needs attention.
@@ -49,7 +52,7 @@ impl Completer {
         drop(conn);
         let (lock, attempt) = (abandoned.lock.clone(), abandoned.attempts);
         let key_id = lock.key_id;
-        match complete_abandoned(&self.state, abandoned, run).await {
+        match complete(&self.state, abandoned, run).await {
             Ok(response) => {
                 metrics.completer_run(CompleterOutcome::Finished);
                 tracing::info!(%key_id, attempt, response.status = response.status, "finished an abandoned request");
@@ -71,5 +74,19 @@ impl Completer {
             }
         }
         Ok(Outcome::Worked)
+    }
+}
+
+/// Drives an abandoned key through the phases of the endpoint it was used on.
+async fn complete(state: &AppState, abandoned: Abandoned, run: &RequestId) -> Result<StoredResponse, DriveError> {
+    match abandoned.path.as_str() {
+        path if path == payments::ENDPOINT.path => payments::complete_abandoned(state, abandoned, run).await,
+        path if path == refunds::ENDPOINT.path => refunds::complete_abandoned(state, abandoned, run).await,
+        other => {
+            let error = DriveError::inconsistent(format!("a key used on {other}, which no phases drive"));
+            let reason = Reason { code: Unfinished::Internal.as_str(), detail: &error.to_string() };
+            release(state.keys(), &abandoned.lock, Actor::Completer, reason, run).await;
+            Err(error)
+        }
     }
 }

@@ -5,16 +5,18 @@
 //!   free or stale, re-driven from their recovery point through the same phases as the API.
 //! - The [`Reaper`] deletes finished keys once they expire, and the per-account request counts
 //!   once their retention is over.
-//! - The [`Outbox`] delivers the events that finished payments staged.
+//! - The [`Outbox`] delivers the events that finished payments and refunds staged.
+//! - The [`Settler`] settles the refunds the gateway left pending, looking them up with backoff.
 //!
 //! Each worker has `run_once`, one unit of work, which tests call to drain it deterministically;
 //! [`Workers::run`] loops them until asked to stop. Any number of worker processes may run beside
 //! any number of `serve`s: they coordinate only through PostgreSQL row locks (`FOR UPDATE SKIP
-//! LOCKED`), so no key and no event is ever handled by two of them at once.
+//! LOCKED`), so no key, no event and no pending refund is ever handled by two of them at once.
 
 mod completer;
 mod outbox;
 mod reaper;
+mod settler;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use tokio::sync::watch;
 pub use completer::Completer;
 pub use outbox::Outbox;
 pub use reaper::Reaper;
+pub use settler::Settler;
 
 use crate::config::WorkerSettings;
 use crate::state::AppState;
@@ -53,6 +56,7 @@ pub struct Workers {
     pub completer: Completer,
     pub reaper: Reaper,
     pub outbox: Outbox,
+    pub settler: Settler,
     interval: Duration,
 }
 
@@ -61,7 +65,8 @@ impl Workers {
         Ok(Workers {
             completer: Completer::new(state.clone(), settings),
             reaper: Reaper::new(state.clone(), settings),
-            outbox: Outbox::new(state, settings)?,
+            outbox: Outbox::new(state.clone(), settings)?,
+            settler: Settler::new(state, settings),
             interval: settings.interval,
         })
     }
@@ -72,7 +77,8 @@ impl Workers {
         tokio::join!(
             run_loop(self.completer, self.interval, stop.clone()),
             run_loop(self.reaper, self.interval, stop.clone()),
-            run_loop(self.outbox, self.interval, stop),
+            run_loop(self.outbox, self.interval, stop.clone()),
+            run_loop(self.settler, self.interval, stop),
         );
     }
 }

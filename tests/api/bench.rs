@@ -1,5 +1,6 @@
-//! `payments bench`, briefly, against a deployment of its own: it reports every figure, finds the
-//! protocol keeping its promises under load, and leaves nothing running behind it.
+//! `payments bench`, briefly, against a deployment of its own: it reports every figure (the refund
+//! scenario's and its pgbench reference's too), finds the protocol keeping its promises under
+//! load, and leaves nothing running behind it.
 
 use serde_json::Value;
 
@@ -16,6 +17,10 @@ const FIGURES: &[&str] = &[
     "/references/pgbench_new_payment/postgres_cpu_us_per_transaction",
     "/references/pgbench_new_payment/wal_bytes_per_transaction",
     "/references/pgbench_replay/tps",
+    "/references/pgbench_refund/tps",
+    "/references/pgbench_refund/latency_average_ms",
+    "/references/pgbench_refund/postgres_cpu_us_per_transaction",
+    "/references/pgbench_refund/wal_bytes_per_transaction",
     "/references/bare_endpoint/throughput_per_s",
     "/references/bare_endpoint/latency_ms/p99",
     "/references/bare_endpoint/cpu_us_per_request/endpoint",
@@ -24,6 +29,8 @@ const FIGURES: &[&str] = &[
     "/ratios/replay_vs_pgbench_replay",
     "/ratios/replay_p99_vs_bare_endpoint_p99",
     "/ratios/new_p99_vs_new_mean",
+    "/ratios/refund_vs_pgbench_refund",
+    "/ratios/refund_vs_new",
 ];
 
 /// What every scenario reports.
@@ -46,6 +53,7 @@ const SCENARIO_FIGURES: &[&str] = &[
     "/statements_per_request",
     "/wal_bytes_per_request",
     "/payments_created",
+    "/refunds_created",
     "/during_load/cpu_us_per_request/api",
     "/during_load/cpu_us_per_request/postgres",
     "/during_load/statements_per_request",
@@ -70,13 +78,14 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
     assert!(!scratch.exists(), "its cluster and logs are removed at the end");
     let table = String::from_utf8_lossy(&output.stdout);
     assert!(table.contains("| new payments / pgbench new payment tps |"), "{table}");
+    assert!(table.contains("| refunds / pgbench refund tps |"), "{table}");
 
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
     for figure in FIGURES {
         assert!(report.pointer(figure).is_some_and(|v| !v.is_null()), "{figure} missing in {report:#}");
     }
-    for scenario in ["new", "replay", "duplicates"] {
+    for scenario in ["new", "replay", "duplicates", "refund"] {
         let figures = &report["scenarios"][scenario];
         for figure in SCENARIO_FIGURES {
             assert!(figures.pointer(figure).is_some_and(|v| !v.is_null()), "{scenario}{figure} missing in {figures:#}");
@@ -90,5 +99,14 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
     let new = &report["scenarios"]["new"];
     assert_eq!(new["payments_created"], new["requests"], "{new:#}");
     assert!(new["outbox"]["deliveries"].as_u64() >= new["payments_created"].as_u64(), "every event delivered");
+    // Each refund request made one refund, and no payment; each refund's event was delivered.
+    let refund = &report["scenarios"]["refund"];
+    assert_eq!(
+        (refund["refunds_created"].as_u64(), refund["payments_created"].as_u64()),
+        (refund["requests"].as_u64(), Some(0)),
+        "{refund:#}"
+    );
+    assert!(refund["outbox"]["deliveries"].as_u64() >= refund["refunds_created"].as_u64(), "every event delivered");
+    assert_eq!(report["references"]["pgbench_refund"]["failed"], 0);
     assert!(report["references"]["bare_endpoint"]["throughput_per_s"].as_f64().unwrap() > 0.0);
 }

@@ -1,5 +1,5 @@
 //! `payments chaos`, as a reader runs it: a short run in a world of its own, and one against a
-//! running deployment.
+//! running deployment. Both make refunds beside the payments, and check them.
 
 use tokio::process::Command;
 
@@ -26,13 +26,33 @@ fn count(table: &str, row: &str) -> u64 {
     rest.parse().unwrap_or_else(|_| panic!("no count in {line:?}"))
 }
 
+/// Every invariant the table holds, payments' and refunds'.
+const INVARIANTS: usize = 13;
+
+/// The detail on a row of the table, after its count.
+fn detail<'a>(table: &'a str, row: &str) -> &'a str {
+    let line = table.lines().find(|line| line.trim_start().starts_with(row)).unwrap_or_else(|| panic!("no {row}"));
+    line.trim_start()[row.len()..].trim()
+}
+
 #[tokio::test]
 async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() {
     let (code, table, log) = chaos(&["--keys", "200"]).await;
     assert_eq!(code, Some(0), "{table}\n{log}");
     assert!(table.ends_with("every invariant held\n"), "{table}");
-    assert_eq!(table.matches("\n  held   ").count(), 6, "{table}");
+    assert_eq!(table.matches("\n  held   ").count(), INVARIANTS, "{table}");
     assert_eq!(count(&table, "payments (keys)"), 200);
+    // Refunds were mixed in: several at once on one payment, so that the money rule refused some
+    // of them; some left pending by the gateway (the invariants hold that they settled).
+    assert!(count(&table, "refunds (keys)") > 0, "{table}");
+    assert!(!detail(&table, "refunds (keys)").ends_with(" 0 of them by 2 or 3 refunds at once"), "{table}");
+    let outcomes = detail(&table, "refund outcomes");
+    assert!(
+        outcomes.contains("refused payment-already-refunded") || outcomes.contains("refused refund-exceeds-payment"),
+        "{table}"
+    );
+    let settled = table.lines().find(|line| line.contains("every pending refund settled")).unwrap();
+    assert!(!settled.contains(" 0 answered pending"), "{table}");
     // The storm happened: processes were killed and restarted, and frozen past their leases; the
     // gateway failed and forgot its keys; some requests carried crash points and some clients
     // walked away.
@@ -52,7 +72,8 @@ async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() 
 #[tokio::test]
 async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
     let app = TestApp::spawn().await;
-    // This deployment runs no workers: every client sees its payment through.
+    // This deployment runs no workers: every client sees its payment through, and nothing would
+    // settle a refund the gateway left pending.
     let args = [
         ["--url", app.address.as_str()],
         ["--api-key", app.api_key.as_str()],
@@ -60,15 +81,19 @@ async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
         ["--gateway-url", app.gateway_url()],
         ["--keys", "30"],
         ["--abandon-rate", "0"],
+        ["--pending-refund-rate", "0"],
     ];
     let (code, table, log) = chaos(&args.concat()).await;
     assert_eq!(code, Some(0), "{table}\n{log}");
     for row in ["kills (SIGKILL)", "pauses past the lease", "crash points sent"] {
         assert_eq!(count(&table, row), 0, "{row}: {table}");
     }
-    assert!(table.contains("not checked: the deployment's webhook is not the run's"), "{table}");
+    assert_eq!(table.matches("not checked: the deployment's webhook is not the run's").count(), 2, "{table}");
     let succeeded = app.gateway.stats().await.charges;
     assert!(table.contains(&format!("{succeeded} = {succeeded} = {succeeded}")), "{table}");
+    let refunds = app.gateway.all_stats().await["refunds"].as_u64().unwrap();
+    assert!(refunds > 0, "{table}");
+    assert!(table.contains(&format!("{refunds} = {refunds} = {refunds}")), "{table}");
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
-//! The real binary aborts at each crash point (as with `kill -9`). Either the client retries with
-//! the same key against a restarted process, or nobody does and the restarted process's completer
-//! finishes the request by itself. Either way the gateway, a process of its own that outlives the
-//! crash, holds exactly one charge, and the client's retry ends with the one answer.
+//! The real binary aborts at each crash point (as with `kill -9`), of a payment's phases and of a
+//! refund's. Either the client retries with the same key against a restarted process, or nobody
+//! does and the restarted process's completer finishes the request by itself. Either way the
+//! gateway, a process of its own that outlives the crash, holds exactly one charge (one refund),
+//! and the client's retry ends with the one answer.
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
@@ -10,7 +11,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments::db::schema::idempotency_keys as k;
 use reqwest::StatusCode;
-use serde_json::Value;
+use serde_json::{Value, json};
 use uuid::Uuid;
 
 use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, wait_for};
@@ -28,10 +29,20 @@ struct Crashed {
     gateway: Process,
     key: String,
     http: reqwest::Client,
+    /// `/v1/payments`, or `/v1/refunds`.
+    path: &'static str,
+    body: Value,
 }
 
 impl Crashed {
+    /// A payment that crashed the process at `point`.
     async fn at(point: &str) -> Crashed {
+        Crashed::of("/v1/payments", point).await
+    }
+
+    /// A request to `path` that crashed the process at `point`; a refund's is of a payment made
+    /// just before, on the same process.
+    async fn of(path: &'static str, point: &str) -> Crashed {
         let database = TestDatabase::create().await;
         let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
         let (account, api_key) = payments::accounts::create(&mut conn, "crash").await.unwrap();
@@ -42,14 +53,23 @@ impl Crashed {
             ("PAYMENTS_LOCK_TIMEOUT_MS", LOCK_TIMEOUT_MS),
         ];
         let mut doomed = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
-        let crashed = Crashed {
+        let mut crashed = Crashed {
             database,
             account_id: account.id,
             api_key,
             gateway,
             key: new_key(),
             http: reqwest::Client::new(),
+            path: "/v1/payments",
+            body: payment_body(),
         };
+        if path == "/v1/refunds" {
+            let paid = crashed.post(&doomed.url, None).await.unwrap();
+            let payment: Value = paid.json().await.unwrap();
+            crashed.path = path;
+            crashed.key = new_key();
+            crashed.body = json!({ "payment": payment["id"], "amount": 400 });
+        }
         let answer = crashed.post(&doomed.url, Some(point)).await;
         assert!(answer.is_err(), "the connection dies with the process");
         let status = doomed.exited().await;
@@ -60,13 +80,13 @@ impl Crashed {
     async fn post(&self, url: &str, crash: Option<&str>) -> reqwest::Result<reqwest::Response> {
         let mut request = self
             .http
-            .post(format!("{url}/v1/payments"))
+            .post(format!("{url}{}", self.path))
             .bearer_auth(&self.api_key)
             .header("Idempotency-Key", &self.key);
         if let Some(point) = crash {
             request = request.header("X-Fault-Inject", format!("crash={point}"));
         }
-        request.json(&payment_body()).send().await
+        request.json(&self.body).send().await
     }
 
     /// The service, started again on the same database and gateway.
@@ -90,10 +110,10 @@ impl Crashed {
             .unwrap()
     }
 
-    /// Exactly one charge at the gateway, for this key, and it is the payment's.
-    async fn assert_charged_once(&self, payment: &Value) {
+    /// Exactly one charge (or refund) at the gateway, for this key, and it is the payment's (the
+    /// refund's).
+    async fn assert_done_once(&self, answer: &Value) {
         let control = GatewayControl::new(&self.gateway.url);
-        assert_eq!(control.stats().await.charges, 1, "exactly one charge across the crash");
         let mut conn = AsyncPgConnection::establish(&self.database.url).await.unwrap();
         let key_id: Uuid = k::table
             .filter(k::account_id.eq(self.account_id).and(k::idempotency_key.eq(&self.key)))
@@ -101,15 +121,29 @@ impl Crashed {
             .get_result(&mut conn)
             .await
             .unwrap();
-        let charges = control.charges_for(&payments::gateway::downstream_key(self.account_id, key_id)).await;
+        let downstream = payments::gateway::downstream_key(self.account_id, key_id);
+        if self.path == "/v1/refunds" {
+            let stats = control.all_stats().await;
+            assert_eq!((stats["charges"].as_u64(), stats["refunds"].as_u64()), (Some(1), Some(1)), "one refund");
+            let refunds = control.refunds_for(&downstream).await;
+            assert_eq!(refunds.len(), 1);
+            assert_eq!(answer["gateway_refund_id"], refunds[0]["id"]);
+            assert_eq!(answer["status"], "succeeded");
+            return;
+        }
+        assert_eq!(control.stats().await.charges, 1, "exactly one charge across the crash");
+        let charges = control.charges_for(&downstream).await;
         assert_eq!(charges.len(), 1);
-        assert_eq!(payment["gateway_charge_id"], charges[0]["id"]);
+        assert_eq!(answer["gateway_charge_id"], charges[0]["id"]);
     }
 }
 
 /// The client retries until the crashed request's lock is stale, and gets the one payment.
 async fn recovered_by_the_clients_retry(point: &str) {
-    let crashed = Crashed::at(point).await;
+    recovered_by_the_retry(Crashed::at(point).await).await;
+}
+
+async fn recovered_by_the_retry(crashed: Crashed) {
     let restarted = crashed.restart(&["--no-workers"]).await;
     let (status, payment) = wait_for(Duration::from_secs(30), "the retry gets past the stale lock", || async {
         let response = crashed.post(&restarted.url, None).await.unwrap();
@@ -122,7 +156,7 @@ async fn recovered_by_the_clients_retry(point: &str) {
 
     assert_eq!(status, StatusCode::CREATED, "{payment}");
     assert_eq!(payment["status"], "succeeded");
-    crashed.assert_charged_once(&payment).await;
+    crashed.assert_done_once(&payment).await;
     let replay = crashed.post(&restarted.url, None).await.unwrap();
     assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
 }
@@ -130,7 +164,10 @@ async fn recovered_by_the_clients_retry(point: &str) {
 /// Nobody retries: the restarted service's completer finishes the request once its lock is stale,
 /// and the client's much later retry gets the stored answer.
 async fn finished_by_the_completer(point: &str) {
-    let crashed = Crashed::at(point).await;
+    completed(Crashed::at(point).await, point).await;
+}
+
+async fn completed(crashed: Crashed, point: &str) {
     let crashed_at = Instant::now();
     let restarted = crashed.restart(&[]).await;
     wait_for(Duration::from_secs(30), "the completer finishes the request", || async {
@@ -142,7 +179,7 @@ async fn finished_by_the_completer(point: &str) {
     let retry = crashed.post(&restarted.url, None).await.unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);
     assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
-    crashed.assert_charged_once(&retry.json().await.unwrap()).await;
+    crashed.assert_done_once(&retry.json().await.unwrap()).await;
 }
 
 #[tokio::test]
@@ -173,4 +210,24 @@ async fn a_crash_after_the_charge_is_finished_by_the_completer_without_a_retry()
 #[tokio::test]
 async fn a_crash_after_charge_created_is_finished_by_the_completer_without_a_retry() {
     finished_by_the_completer("after_charge_created").await;
+}
+
+#[tokio::test]
+async fn a_refund_crashed_after_started_is_recovered_by_the_retry_with_one_refund() {
+    recovered_by_the_retry(Crashed::of("/v1/refunds", "after_started").await).await;
+}
+
+#[tokio::test]
+async fn a_refund_crashed_after_the_gateway_refunded_is_recovered_by_the_retry_with_one_refund() {
+    recovered_by_the_retry(Crashed::of("/v1/refunds", "after_refund").await).await;
+}
+
+#[tokio::test]
+async fn a_refund_crashed_after_refund_created_is_finished_by_the_completer() {
+    completed(Crashed::of("/v1/refunds", "after_refund_created").await, "after_refund_created").await;
+}
+
+#[tokio::test]
+async fn a_refund_crashed_after_the_gateway_refunded_is_finished_by_the_completer() {
+    completed(Crashed::of("/v1/refunds", "after_refund").await, "after_refund").await;
 }

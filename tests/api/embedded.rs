@@ -1,10 +1,13 @@
 //! The README's first command: `payments serve` with no configuration at all runs its own
 //! PostgreSQL and mock gateway, takes a payment with the demo key, and stops cleanly.
 
-use reqwest::StatusCode;
-use serde_json::Value;
+use std::time::Duration;
 
-use crate::helpers::{Process, new_key, payment_body};
+use payments::gateway::signature::{self, WebhookSecret};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{GatewayControl, Process, new_key, payment_body, wait_until};
 
 #[tokio::test]
 async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
@@ -43,6 +46,34 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     assert_eq!(created.status(), StatusCode::CREATED);
     let payment: Value = created.json().await.unwrap();
     assert_eq!(payment["status"], "succeeded");
+
+    // Its mock tells it of the charge, at its own webhook, signed with a secret made for this run
+    // (which the service accepts, or the event would not be acknowledged).
+    let line = |prefix: &str| {
+        let lines = serve.stdout.borrow();
+        let line = lines.iter().find_map(|line| line.strip_prefix(prefix).map(str::to_owned));
+        line.unwrap_or_else(|| panic!("no {prefix:?} line in {lines:?}"))
+    };
+    assert_eq!(line("gateway events: to "), format!("{}/webhooks/gateway", serve.url));
+    let secret = line("webhook secret: ").split_whitespace().next().unwrap().to_owned();
+    assert!(secret.starts_with("whsec_") && secret.len() == 6 + 32, "{secret}");
+    let mock = line("gateway: in-process mock at ");
+    let gateway = GatewayControl::new(&mock);
+    wait_until(Duration::from_secs(20), "the charge's event is acknowledged", || async {
+        gateway.all_stats().await["events_acknowledged"] == 1
+    })
+    .await;
+    // And an event signed by hand with the printed secret is taken; one signed otherwise is not.
+    let event = json!({"id": "evt_by_hand", "object": "event", "type": "charge.succeeded", "created": 1,
+        "data": {"object": {"id": "ch_by_hand"}}, "request": {"idempotency_key": "not-ours"}})
+    .to_string();
+    let now = chrono::Utc::now().timestamp();
+    for (signed_with, status) in [(secret.as_str(), StatusCode::OK), ("whsec_other", StatusCode::BAD_REQUEST)] {
+        let header = signature::sign(&[WebhookSecret::new(signed_with)], now, event.as_bytes());
+        let sent = http.post(format!("{}/webhooks/gateway", serve.url)).header("Gateway-Signature", header);
+        let answer = sent.body(event.clone()).send().await.unwrap();
+        assert_eq!(answer.status(), status, "signed with {signed_with}");
+    }
 
     // A second `serve` on the same directory refuses to share the first one's cluster.
     let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"))
@@ -84,8 +115,12 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     assert!(serve.exited().await.success());
     assert!(!data_dir.join("data/postmaster.pid").exists(), "the cluster stopped with the service");
 
-    // The data survives a restart: the payment is replayed, not made again.
+    // The data survives a restart: the payment is replayed, not made again. The secret is new.
     let mut serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
+    let mut stdout = serve.stdout.clone();
+    let lines = stdout.wait_for(|lines| lines.iter().any(|line| line.starts_with("webhook secret: "))).await.unwrap();
+    assert!(!lines.iter().any(|line| line.contains(&secret)), "a secret per run");
+    drop(lines);
     let replay = http
         .post(format!("{}/v1/payments", serve.url))
         .bearer_auth("sk_test_demo")

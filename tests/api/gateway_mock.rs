@@ -1,6 +1,9 @@
 //! The mock gateway over real HTTP: a `MockGateway` on port 0 per test,
 //! driven with reqwest.
 
+mod events;
+mod refunds;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -123,8 +126,8 @@ async fn a_charge_succeeds() {
     assert!(id.starts_with("ch_") && id.len() == 27, "{id}");
     assert!(id[3..].chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
     assert!(charge["created"].as_u64().is_some_and(|t| t > 1_600_000_000));
-    let expected = json!({"id": id, "object": "charge", "amount": 1234, "currency": "eur",
-        "description": "tea", "metadata": {"order": "42"}, "status": "succeeded",
+    let expected = json!({"id": id, "object": "charge", "amount": 1234, "amount_refunded": 0, "currency": "eur",
+        "description": "tea", "metadata": {"order": "42"}, "refunded": false, "status": "succeeded",
         "idempotency_key": "key-1", "created": charge["created"]});
     assert_eq!(charge, expected);
 
@@ -134,15 +137,23 @@ async fn a_charge_succeeds() {
 }
 
 #[tokio::test]
-async fn a_declined_card_is_402_and_creates_nothing() {
+async fn a_declined_card_is_402_and_keeps_a_failed_charge() {
     let gw = start().await;
     let (status, error) = json_of(gw.charge("k", &body(5, "tok_chargeDeclined")).await).await;
     assert_eq!(status, StatusCode::PAYMENT_REQUIRED);
+    let id = error["error"]["charge"].as_str().expect("the failed charge's id").to_owned();
     let declined = json!({"error": {"type": "card_error", "code": "card_declined",
-        "message": "Your card was declined."}});
+        "message": "Your card was declined.", "charge": id}});
     assert_eq!(error, declined);
-    assert!(gw.charges_with_key("k").await.is_empty());
-    assert_eq!(gw.stats().await, (0, 1, 1));
+
+    let (status, failed) = gw.get(&format!("/v1/charges/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let expected = json!({"id": id, "object": "charge", "amount": 5, "amount_refunded": 0, "currency": "usd",
+        "description": null, "metadata": {}, "refunded": false, "status": "failed", "failure_code": "card_declined",
+        "failure_message": "Your card was declined.", "idempotency_key": "k", "created": failed["created"]});
+    assert_eq!(failed, expected);
+    assert_eq!(gw.charges_with_key("k").await, vec![failed]);
+    assert_eq!(gw.stats().await, (0, 1, 1), "no charge made, one decline");
     gw.stop().await;
 }
 
@@ -460,6 +471,12 @@ async fn the_control_endpoints_are_served_only_when_asked_for() {
     assert_eq!(forget.status(), StatusCode::NOT_FOUND);
     let stats = client.get(format!("{url}/_control/stats")).send().await.unwrap();
     assert_eq!(stats.status(), StatusCode::NOT_FOUND);
+    let settle = client.post(format!("{url}/_control/refunds/settle")).send().await.unwrap();
+    assert_eq!(settle.status(), StatusCode::NOT_FOUND);
+    let events = client.post(format!("{url}/_control/events")).json(&json!({ "duplicate_rate": 1.0 })).send().await;
+    assert_eq!(events.unwrap().status(), StatusCode::NOT_FOUND);
+    let sent = client.get(format!("{url}/_control/events/sent")).send().await.unwrap();
+    assert_eq!(sent.status(), StatusCode::NOT_FOUND);
     let charge = client
         .post(format!("{url}/v1/charges"))
         .header("Idempotency-Key", "k")

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
-use payments::payments::TRAIL_LIMIT;
+use payments::story::TRAIL_LIMIT;
 use payments::workers::Worker;
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -1,6 +1,6 @@
 //! Two `serve` processes and a `worker` process on one database keep every guarantee: one
-//! charge per key, however the requests are spread, and a request whose server dies is finished
-//! by the worker.
+//! charge per key, however the requests are spread; a request whose server dies is finished by
+//! the worker; and refunds with different keys never take more than the payment between them.
 
 use std::time::Duration;
 
@@ -95,4 +95,59 @@ async fn a_request_whose_server_is_killed_is_finished_by_the_worker() {
     .await;
     assert_eq!(cluster.control.stats().await.charges, 1);
     assert_eq!(cluster.control.stats().await.requests, 1, "adopted by look-up, not charged again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_refunds_with_different_keys_over_two_servers_refund_the_payment_once() {
+    let cluster = start().await;
+    let http = reqwest::Client::new();
+    let paid = http
+        .post(format!("{}/v1/payments", cluster.servers[0].url))
+        .bearer_auth(&cluster.api_key)
+        .header("Idempotency-Key", new_key())
+        .json(&json!({ "amount": 999, "currency": "usd", "source": "tok_visa" }))
+        .send()
+        .await
+        .unwrap();
+    let payment: serde_json::Value = paid.json().await.unwrap();
+    // Slow refunds keep the winners' reservations pending while the others decide.
+    cluster.control.faults(json!({ "mode": "latency", "latency_ms": 300, "count": 20 })).await;
+
+    let mut refunds = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let request = http
+            .post(format!("{}/v1/refunds", cluster.servers[i % 2].url))
+            .bearer_auth(&cluster.api_key)
+            .header("Idempotency-Key", new_key())
+            .json(&json!({ "payment": payment["id"], "amount": 333 }));
+        refunds.spawn(async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, response.json::<serde_json::Value>().await.unwrap())
+        });
+    }
+    let answers = refunds.join_all().await;
+
+    let refunded: Vec<_> = answers.iter().filter(|(status, _)| *status == StatusCode::CREATED).collect();
+    assert_eq!(refunded.len(), 3, "{answers:?}");
+    assert!(refunded.iter().all(|(_, refund)| refund["status"] == "succeeded"), "{refunded:?}");
+    let refused = |(status, problem): &&(StatusCode, serde_json::Value)| {
+        *status == StatusCode::BAD_REQUEST
+            && ["refund-exceeds-payment", "payment-already-refunded"]
+                .iter()
+                .any(|kind| problem["type"].as_str().is_some_and(|t| t.ends_with(kind)))
+    };
+    assert_eq!(answers.iter().filter(refused).count(), 17, "{answers:?}");
+    let stats = cluster.control.all_stats().await;
+    assert_eq!((stats["refunds"].as_u64(), stats["refunded_amount"].as_u64()), (Some(3), Some(999)));
+    let now: serde_json::Value = http
+        .get(format!("{}/v1/payments/{}", cluster.servers[1].url, payment["id"].as_str().unwrap()))
+        .bearer_auth(&cluster.api_key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((now["amount_refunded"].as_i64(), now["refunded"].as_bool()), (Some(999), Some(true)));
 }

@@ -4,52 +4,16 @@
 use std::time::{Duration, Instant};
 
 use payments::client::{Client, KeySeen, NewPayment, Next, Outcome, RetryPolicy};
-use payments::workers::Worker;
 use serde_json::Value;
-use tokio::process::Command;
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{TestApp, wait_until};
-
-/// What a run of `payments pay` printed, and how it ended.
-struct Paid {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Paid {
-    fn body(&self) -> Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|_| panic!("stdout is one JSON body: {}", self.stdout))
-    }
-
-    /// The attempt lines on stderr.
-    fn attempts(&self) -> Vec<&str> {
-        self.stderr.lines().filter(|line| line.starts_with("attempt ")).collect()
-    }
-
-    /// The key a run that gave up printed, to resume with.
-    fn key_to_resume(&self) -> String {
-        let key = self.stderr.split("--key ").nth(1).and_then(|rest| rest.split_whitespace().next());
-        key.unwrap_or_else(|| panic!("no key printed: {}", self.stderr)).to_owned()
-    }
-}
+use crate::helpers::{ClientRun, TestApp};
 
 /// `payments pay` against `app`, for 1000 usd from `source`, with these extra flags.
-async fn pay(app: &TestApp, source: &str, flags: &[&str]) -> Paid {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
-    command
-        .args(["pay", "--amount", "1000", "--currency", "usd", "--source", source, "--url", &app.address])
-        .args(flags)
-        .env_remove("PAYMENTS_API_KEY")
-        .env("PAYMENTS_API_KEY", &app.api_key);
-    let output = command.output().await.expect("running payments pay");
-    Paid {
-        code: output.status.code().expect("exited"),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
+async fn pay(app: &TestApp, source: &str, flags: &[&str]) -> ClientRun {
+    let args = [&["--amount", "1000", "--currency", "usd", "--source", source], flags].concat();
+    ClientRun::of(app, "pay", &args).await
 }
 
 #[tokio::test]
@@ -89,16 +53,10 @@ async fn other_definitive_answers_are_not_retried_and_exit_rejected() {
     // 422: the key made another payment.
     let paid = pay(&app, "tok_visa", &["--key", "k"]).await;
     assert_eq!(paid.code, 0);
-    let reused = Command::new(env!("CARGO_BIN_EXE_payments"))
-        .args(["pay", "--amount", "5", "--currency", "usd", "--source", "tok_visa", "--key", "k"])
-        .args(["--url", &app.address, "--api-key", &app.api_key])
-        .env_remove("PAYMENTS_API_KEY")
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(reused.status.code(), Some(4));
-    let stderr = String::from_utf8_lossy(&reused.stderr);
-    assert_eq!(stderr.trim(), "attempt 1: 422 idempotency-key-reused");
+    let reused =
+        ClientRun::of(&app, "pay", &["--amount", "5", "--currency", "usd", "--source", "tok_visa", "--key", "k"]).await;
+    assert_eq!(reused.code, 4);
+    assert_eq!(reused.stderr.trim(), "attempt 1: 422 idempotency-key-reused");
     let unauthorized = pay(&app, "tok_visa", &["--api-key", "sk_wrong"]).await;
     assert_eq!((unauthorized.code, unauthorized.attempts()), (4, vec!["attempt 1: 401 unauthorized"]));
     assert_eq!(app.gateway.stats().await.requests, 1);
@@ -118,9 +76,9 @@ async fn retry_after_is_honoured() {
     let payment = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
     let mut ended = Vec::new();
     let finished = client
-        .pay(&Client::new_key(), KeySeen::No, &payment, |attempt| ended.push((Instant::now(), attempt.clone())))
+        .send(&Client::new_key(), KeySeen::No, &payment, |attempt| ended.push((Instant::now(), attempt.clone())))
         .await;
-    assert!(matches!(finished.outcome, Outcome::Paid(_)), "{:?}", finished.outcome);
+    assert!(matches!(finished.outcome, Outcome::Succeeded(_)), "{:?}", finished.outcome);
     assert_eq!(ended.len(), 3);
     for pair in ended.windows(2) {
         let (ended_at, attempt) = &pair[0];
@@ -224,13 +182,7 @@ async fn a_key_whose_record_expired_exits_6_naming_the_payment_it_made() {
     let paid = pay(&app, "tok_visa", &["--key", &key]).await;
     assert_eq!(paid.code, 0, "{}", paid.stderr);
     let payment = paid.body()["id"].as_str().unwrap().to_owned();
-    // The retention ends (the answer kept in memory for replays with it), and the key is reaped.
-    wait_until(Duration::from_secs(10), "the retention ends", || async { !app.remembers_the_answer_of(&key) }).await;
-    wait_until(Duration::from_secs(10), "the key is reaped", || async {
-        app.workers().reaper.run_once().await.unwrap();
-        app.key_row(&key).await.is_none()
-    })
-    .await;
+    app.wait_until_reaped(&key).await;
 
     let late = pay(&app, "tok_visa", &["--key", &key]).await;
 

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{Lock, TestApp, new_key, payment_body, wait_until};
+use crate::helpers::{Lock, TestApp, charge_requests, new_key, payment_body, wait_until};
 
 #[tokio::test]
 async fn replaying_a_finished_key_returns_the_stored_bytes() {
@@ -116,16 +116,22 @@ async fn a_client_that_hangs_up_mid_request_gets_the_finished_answer_on_retry() 
     let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
     let key = new_key();
 
-    // The client gives up while the charge is on its way.
-    let impatient = reqwest::Client::builder().timeout(Duration::from_millis(100)).build().unwrap();
-    let hung_up = impatient
+    // The client gives up while the charge is on its way: once the gateway has the request, the
+    // client's connection is dropped.
+    let request = app
+        .http
         .post(format!("{}/v1/payments", app.address))
         .bearer_auth(&app.api_key)
         .header("Idempotency-Key", &key)
         .json(&payment_body())
-        .send()
-        .await;
-    assert!(hung_up.is_err());
+        .send();
+    let client = tokio::spawn(request);
+    wait_until(Duration::from_secs(10), "the charge request reaches the gateway", || async {
+        !charge_requests(&gateway).await.is_empty()
+    })
+    .await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled(), "hung up before the answer");
 
     // The request runs to the end anyway, and the retry gets its answer.
     wait_until(Duration::from_secs(10), "the abandoned request finished", || async {

@@ -113,6 +113,19 @@ async fn every_problem_carries_its_request_id() {
     app.gateway.fault("error_before", 1).await;
     expect(problem_slug(app.post_payment(&new_key(), &payment_body()).await).await, "gateway-unavailable");
 
+    // Refunds' own.
+    let paid: Value = app.post_payment(&new_key(), &payment_body()).await.json().await.unwrap();
+    let app = &app;
+    let refund = |body: Value| async move { problem_slug(app.post_refund(&new_key(), &body).await).await };
+    expect(refund(json!({ "payment": Uuid::now_v7() })).await, "payment-not-found");
+    let declined: Value = app.post_payment(&new_key(), &declined).await.json().await.unwrap();
+    expect(refund(json!({ "payment": declined["payment"]["id"] })).await, "payment-not-refundable");
+    expect(refund(json!({ "payment": paid["id"], "amount": 100_000 })).await, "refund-exceeds-payment");
+    app.post_refund(&new_key(), &json!({ "payment": paid["id"] })).await;
+    expect(refund(json!({ "payment": paid["id"] })).await, "payment-already-refunded");
+    expect(problem_slug(app.get("/v1/refunds/not-a-uuid").await).await, "refund-not-found");
+    expect(problem_slug(app.post_event(b"{}", None).await).await, "invalid-signature");
+
     // The gateway's definitive 4xx, from a gateway that answers so.
     let gateway = wiremock::MockServer::start().await;
     let refusal = json!({ "error": { "message": "bad" } });

@@ -27,10 +27,12 @@ struct Column {
 
 async fn columns(conn: &mut AsyncPgConnection) -> Vec<Column> {
     diesel::sql_query(
-        "SELECT table_name::text, column_name::text, udt_name::text, is_nullable = 'YES' AS nullable
-         FROM information_schema.columns
-         WHERE table_schema = 'public' AND table_name <> '__diesel_schema_migrations'
-         ORDER BY table_name, ordinal_position",
+        "SELECT c.table_name::text, c.column_name::text, c.udt_name::text, c.is_nullable = 'YES' AS nullable
+         FROM information_schema.columns c
+         JOIN information_schema.tables t USING (table_schema, table_name)
+         WHERE c.table_schema = 'public' AND c.table_name <> '__diesel_schema_migrations'
+           AND t.table_type = 'BASE TABLE'
+         ORDER BY c.table_name, c.ordinal_position",
     )
     .load(conn)
     .await
@@ -138,11 +140,14 @@ async fn every_foreign_key_is_indexed() {
 
 #[tokio::test]
 async fn every_text_column_is_bounded_by_a_check() {
-    // By a CHECK of its table, or of the domain that is its type.
+    // By a CHECK of its table, or of the domain that is its type. (A view's columns are its
+    // tables'.)
     assert_none(
         "SELECT format('%s.%s has no CHECK', c.table_name, c.column_name) AS finding
          FROM information_schema.columns c
+         JOIN information_schema.tables t USING (table_schema, table_name)
          WHERE c.table_schema = 'public' AND c.data_type = 'text' AND c.table_name <> '__diesel_schema_migrations'
+           AND t.table_type = 'BASE TABLE'
            AND NOT EXISTS (SELECT FROM pg_constraint k
                            JOIN pg_attribute a ON a.attrelid = k.conrelid AND a.attnum = ANY (k.conkey)
                            WHERE k.contype = 'c' AND k.conrelid = c.table_name::regclass

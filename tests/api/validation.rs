@@ -205,7 +205,7 @@ async fn a_valid_fault_header_is_ignored_unless_fault_injection_is_on() {
 #[tokio::test]
 async fn unknown_routes_and_methods_are_problems() {
     let app = TestApp::spawn().await;
-    let response = app.get("/v1/refunds").await;
+    let response = app.get("/v1/disputes").await;
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], format!("{PROBLEMS}route-not-found"));

@@ -7,8 +7,10 @@ use actix_web::http::{Method, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 
+use super::event_plan::InvalidEventPlan;
 use super::faults::{Fault, InvalidFaultSpec};
-use super::state::{InvalidCharge, StoredResponse};
+use super::requests::InvalidRequest;
+use super::state::{DECLINE_CODE, DECLINE_MESSAGE, RefundRefusal, StoredResponse};
 
 /// Longest idempotency key accepted, as on Stripe.
 pub(super) const MAX_KEY_LEN: usize = 255;
@@ -21,17 +23,25 @@ pub(super) enum ApiError {
     #[error("An Idempotency-Key header of 1 to {MAX_KEY_LEN} characters is required.")]
     MissingKey,
     #[error(transparent)]
-    InvalidCharge(#[from] InvalidCharge),
+    InvalidRequest(#[from] InvalidRequest),
     #[error(transparent)]
     InvalidFaults(#[from] InvalidFaultSpec),
+    #[error(transparent)]
+    InvalidEventPlan(#[from] InvalidEventPlan),
     #[error("No such charge: '{0}'")]
     NoSuchCharge(String),
+    #[error("No such refund: '{0}'")]
+    NoSuchRefund(String),
+    /// A refund the charge cannot give (stored under the key, like any answer).
+    #[error(transparent)]
+    RefundRefused(#[from] RefundRefusal),
     #[error("Unrecognized request URL ({0} {1}).")]
     NoRoute(Method, String),
     #[error("{0} is not allowed on {1}.")]
     WrongMethod(Method, String),
-    #[error("Your card was declined.")]
-    CardDeclined,
+    /// The card was declined; the failed charge has this id.
+    #[error("{DECLINE_MESSAGE}")]
+    CardDeclined(String),
     #[error("A request with this idempotency key is still being processed; retry later.")]
     KeyInUse,
     #[error(
@@ -41,8 +51,8 @@ pub(super) enum ApiError {
     KeyReused,
     #[error("injected fault: {}", .0.name())]
     Injected(Fault),
-    /// The task processing a charge died; a bug in the mock.
-    #[error("The charge could not be processed.")]
+    /// The task processing a request died; a bug in the mock.
+    #[error("The request could not be processed.")]
     Internal,
 }
 
@@ -60,6 +70,9 @@ struct ErrorDetail<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     param: Option<&'a str>,
     message: String,
+    /// The failed charge a decline made, as Stripe names it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    charge: Option<&'a str>,
 }
 
 impl ApiError {
@@ -67,13 +80,17 @@ impl ApiError {
     fn kind(&self) -> (&'static str, Option<&'static str>) {
         const INVALID: &str = "invalid_request_error";
         match self {
-            Self::Unparsable(..) | Self::InvalidFaults(_) => (INVALID, None),
+            Self::Unparsable(..) | Self::InvalidFaults(_) | Self::InvalidEventPlan(_) => (INVALID, None),
             Self::NoRoute(..) | Self::WrongMethod(..) => (INVALID, None),
             Self::MissingKey => (INVALID, Some("parameter_missing")),
-            Self::InvalidCharge(InvalidCharge::NoSuchToken(_)) => (INVALID, Some("resource_missing")),
-            Self::InvalidCharge(_) => (INVALID, Some("parameter_invalid")),
-            Self::NoSuchCharge(_) => (INVALID, Some("resource_missing")),
-            Self::CardDeclined => ("card_error", Some("card_declined")),
+            Self::InvalidRequest(InvalidRequest::NoSuchToken(_)) => (INVALID, Some("resource_missing")),
+            Self::InvalidRequest(_) => (INVALID, Some("parameter_invalid")),
+            Self::NoSuchCharge(_) | Self::NoSuchRefund(_) => (INVALID, Some("resource_missing")),
+            Self::RefundRefused(RefundRefusal::NoSuchCharge(_)) => (INVALID, Some("resource_missing")),
+            Self::RefundRefused(RefundRefusal::NotRefundable(_)) => (INVALID, Some("charge_not_refundable")),
+            Self::RefundRefused(RefundRefusal::AlreadyRefunded(_)) => (INVALID, Some("charge_already_refunded")),
+            Self::RefundRefused(RefundRefusal::AmountTooLarge { .. }) => (INVALID, Some("amount_too_large")),
+            Self::CardDeclined(_) => ("card_error", Some(DECLINE_CODE)),
             Self::KeyInUse => ("idempotency_error", Some("idempotency_key_in_use")),
             Self::KeyReused => ("idempotency_error", None),
             Self::Injected(_) | Self::Internal => ("api_error", None),
@@ -83,11 +100,19 @@ impl ApiError {
     fn body(&self) -> Vec<u8> {
         let (r#type, code) = self.kind();
         let param = match self {
-            Self::InvalidCharge(InvalidCharge::NoSuchToken(_)) => Some("source"),
+            Self::InvalidRequest(invalid) => Some(invalid.param()),
+            Self::RefundRefused(
+                RefundRefusal::NoSuchCharge(_) | RefundRefusal::NotRefundable(_) | RefundRefusal::AlreadyRefunded(_),
+            ) => Some("charge"),
+            Self::RefundRefused(RefundRefusal::AmountTooLarge { .. }) => Some("amount"),
+            _ => None,
+        };
+        let charge = match self {
+            Self::CardDeclined(charge) => Some(charge.as_str()),
             _ => None,
         };
         let message = self.to_string();
-        let body = ErrorBody { error: ErrorDetail { r#type, code, param, message } };
+        let body = ErrorBody { error: ErrorDetail { r#type, code, param, message, charge } };
         serde_json::to_vec(&body).expect("an error body always serializes")
     }
 
@@ -101,11 +126,14 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             Self::Unparsable(status, _) => *status,
-            Self::MissingKey | Self::InvalidCharge(_) | Self::InvalidFaults(_) => StatusCode::BAD_REQUEST,
+            Self::MissingKey | Self::InvalidRequest(_) | Self::InvalidFaults(_) => StatusCode::BAD_REQUEST,
+            Self::InvalidEventPlan(_) => StatusCode::BAD_REQUEST,
             Self::KeyReused => StatusCode::BAD_REQUEST,
-            Self::NoSuchCharge(_) | Self::NoRoute(..) => StatusCode::NOT_FOUND,
+            Self::RefundRefused(RefundRefusal::NoSuchCharge(_)) => StatusCode::NOT_FOUND,
+            Self::RefundRefused(_) => StatusCode::BAD_REQUEST,
+            Self::NoSuchCharge(_) | Self::NoSuchRefund(_) | Self::NoRoute(..) => StatusCode::NOT_FOUND,
             Self::WrongMethod(..) => StatusCode::METHOD_NOT_ALLOWED,
-            Self::CardDeclined => StatusCode::PAYMENT_REQUIRED,
+            Self::CardDeclined(_) => StatusCode::PAYMENT_REQUIRED,
             Self::KeyInUse => StatusCode::CONFLICT,
             Self::Injected(_) | Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

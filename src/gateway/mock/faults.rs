@@ -1,12 +1,12 @@
 //! Fault injection: the plan set through `/_control/faults`, and how each
-//! charge request draws its fault from it.
+//! charge or refund request draws its fault from it.
 
 use std::time::Duration;
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-/// The fault one charge request gets.
+/// The fault one charge or refund request gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Fault {
     None,
@@ -21,7 +21,7 @@ pub(super) enum Fault {
 }
 
 /// The faults `random` chooses among: each leaves the caller unsure whether
-/// a charge was made, which is what a retrying client must cope with.
+/// a charge (or refund) was made, which is what a retrying client must cope with.
 const RANDOM_FAULTS: [Fault; 3] = [Fault::ErrorBefore, Fault::ErrorAfter, Fault::TimeoutAfter];
 
 impl Fault {
@@ -49,10 +49,10 @@ enum Mode {
     Random(f64),
 }
 
-/// Which faults the gateway injects into the next charge requests.
+/// Which faults the gateway injects into the next charge and refund requests.
 ///
-/// Every `POST /v1/charges` (replays included) uses up one request of the
-/// plan; once it is used up, the gateway behaves normally again.
+/// Every `POST /v1/charges` and `POST /v1/refunds` (replays included) uses up
+/// one request of the plan; once it is used up, the gateway behaves normally again.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FaultPlan {
     mode: Mode,
@@ -73,7 +73,7 @@ impl FaultPlan {
         FaultPlan { mode: Mode::Random(rate), remaining: None }
     }
 
-    /// Takes the fault for the next charge request, using up one request.
+    /// Takes the fault for the next charge or refund request, using up one request.
     pub(super) fn draw(&mut self, rng: &mut impl Rng) -> Fault {
         let fault = match self.mode {
             Mode::Fixed(fault) => fault,

@@ -1,19 +1,25 @@
-//! The HTTP layer: thin actix handlers over the [`Ledger`] and the
-//! [`FaultPlan`].
+//! The HTTP layer: thin actix handlers over the [`Ledger`], the [`FaultPlan`] and the
+//! [`Outbox`] of events.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::ContentType;
 use actix_web::{HttpRequest, HttpResponse, Resource, ResponseError, web};
 use rand::Rng;
 use rand::distr::Alphanumeric;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 
+use super::deliveries::{EventStats, Outbox};
 use super::error::{ApiError, MAX_KEY_LEN};
+use super::event_plan::{EventPlan, EventPlanSpec};
 use super::faults::{Fault, FaultPlan, FaultSpec};
-use super::state::{Charge, ChargeRequest, Claim, Ledger, Outcome, StoredResponse};
+use super::requests::{ChargeRequest, Create, Endpoint, RefundRequest};
+use super::state::{Claim, Declined, Ledger, Stats, StoredResponse};
 
 /// What the handlers share.
 pub(super) struct AppState {
@@ -23,12 +29,23 @@ pub(super) struct AppState {
     account_id: String,
     ledger: Mutex<Ledger>,
     faults: Mutex<FaultPlan>,
+    /// Where the events the ledger makes go, to be sent.
+    outbox: Outbox,
+    /// Told whenever a refund is made (it may be pending), for the timer that settles pending
+    /// refunds on time.
+    refund_made: Notify,
 }
 
 impl AppState {
-    pub(super) fn new(faults: FaultPlan) -> Self {
+    pub(super) fn new(faults: FaultPlan, outbox: Outbox) -> Self {
         let suffix: String = rand::rng().sample_iter(Alphanumeric).take(16).map(char::from).collect();
-        AppState { account_id: format!("acct_{suffix}"), ledger: Mutex::default(), faults: Mutex::new(faults) }
+        AppState {
+            account_id: format!("acct_{suffix}"),
+            ledger: Mutex::new(if outbox.sends() { Ledger::making_events() } else { Ledger::default() }),
+            faults: Mutex::new(faults),
+            outbox,
+            refund_made: Notify::new(),
+        }
     }
 
     /// Who this gateway is.
@@ -36,15 +53,78 @@ impl AppState {
         &self.account_id
     }
 
-    /// Counts an incoming charge request and draws its fault.
-    fn arrive(&self) -> Fault {
+    /// The books, locked.
+    fn books(&self) -> Books<'_> {
+        Books { ledger: lock(&self.ledger), outbox: &self.outbox }
+    }
+
+    /// The books, with every pending refund whose time has come settled: whoever looks (a
+    /// read, a new refund's check of what its charge has left, the stats) never sees one
+    /// pending past its time, even if the timer that settles them is a moment late.
+    fn ledger(&self) -> Books<'_> {
+        let mut books = self.books();
+        books.settle_due(Instant::now());
+        books
+    }
+
+    /// Counts an incoming request to `endpoint` and draws its fault.
+    fn arrive(&self, endpoint: Endpoint) -> Fault {
         let fault = lock(&self.faults).draw(&mut rand::rng());
-        let mut ledger = lock(&self.ledger);
-        ledger.count_request();
+        let mut books = self.books();
+        books.count_request(endpoint);
         if fault.is_failure() {
-            ledger.count_fault();
+            books.count_fault();
         }
         fault
+    }
+
+    /// Settles each pending refund when its time comes, so that its event goes out then, whether
+    /// or not anyone looks at the books. Runs for as long as the gateway does.
+    pub(super) async fn settle_on_time(self: Arc<AppState>) {
+        loop {
+            let next = self.books().next_settlement();
+            // A refund made after this look is not missed: `notify_one` keeps its wake-up for a
+            // `notified` that comes later.
+            let changed = self.refund_made.notified();
+            match next {
+                Some(at) => tokio::select! {
+                    () = tokio::time::sleep_until(at.into()) => {}
+                    () = changed => {}
+                },
+                None => changed.await,
+            }
+            drop(self.ledger());
+        }
+    }
+}
+
+/// The ledger, locked. The events its changes made go to the outbox as it is unlocked (in the
+/// order made, before another change can be made): none is left behind in the ledger, and a
+/// request's answer never waits for its event to be sent.
+struct Books<'a> {
+    ledger: MutexGuard<'a, Ledger>,
+    outbox: &'a Outbox,
+}
+
+impl Deref for Books<'_> {
+    type Target = Ledger;
+
+    fn deref(&self) -> &Ledger {
+        &self.ledger
+    }
+}
+
+impl DerefMut for Books<'_> {
+    fn deref_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+}
+
+impl Drop for Books<'_> {
+    fn drop(&mut self) {
+        for event in self.ledger.take_events() {
+            self.outbox.post(event);
+        }
     }
 }
 
@@ -55,7 +135,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Whether the gateway serves its `/_control/*` endpoints, which let whoever reaches them inject
-/// faults and make it forget keys: only for demos and tests, never by default.
+/// faults, make it forget keys and settle refunds early: only for demos and tests, never by
+/// default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Controls {
     Served,
@@ -67,11 +148,16 @@ pub(super) fn configure(cfg: &mut web::ServiceConfig, controls: Controls) {
     cfg.app_data(web::JsonConfig::default().error_handler(|err, _| payload_error(err)))
         .app_data(web::QueryConfig::default().error_handler(|err, _| payload_error(err)))
         .service(resource("/v1/account").get(account))
-        .service(resource("/v1/charges").post(create_charge).get(list_charges))
-        .service(resource("/v1/charges/{id}").get(get_charge));
+        .service(resource("/v1/charges").post(create::<ChargeRequest>).get(list_charges))
+        .service(resource("/v1/charges/{id}").get(get_charge))
+        .service(resource("/v1/refunds").post(create::<RefundRequest>).get(list_refunds))
+        .service(resource("/v1/refunds/{id}").get(get_refund));
     if controls == Controls::Served {
         cfg.service(resource("/_control/faults").get(show_faults).post(set_faults).delete(clear_faults))
+            .service(resource("/_control/events").get(show_event_plan).post(set_event_plan).delete(clear_event_plan))
+            .service(resource("/_control/events/sent").get(events_sent))
             .service(resource("/_control/idempotency-keys").delete(forget_keys))
+            .service(resource("/_control/refunds/settle").post(settle_refunds))
             .service(resource("/_control/stats").get(stats));
     }
     cfg.default_service(web::to(unknown_route));
@@ -92,14 +178,42 @@ fn payload_error(err: impl ResponseError) -> actix_web::Error {
     ApiError::Unparsable(err.status_code(), err.to_string()).into()
 }
 
-/// `POST /v1/charges`. The body is taken as a `Result` so that even a
+/// A request body that makes a charge or a refund: what the ledger makes of it, as the answer
+/// stored under its key.
+trait Make: Create + DeserializeOwned + Send + 'static {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse;
+}
+
+impl Make for ChargeRequest {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
+        match ledger.create_charge(key, self) {
+            Ok(charge) => ok(&charge),
+            Err(Declined(charge)) => ApiError::CardDeclined(charge).stored(),
+        }
+    }
+}
+
+impl Make for RefundRequest {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
+        match ledger.create_refund(key, self, Instant::now()) {
+            Ok(refund) => ok(&refund),
+            Err(refusal) => ApiError::from(refusal).stored(),
+        }
+    }
+}
+
+fn ok(object: &impl Serialize) -> StoredResponse {
+    StoredResponse { status: StatusCode::OK, body: serde_json::to_vec(object).expect("an object always serializes") }
+}
+
+/// `POST /v1/charges` and `POST /v1/refunds`. The body is taken as a `Result` so that even a
 /// malformed request is counted and uses up its fault before being refused.
-async fn create_charge(
+async fn create<R: Make>(
     state: web::Data<AppState>,
     req: HttpRequest,
-    body: Result<web::Json<ChargeRequest>, actix_web::Error>,
+    body: Result<web::Json<R>, actix_web::Error>,
 ) -> actix_web::Result<HttpResponse> {
-    let fault = state.arrive();
+    let fault = state.arrive(R::ENDPOINT);
     if fault == Fault::ErrorBefore {
         return Err(ApiError::Injected(fault).into());
     }
@@ -108,13 +222,13 @@ async fn create_charge(
     request.validate().map_err(ApiError::from)?;
     // Claimed on arrival, so a duplicate sent while this one waits out its
     // latency already sees the key in use.
-    let claim = lock(&state.ledger).claim(&key, &request.fingerprint());
+    let claim = state.books().claim(&key, &request.fingerprint());
     let latency = match fault {
         Fault::Latency(delay) => Some(delay),
         _ => None,
     };
     // A client hanging up drops this handler; the spawned task is not
-    // dropped with it, so a charge is never left half made.
+    // dropped with it, so a charge or refund is never left half made.
     let task = tokio::spawn(process(state.into_inner(), key, request, claim, latency));
     let (stored, replayed) = task.await.map_err(|_| ApiError::Internal)??;
     match fault {
@@ -125,12 +239,12 @@ async fn create_charge(
     }
 }
 
-/// The part of a charge request that must run to the end once started.
+/// The part of a request that must run to the end once started.
 /// Returns the response and whether it is a replay.
-async fn process(
+async fn process<R: Make>(
     state: Arc<AppState>,
     key: String,
-    request: ChargeRequest,
+    request: R,
     claim: Claim,
     latency: Option<Duration>,
 ) -> Result<(StoredResponse, bool), ApiError> {
@@ -139,15 +253,14 @@ async fn process(
     }
     match claim {
         Claim::Granted => {
-            let mut ledger = lock(&state.ledger);
-            let stored = match ledger.settle(&key, &request) {
-                Outcome::Charged(charge) => StoredResponse {
-                    status: StatusCode::OK,
-                    body: serde_json::to_vec(&charge).expect("a charge always serializes"),
-                },
-                Outcome::Declined => ApiError::CardDeclined.stored(),
-            };
-            ledger.finish(&key, stored.clone());
+            let mut books = state.ledger();
+            let stored = request.make(&mut books, &key);
+            books.finish(&key, stored.clone());
+            drop(books);
+            if R::ENDPOINT == Endpoint::Refunds {
+                // It may have made a pending refund, which the timer is to settle on time.
+                state.refund_made.notify_one();
+            }
             Ok((stored, false))
         }
         Claim::Replay(stored) => Ok((stored, true)),
@@ -173,10 +286,19 @@ fn stored_response(stored: &StoredResponse, replayed: bool) -> HttpResponse {
     response.content_type(ContentType::json()).body(stored.body.clone())
 }
 
+/// `GET /v1/charges/{id}`: the charge as it is now (its refunds included).
 async fn get_charge(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
-    match lock(&state.ledger).charge(&id) {
+    match state.ledger().charge(&id) {
         Some(charge) => Ok(HttpResponse::Ok().json(charge)),
         None => Err(ApiError::NoSuchCharge(id.into_inner())),
+    }
+}
+
+/// `GET /v1/refunds/{id}`: the refund as it is now.
+async fn get_refund(state: web::Data<AppState>, id: web::Path<String>) -> Result<HttpResponse, ApiError> {
+    match state.ledger().refund(&id) {
+        Some(refund) => Ok(HttpResponse::Ok().json(refund)),
+        None => Err(ApiError::NoSuchRefund(id.into_inner())),
     }
 }
 
@@ -186,18 +308,24 @@ struct ListQuery {
 }
 
 #[derive(Serialize)]
-struct ChargeList {
+struct List<T> {
     object: &'static str,
-    data: Vec<Charge>,
+    data: Vec<T>,
 }
 
 /// `GET /v1/charges?idempotency_key=K`, answered from the charges themselves
 /// so that it works after the idempotency cache has been forgotten.
 async fn list_charges(state: web::Data<AppState>, query: web::Query<ListQuery>) -> HttpResponse {
-    let mut ledger = lock(&state.ledger);
-    ledger.count_look_up();
-    let data = ledger.charges_with_key(&query.idempotency_key);
-    HttpResponse::Ok().json(ChargeList { object: "list", data })
+    let mut ledger = state.ledger();
+    ledger.count_look_up(Endpoint::Charges);
+    HttpResponse::Ok().json(List { object: "list", data: ledger.charges_with_key(&query.idempotency_key) })
+}
+
+/// `GET /v1/refunds?idempotency_key=K`, from the refunds themselves, as for charges.
+async fn list_refunds(state: web::Data<AppState>, query: web::Query<ListQuery>) -> HttpResponse {
+    let mut ledger = state.ledger();
+    ledger.count_look_up(Endpoint::Refunds);
+    HttpResponse::Ok().json(List { object: "list", data: ledger.refunds_with_key(&query.idempotency_key) })
 }
 
 async fn show_faults(state: web::Data<AppState>) -> HttpResponse {
@@ -217,12 +345,50 @@ async fn clear_faults(state: web::Data<AppState>) -> HttpResponse {
 }
 
 async fn forget_keys(state: web::Data<AppState>) -> HttpResponse {
-    lock(&state.ledger).forget_keys();
+    state.books().forget_keys();
     HttpResponse::NoContent().finish()
 }
 
+/// `POST /_control/refunds/settle`: every pending refund settles now, as it would have when its
+/// time came, so that a test need not wait for it.
+async fn settle_refunds(state: web::Data<AppState>) -> HttpResponse {
+    let settled = state.ledger().settle_all();
+    HttpResponse::Ok().json(serde_json::json!({ "settled": settled }))
+}
+
+/// What `GET /_control/stats` shows: the books' counters, then the events'.
+#[derive(Serialize)]
+struct AllStats {
+    #[serde(flatten)]
+    books: Stats,
+    #[serde(flatten)]
+    events: EventStats,
+}
+
 async fn stats(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(lock(&state.ledger).stats())
+    let books = state.ledger().stats();
+    HttpResponse::Ok().json(AllStats { books, events: state.outbox.stats() })
+}
+
+async fn show_event_plan(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(state.outbox.plan().view())
+}
+
+async fn set_event_plan(state: web::Data<AppState>, spec: web::Json<EventPlanSpec>) -> Result<HttpResponse, ApiError> {
+    let plan = spec.into_inner().into_plan()?;
+    state.outbox.set_plan(plan);
+    Ok(HttpResponse::Ok().json(plan.view()))
+}
+
+async fn clear_event_plan(state: web::Data<AppState>) -> HttpResponse {
+    state.outbox.set_plan(EventPlan::default());
+    HttpResponse::NoContent().finish()
+}
+
+/// `GET /_control/events/sent`: every event sent, in the order first sent, with its copies,
+/// attempts and acknowledgements: what a checker compares with what the receiver recorded.
+async fn events_sent(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(List { object: "list", data: state.outbox.sent() })
 }
 
 async fn unknown_route(req: HttpRequest) -> HttpResponse {

@@ -1,6 +1,10 @@
 //! Talking to the mock gateway's control endpoints (in-process or a process of its own).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use serde_json::{Value, json};
+use tokio::sync::Semaphore;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, Request, Respond, ResponseTemplate};
 
@@ -52,6 +56,33 @@ impl GatewayControl {
         response.json().await.expect("gateway stats body")
     }
 
+    /// Every counter of the mock, refunds' included, as it sends them.
+    pub async fn all_stats(&self) -> Value {
+        let response = self.http.get(format!("{}/_control/stats", self.url)).send().await.expect("gateway stats");
+        response.json().await.expect("gateway stats body")
+    }
+
+    /// The mock's event counters: `(events, events_sent, event_attempts, events_acknowledged)`.
+    pub async fn event_stats(&self) -> (u64, u64, u64, u64) {
+        let stats = self.all_stats().await;
+        let count = |name: &str| stats[name].as_u64().unwrap_or_else(|| panic!("{name} in {stats}"));
+        (count("events"), count("events_sent"), count("event_attempts"), count("events_acknowledged"))
+    }
+
+    /// Sets how the mock misdelivers its events from now on (`POST /_control/events`).
+    pub async fn event_plan(&self, plan: Value) {
+        let response = self.http.post(format!("{}/_control/events", self.url)).json(&plan).send().await.unwrap();
+        assert!(response.status().is_success(), "setting the event plan {plan}: {}", response.status());
+    }
+
+    /// The ids of the events the mock sent, in the order first sent (`GET /_control/events/sent`).
+    pub async fn event_ids_sent(&self) -> Vec<String> {
+        let response = self.http.get(format!("{}/_control/events/sent", self.url)).send().await.unwrap();
+        let list: Value = response.json().await.unwrap();
+        let data = list["data"].as_array().expect("a list of events sent");
+        data.iter().map(|sent| sent["id"].as_str().unwrap().to_owned()).collect()
+    }
+
     /// Applies `mode` to the next `count` charge requests.
     pub async fn fault(&self, mode: &str, count: u64) {
         self.faults(json!({ "mode": mode, "count": count })).await;
@@ -70,11 +101,29 @@ impl GatewayControl {
 
     /// The charges the gateway holds for one downstream key.
     pub async fn charges_for(&self, downstream_key: &str) -> Vec<Value> {
-        let mut url = reqwest::Url::parse(&format!("{}/v1/charges", self.url)).unwrap();
+        self.made_with("charges", downstream_key).await
+    }
+
+    /// The refunds the gateway holds for one downstream key, as they stand now.
+    pub async fn refunds_for(&self, downstream_key: &str) -> Vec<Value> {
+        self.made_with("refunds", downstream_key).await
+    }
+
+    async fn made_with(&self, what: &str, downstream_key: &str) -> Vec<Value> {
+        let mut url = reqwest::Url::parse(&format!("{}/v1/{what}", self.url)).unwrap();
         url.query_pairs_mut().append_pair("idempotency_key", downstream_key);
         let response = self.http.get(url).send().await.unwrap();
         let list: Value = response.json().await.unwrap();
         list["data"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Settles every pending refund now (`tok_refundPending`: succeeded, `tok_refundFails`:
+    /// failed), instead of about 2 s after it was made; returns how many were still pending.
+    pub async fn settle_refunds(&self) -> u64 {
+        let response = self.http.post(format!("{}/_control/refunds/settle", self.url)).send().await.unwrap();
+        assert!(response.status().is_success());
+        let settled: Value = response.json().await.unwrap();
+        settled["settled"].as_u64().expect("a count")
     }
 }
 
@@ -110,7 +159,13 @@ impl ChargesOnlyProxy {
         let server = HttpServer::new(move || {
             let (upstream, http) = (upstream.clone(), http.clone());
             App::new().default_service(web::to(move |request: actix_web::HttpRequest, body: web::Bytes| {
-                forward(upstream.clone(), http.clone(), request, body)
+                let (upstream, http) = (upstream.clone(), http.clone());
+                async move {
+                    if !request.path().starts_with("/v1/charges") {
+                        return actix_web::HttpResponse::NotFound().finish();
+                    }
+                    forward(upstream, http, request, body).await
+                }
             }))
         })
         .listen(listener)
@@ -130,6 +185,64 @@ impl Drop for ChargesOnlyProxy {
     }
 }
 
+/// A proxy in front of a gateway that holds every request until the test lets one through: a
+/// test can tell that a gateway call is under way ([`HeldProxy::received`]) and choose when it is
+/// answered ([`HeldProxy::release`]), with what the gateway says then.
+pub struct HeldProxy {
+    pub url: String,
+    received: Arc<AtomicUsize>,
+    gate: Arc<Semaphore>,
+    server: actix_web::dev::ServerHandle,
+}
+
+impl HeldProxy {
+    pub fn start(upstream: &str) -> HeldProxy {
+        use actix_web::{App, HttpServer, web};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.trim_end_matches('/').to_owned();
+        let (received, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Semaphore::new(0)));
+        let http = reqwest::Client::new();
+        let (counted, held) = (received.clone(), gate.clone());
+        let server = HttpServer::new(move || {
+            let (upstream, http, counted, held) = (upstream.clone(), http.clone(), counted.clone(), held.clone());
+            App::new().default_service(web::to(move |request: actix_web::HttpRequest, body: web::Bytes| {
+                let (upstream, http, counted, held) = (upstream.clone(), http.clone(), counted.clone(), held.clone());
+                async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    held.acquire().await.unwrap().forget();
+                    forward(upstream, http, request, body).await
+                }
+            }))
+        })
+        .listen(listener)
+        .unwrap()
+        .workers(1)
+        .disable_signals()
+        .run();
+        let handle = server.handle();
+        tokio::spawn(server);
+        HeldProxy { url, received, gate, server: handle }
+    }
+
+    /// Requests that reached the proxy so far (held or let through).
+    pub fn received(&self) -> usize {
+        self.received.load(Ordering::SeqCst)
+    }
+
+    /// Lets `requests` held (or yet to come) through to the gateway.
+    pub fn release(&self, requests: usize) {
+        self.gate.add_permits(requests);
+    }
+}
+
+impl Drop for HeldProxy {
+    fn drop(&mut self) {
+        drop(self.server.stop(false));
+    }
+}
+
+/// Sends a request on to `upstream` as it came, and its answer back as it came.
 async fn forward(
     upstream: String,
     http: reqwest::Client,
@@ -137,9 +250,6 @@ async fn forward(
     body: actix_web::web::Bytes,
 ) -> actix_web::HttpResponse {
     use actix_web::HttpResponse;
-    if !request.path().starts_with("/v1/charges") {
-        return HttpResponse::NotFound().finish();
-    }
     let url = format!("{upstream}{}", request.uri().path_and_query().map_or("/", |p| p.as_str()));
     let method = reqwest::Method::from_bytes(request.method().as_str().as_bytes()).unwrap();
     let mut outgoing = http.request(method, url).body(body.to_vec());

@@ -13,6 +13,11 @@ impl Scrape {
         Scrape(response.text().await.unwrap())
     }
 
+    /// What a process with `state` would answer at `GET /metrics`.
+    pub async fn of_state(state: &payments::state::AppState) -> Scrape {
+        Scrape(state.metrics.render(&state.db).await)
+    }
+
     /// The sample `name` whose labels include `labels`, or none if there is no such line.
     pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         self.0.lines().filter(|line| !line.starts_with('#')).find_map(|line| {

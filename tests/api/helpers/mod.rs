@@ -1,5 +1,6 @@
 //! What the tests share: the database, the app, the gateway, processes, and waiting.
 
+mod client_run;
 mod cluster;
 mod db_proxy;
 mod gateway;
@@ -13,10 +14,11 @@ mod test_app;
 use std::future::Future;
 use std::time::Duration;
 
+pub use client_run::ClientRun;
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;
 pub use gateway::{
-    ChargePerKey, ChargesOnlyProxy, GatewayControl, GatewayStats, charge_requests, listed_charge,
+    ChargePerKey, ChargesOnlyProxy, GatewayControl, GatewayStats, HeldProxy, charge_requests, listed_charge,
     mount_no_charges_found,
 };
 pub use metrics::Scrape;

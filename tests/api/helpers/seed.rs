@@ -68,8 +68,7 @@ impl KeyRequest {
         NewKey {
             account_id: self.account_id,
             key: &self.key,
-            method: "POST",
-            path: "/v1/payments",
+            endpoint: &payments::payments::ENDPOINT,
             fingerprint: Fingerprint::of(&self.params),
             params: &self.params,
             request_id: &self.request_id,

@@ -11,10 +11,11 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments::config::{Settings, WorkerSettings};
 use payments::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
 use payments::gateway::GatewayClient;
-use payments::gateway::mock::{Controls, FaultPlan, MockGateway};
+use payments::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
+use payments::gateway::signature::WebhookSecret;
 use payments::startup::{Application, MetricsServer};
 use payments::state::AppState;
-use payments::workers::Workers;
+use payments::workers::{Worker, Workers};
 use reqwest::Response;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -37,6 +38,7 @@ pub struct TestAppBuilder {
     workers: WorkerSettings,
     gateway_url: Option<String>,
     database_url: Option<String>,
+    gateway_events: bool,
 }
 
 impl TestAppBuilder {
@@ -64,6 +66,22 @@ impl TestAppBuilder {
     /// Adjusts the settings of the workers that [`TestApp::workers`] builds.
     pub fn workers(mut self, adjust: impl FnOnce(&mut WorkerSettings)) -> Self {
         adjust(&mut self.workers);
+        self
+    }
+
+    /// Accept gateway events signed with any of these secrets.
+    pub fn webhook_secrets(mut self, secrets: &[&str]) -> Self {
+        self.settings.gateway_webhook_secrets =
+            secrets.iter().map(|secret| payments::gateway::signature::WebhookSecret::new(*secret)).collect();
+        self
+    }
+
+    /// Has the in-process mock gateway send its events to this app's own `POST /webhooks/gateway`,
+    /// as `serve` has its own: signed under the app's webhook secrets, or under one made for it
+    /// if none is set. Off by default, so that no other test's audit trail, row counts or
+    /// completer timing depend on when an event happens to come.
+    pub fn gateway_events(mut self) -> Self {
+        self.gateway_events = true;
         self
     }
 
@@ -97,13 +115,11 @@ impl TestAppBuilder {
         self.start(first.database.alias(), first.account_id, first.api_key.clone()).await
     }
 
-    async fn start(self, database: TestDatabase, account_id: Uuid, api_key: String) -> TestApp {
+    async fn start(mut self, database: TestDatabase, account_id: Uuid, api_key: String) -> TestApp {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let mock = match &self.gateway_url {
             Some(_) => None,
-            None => Some(
-                MockGateway::start(TcpListener::bind("127.0.0.1:0").unwrap(), FaultPlan::none(), Controls::Served)
-                    .unwrap(),
-            ),
+            None => Some(self.start_mock(&listener)),
         };
         let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
         let state = Arc::new(AppState::new(
@@ -111,7 +127,7 @@ impl TestAppBuilder {
             GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
             self.settings,
         ));
-        let app = Application::build(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap(), 2).unwrap();
+        let app = Application::build(state.clone(), listener, 2).unwrap();
         let (address, server) = (format!("http://{}", app.addr()), app.handle());
         tokio::spawn(app.run_until_stopped());
         let metrics = MetricsServer::start(state.clone(), TcpListener::bind("127.0.0.1:0").unwrap()).unwrap();
@@ -131,6 +147,24 @@ impl TestAppBuilder {
             mock,
             database,
         }
+    }
+}
+
+impl TestAppBuilder {
+    /// The in-process mock gateway, sending its events to the app that will listen on `api` if
+    /// asked to (adding a secret made for it to the app's settings if they have none).
+    fn start_mock(&mut self, api: &TcpListener) -> MockGateway {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        if !self.gateway_events {
+            return MockGateway::start(listener, FaultPlan::none(), Controls::Served).unwrap();
+        }
+        let secrets = &mut self.settings.gateway_webhook_secrets;
+        if secrets.is_empty() {
+            secrets.push(WebhookSecret::new(new_webhook_secret()));
+        }
+        let url = format!("http://{}/webhooks/gateway", api.local_addr().unwrap()).parse().unwrap();
+        let webhook = Webhook::new(url, secrets.clone());
+        MockGateway::start_with_events(listener, FaultPlan::none(), Controls::Served, webhook).unwrap()
     }
 }
 
@@ -162,6 +196,7 @@ impl TestApp {
             workers: WorkerSettings::default(),
             gateway_url: None,
             database_url: None,
+            gateway_events: false,
         }
     }
 
@@ -192,6 +227,39 @@ impl TestApp {
             request = request.header(*name, *value);
         }
         request.send().await.expect("sending POST /v1/payments")
+    }
+
+    /// `POST /webhooks/gateway` with these exact bytes and this `Gateway-Signature`, if any.
+    pub async fn post_event(&self, body: &[u8], signature: Option<&str>) -> Response {
+        let mut request = self.http.post(format!("{}/webhooks/gateway", self.address)).body(body.to_vec());
+        request = request.header("Content-Type", "application/json");
+        if let Some(signature) = signature {
+            request = request.header("Gateway-Signature", signature);
+        }
+        request.send().await.expect("sending POST /webhooks/gateway")
+    }
+
+    /// `POST /v1/refunds` with a JSON body.
+    pub async fn post_refund(&self, key: &str, body: &Value) -> Response {
+        self.post_refund_with(key, body, &[]).await
+    }
+
+    /// `POST /v1/refunds` with a JSON body and extra headers.
+    pub async fn post_refund_with(&self, key: &str, body: &Value, headers: &[(&str, &str)]) -> Response {
+        let mut request = self.http.post(format!("{}/v1/refunds", self.address)).bearer_auth(&self.api_key).json(body);
+        request = request.header("Idempotency-Key", key);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send().await.expect("sending POST /v1/refunds")
+    }
+
+    /// A payment made with `source`, for `amount`: its JSON, once it succeeded.
+    pub async fn paid(&self, amount: i64, source: &str) -> Value {
+        let body = json!({ "amount": amount, "currency": "usd", "source": source });
+        let response = self.post_payment(&new_key(), &body).await;
+        assert_eq!(response.status(), reqwest::StatusCode::CREATED);
+        response.json().await.unwrap()
     }
 
     /// Adds the app's per-account request counts to the database now (`serve` does every few seconds).
@@ -240,6 +308,21 @@ impl TestApp {
         self.state.replays.holds(self.account_id, key)
     }
 
+    /// Waits until the retention of `key` (made short by the test) ends, and the reaper has deleted
+    /// its row: a late retry with it is then answered `410`.
+    pub async fn wait_until_reaped(&self, key: &str) {
+        // The answer kept in memory for replays goes first, then the row.
+        super::wait_until(Duration::from_secs(10), "the retention ends", || async {
+            !self.remembers_the_answer_of(key)
+        })
+        .await;
+        super::wait_until(Duration::from_secs(10), "the key is reaped", || async {
+            self.workers().reaper.run_once().await.unwrap();
+            self.key_row(key).await.is_none()
+        })
+        .await;
+    }
+
     /// The identity the app records for its gateway with each payment.
     pub async fn gateway_id(&self) -> std::sync::Arc<str> {
         self.state.gateway.id().await.expect("the gateway's identity")
@@ -247,11 +330,21 @@ impl TestApp {
 
     /// The workers, on this app's database and settings but charging through another gateway.
     pub fn workers_at_gateway(&self, gateway_url: &str) -> Workers {
-        let state = Arc::new(AppState::new(
+        self.workers_of(self.state_at_gateway(gateway_url))
+    }
+
+    /// What another process on this app's database and settings would hold, at another gateway
+    /// (its metrics too: `Scrape::of_state`).
+    pub fn state_at_gateway(&self, gateway_url: &str) -> Arc<AppState> {
+        Arc::new(AppState::new(
             payments::db::pool(&self.database.url, 4),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
             self.state.settings.clone(),
-        ));
+        ))
+    }
+
+    /// The workers of `state`, with this app's worker settings.
+    pub fn workers_of(&self, state: Arc<AppState>) -> Workers {
         Workers::new(state, &self.worker_settings).unwrap()
     }
 

@@ -156,5 +156,32 @@ BEGIN
         ['created', 'c.n'],
         ['resumed', 'c.n / 20'],
         ['replayed', 'c.n / 10']]);
+
+    -- Every fifth succeeded payment has had 300 refunded, under a key of its own.
+    PERFORM pg_temp.fill(tables, 'refunds', p || ' WHERE NOT p.failed AND p.g % 5 = 0', ARRAY[
+        ['id', $q$md5('refund:' || p.g)::uuid$q$],
+        ['account_id', 'p.account_id'],
+        ['payment_id', 'p.payment_id'],
+        ['idempotency_key_id', $q$md5('refund key:' || p.g)::uuid$q$],
+        ['idempotency_key', $q$'refund-' || p.g$q$],
+        ['amount', '300'],
+        ['currency', $q$'usd'$q$],
+        ['reason', $q$'requested_by_customer'$q$],
+        ['status', $q$'succeeded'$q$],
+        ['gateway', $q$'acct_4f1b2c3d4e5f6a7b'$q$],
+        ['gateway_refund_id', $q$'re_' || md5('refund:' || p.g)$q$],
+        ['created_at', $q$p.at + interval '1 hour'$q$],
+        ['updated_at', $q$p.at + interval '1 hour'$q$]]);
+
+    -- The gateway told of every charge once.
+    PERFORM pg_temp.fill(tables, 'gateway_events', p || ' WHERE NOT p.reaped', ARRAY[
+        ['account_id', 'p.account_id'],
+        ['gateway', $q$'acct_4f1b2c3d4e5f6a7b'$q$],
+        ['event_id', $q$'evt_' || md5('gateway event:' || p.g)$q$],
+        ['event_type', $q$CASE WHEN p.failed THEN 'charge.failed' ELSE 'charge.succeeded' END$q$],
+        ['idempotency_key_id', 'p.key_id'],
+        ['object_id', $q$'ch_' || md5('charge:' || p.g)$q$],
+        ['created_at', $q$p.at + interval '200 ms'$q$],
+        ['outcome', $q$'applied'$q$]]);
 END
 $$;

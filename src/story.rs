@@ -1,27 +1,34 @@
-//! A payment key's whole story: where the key stands, the payment it made, and every step of its
-//! audit trail, for a person (or support) to follow one request through its recovery points.
+//! A key's whole story, whichever endpoint it was used on: where the key stands, the payment or
+//! refund it made, and every step of its audit trail, for a person (or support) to follow one
+//! request through its recovery points.
 
 use chrono::{DateTime, Utc};
 use diesel_async::AsyncPgConnection;
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::model::Payment;
-use super::view::PaymentView;
 use crate::audit::{self, AuditEntry};
 use crate::db::{self, StoreError};
 use crate::idempotency::{IdempotencyKey, KeyRecord, RecoveryPoint};
+use crate::payments::{Payment, PaymentView};
+use crate::refunds::{Refund, RefundView};
 
 /// What of an audit record's data the key's owner sees: facts about the request, never an
 /// error's text or a gateway's identity, which may name servers or database errors (operators
 /// read those in `payments attention list`, the logs, or the audit table).
-const SHOWN: [&str; 11] = [
+const SHOWN: [&str; 17] = [
     "recovery_point",
     "reason_code",
     "answered_by",
     "status",
     "gateway_charge_id",
+    "gateway_refund_id",
     "failure_code",
+    "refusal",
+    "payment",
+    "event_id",
+    "event_type",
+    "outcome",
     "response_status",
     "amount",
     "currency",
@@ -36,8 +43,14 @@ const SHOWN: [&str; 11] = [
 pub const TRAIL_LIMIT: u32 = 100;
 
 /// The actions whose latest record the story's summary reads, wherever they are in the trail.
-const SUMMARISED: [&str; 4] =
-    ["idempotency_key.claimed", "idempotency_key.needs_attention", "idempotency_key.reaped", "payment.finished"];
+const SUMMARISED: [&str; 6] = [
+    "idempotency_key.claimed",
+    "idempotency_key.needs_attention",
+    "idempotency_key.reaped",
+    "payment.finished",
+    "refund.finished",
+    "refund.refused",
+];
 
 /// The story of one key of an account.
 #[derive(Debug, Serialize)]
@@ -61,14 +74,17 @@ pub struct KeyStory {
     finished_at: Option<DateTime<Utc>>,
     /// When the finished key expires (answered `410` from then on), as recorded when it finished.
     expires_at: Option<DateTime<Utc>>,
-    /// The key's record was deleted after it expired: only its payment and its trail remain.
+    /// The key's record was deleted after it expired: only what it made and its trail remain.
     reaped: bool,
     /// The HTTP status of the stored answer.
     response_status: Option<i16>,
     /// The payment the key made, as the API shows payments but for the gateway's own words.
     #[serde(serialize_with = "as_facts")]
     payment: Option<Payment>,
-    /// The audit records about the key and its payment, oldest first: at most [`TRAIL_LIMIT`],
+    /// The refund the key made, as the API shows refunds.
+    #[serde(serialize_with = "as_refund")]
+    refund: Option<Refund>,
+    /// The audit records about the key and what it made, oldest first: at most [`TRAIL_LIMIT`],
     /// after the first `trail_after`.
     trail: Vec<AuditEntry>,
     /// Whether more records follow: ask again with `trail_after` raised by the records shown.
@@ -79,9 +95,13 @@ fn as_facts<S: serde::Serializer>(payment: &Option<Payment>, serializer: S) -> R
     payment.as_ref().map(PaymentView::facts_only).serialize(serializer)
 }
 
+fn as_refund<S: serde::Serializer>(refund: &Option<Refund>, serializer: S) -> Result<S::Ok, S::Error> {
+    refund.as_ref().map(RefundView::from).serialize(serializer)
+}
+
 impl KeyStory {
     /// The story of the account's `key`, if the account ever used it (a reaped key's too, as long
-    /// as its payment remains), with its trail from after the first `trail_after` records. Another
+    /// as what it made remains), with its trail from after the first `trail_after` records. Another
     /// account's key is none of this account's business: none.
     pub async fn find(
         conn: &mut AsyncPgConnection,
@@ -90,22 +110,30 @@ impl KeyStory {
         trail_after: u32,
     ) -> Result<Option<KeyStory>, StoreError> {
         let record = db::query(KeyRecord::find(conn, account_id, key)).await?;
-        let payment = match &record {
-            Some(record) => db::query(Payment::find_by_key(conn, account_id, record.id)).await?,
-            // The key row is gone; its payment remembers the key and the row it was made under.
-            None => db::query(Payment::find_by_client_key(conn, account_id, key.as_str())).await?,
+        let (payment, refund) = match &record {
+            Some(record) => (
+                db::query(Payment::find_by_key(conn, account_id, record.id)).await?,
+                db::query(Refund::find_by_key(conn, account_id, record.id)).await?,
+            ),
+            // The key row is gone; what it made remembers the key and the row it was made under.
+            None => (
+                db::query(Payment::find_by_client_key(conn, account_id, key.as_str())).await?,
+                db::query(Refund::find_by_client_key(conn, account_id, key.as_str())).await?,
+            ),
         };
-        let key_id = record.as_ref().map(|record| record.id).or(payment.as_ref().and_then(|p| p.idempotency_key_id));
-        let Some(key_id) = key_id else { return Ok(None) };
+        let made_under =
+            payment.as_ref().and_then(|p| p.idempotency_key_id).or(refund.as_ref().map(|r| r.idempotency_key_id));
+        let Some(key_id) = record.as_ref().map(|record| record.id).or(made_under) else { return Ok(None) };
         let mut resources = vec![("idempotency_key", key_id)];
         resources.extend(payment.as_ref().map(|payment| ("payment", payment.id)));
+        resources.extend(refund.as_ref().map(|refund| ("refund", refund.id)));
         // One more than shown, to know whether more follow.
         let (skip, limit) = (i64::from(trail_after), i64::from(TRAIL_LIMIT) + 1);
         let mut trail = db::query(audit::trail(conn, account_id, &resources, skip, limit)).await?;
         let trail_has_more = trail.len() > TRAIL_LIMIT as usize;
         trail.truncate(TRAIL_LIMIT as usize);
         let summary = db::query(audit::latest(conn, account_id, &resources, &SUMMARISED)).await?;
-        let story = KeyStory::new(key, key_id, record, payment, &summary);
+        let story = KeyStory { refund, ..KeyStory::new(key, key_id, record, payment, &summary) };
         Ok(Some(KeyStory { trail: trail.into_iter().map(facts_only).collect(), trail_has_more, ..story }))
     }
 
@@ -140,6 +168,7 @@ impl KeyStory {
             reaped: false,
             response_status: None,
             payment: None,
+            refund: None,
             trail: Vec::new(),
             trail_has_more: false,
         };
@@ -165,7 +194,7 @@ impl KeyStory {
                 KeyStory {
                     reaped: true,
                     created_at: at("idempotency_key.claimed").or(payment.as_ref().map(|p| p.created_at)),
-                    finished_at: at("payment.finished"),
+                    finished_at: at("payment.finished").or(at("refund.finished")).or(at("refund.refused")),
                     response_status: status.and_then(|status| i16::try_from(status).ok()),
                     ..story
                 }

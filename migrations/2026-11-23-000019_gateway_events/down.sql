@@ -1,0 +1,4 @@
+DROP TABLE gateway_events;
+DROP DOMAIN gateway_event_outcome;
+DROP DOMAIN gateway_event_id;
+ALTER TABLE idempotency_keys DROP COLUMN nudged_at;

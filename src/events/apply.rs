@@ -1,0 +1,293 @@
+//! Applying a verified gateway event exactly once, by the database: the event's row in the inbox
+//! and what the event changes commit together, or not at all. A delivery that comes again finds
+//! the row and changes nothing; two that come at once take turns on the row's unique key, and the
+//! second finds the first's.
+//!
+//! What an event may change, and what it may not: the phases stay the only writers of a key's
+//! recovery point, under its fence. So an event about a key still unfinished only records itself
+//! and *nudges* the key: the completer takes a nudged key at once, whatever its backoff, and its
+//! look-up by our downstream key then settles it, at the same gateway fact the event reported. An
+//! event about a finished payment is compared with what the payment recorded; one that disagrees
+//! (a charge we stored as declined reported succeeded, another charge id) changes no money and
+//! flags the key for a person. A refund event settles a pending refund forward only, as the
+//! settler would; about a refund already settled, it agrees, or is stale (older than what we know),
+//! or disagrees.
+
+use diesel::prelude::*;
+use diesel::sql_types::{Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::event::GatewayEvent;
+use crate::audit::Actor;
+use crate::db::{self, StoreError};
+use crate::idempotency::RecoveryPoint;
+use crate::metrics::{EventKind, EventOutcome};
+use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
+use crate::request_id::RequestId;
+
+/// The reason code of a key flagged because its gateway's event disagrees with what it recorded.
+pub const DISAGREEMENT: &str = "gateway_disagreement";
+
+/// What the event is about, as the database has it: the payment or refund made under the key
+/// row our downstream key names, and whether that key is finished (none once it is reaped).
+#[derive(Debug, QueryableByName)]
+struct Target {
+    #[diesel(sql_type = Text)]
+    kind: String,
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = Nullable<Text>)]
+    gateway: Option<String>,
+    #[diesel(sql_type = Text)]
+    status: String,
+    /// The gateway's id of the charge or refund, once recorded.
+    #[diesel(sql_type = Nullable<Text>)]
+    object_id: Option<String>,
+    /// The key's recovery point; none once it is reaped (only finished keys are).
+    #[diesel(sql_type = Nullable<Text>)]
+    key_point: Option<RecoveryPoint>,
+}
+
+/// Receives `event` (verified), on the webhook request `request_id`: records it once and applies
+/// it, in one transaction.
+pub async fn receive(
+    conn: &mut AsyncPgConnection,
+    event: &GatewayEvent,
+    request_id: &RequestId,
+) -> Result<EventOutcome, StoreError> {
+    let Some((account_id, key_id)) = event.caused_by() else { return Ok(EventOutcome::Unknown) };
+    if event.kind() == EventKind::Other {
+        return Ok(EventOutcome::Unknown);
+    }
+    db::bounded(conn.transaction::<_, StoreError, _>(async |conn| {
+        let Some(target) = target(conn, account_id, key_id).await? else { return Ok(EventOutcome::Unknown) };
+        let about_refunds = matches!(event.kind(), EventKind::RefundSucceeded | EventKind::RefundFailed);
+        if about_refunds != (target.kind == "refund") {
+            return Ok(EventOutcome::Unknown);
+        }
+        // The row first: a second delivery waits here for the first to commit, then finds its row.
+        let gateway = target.gateway.as_deref().unwrap_or("unrecorded");
+        if !record(conn, account_id, gateway, event, key_id).await? {
+            return Ok(EventOutcome::Duplicate);
+        }
+        let outcome = match target.key_point {
+            // Before the gateway's answer is recorded: only the key's driver may record it.
+            Some(RecoveryPoint::Started) => nudge(conn, account_id, key_id).await?,
+            // The answer is recorded, the key not finished yet: held to what was recorded, and
+            // the key woken to finish. A refund the gateway left pending is the settler's, later.
+            Some(RecoveryPoint::ChargeCreated | RecoveryPoint::RefundCreated) => {
+                nudge(conn, account_id, key_id).await?;
+                match (about_refunds, target.status.as_str()) {
+                    (true, "pending") => EventOutcome::Nudged,
+                    (true, status) => compare_refund(refund_status(status), target.object_id.as_deref(), event),
+                    (false, _) => compare_charge(&target, event),
+                }
+            }
+            _ if about_refunds => settle(conn, account_id, &target, event, request_id).await?,
+            _ => compare_charge(&target, event),
+        };
+        if outcome == EventOutcome::Disagreement {
+            flag(conn, account_id, key_id, event, request_id).await?;
+        }
+        diesel::sql_query(
+            "WITH outcome AS (
+                 UPDATE gateway_events SET outcome = $4
+                 WHERE account_id = $1 AND idempotency_key_id = $9 AND event_id = $3
+                 RETURNING account_id
+             )
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT account_id, 'gateway_event.received', $5, $6, 'gateway',
+                    jsonb_build_object('event_id', $3::text, 'event_type', $7::text, 'outcome', $4::text), $8
+             FROM outcome",
+        )
+        .bind::<SqlUuid, _>(account_id)
+        .bind::<Text, _>(gateway)
+        .bind::<Text, _>(&event.id)
+        .bind::<Text, _>(outcome.as_str())
+        .bind::<Text, _>(&target.kind)
+        .bind::<SqlUuid, _>(target.id)
+        .bind::<Text, _>(event.kind().as_str())
+        .bind::<Text, _>(request_id.as_str())
+        .bind::<SqlUuid, _>(key_id)
+        .execute(conn)
+        .await?;
+        Ok(outcome)
+    }))
+    .await
+}
+
+async fn target(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> QueryResult<Option<Target>> {
+    diesel::sql_query(
+        "WITH made AS (
+             SELECT 'payment' AS kind, id, gateway, status::text, gateway_charge_id::text AS object_id
+             FROM payments WHERE account_id = $1 AND idempotency_key_id = $2
+             UNION ALL
+             SELECT 'refund', id, gateway, status, gateway_refund_id
+             FROM refunds WHERE account_id = $1 AND idempotency_key_id = $2
+         )
+         SELECT made.*, (SELECT recovery_point FROM idempotency_keys WHERE account_id = $1 AND id = $2)
+                        AS key_point
+         FROM made",
+    )
+    .bind::<SqlUuid, _>(account_id)
+    .bind::<SqlUuid, _>(key_id)
+    .get_result(conn)
+    .await
+    .optional()
+}
+
+/// The event's row in the inbox, unless it is there already: whether it was new.
+async fn record(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    gateway: &str,
+    event: &GatewayEvent,
+    key_id: Uuid,
+) -> QueryResult<bool> {
+    let inserted = diesel::sql_query(
+        "INSERT INTO gateway_events (account_id, gateway, event_id, event_type, idempotency_key_id, object_id,
+                                     created_at, outcome)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, 'applied')
+         ON CONFLICT (account_id, idempotency_key_id, event_id) DO NOTHING",
+    )
+    .bind::<SqlUuid, _>(account_id)
+    .bind::<Text, _>(gateway)
+    .bind::<Text, _>(&event.id)
+    .bind::<Text, _>(event.kind().as_str())
+    .bind::<SqlUuid, _>(key_id)
+    .bind::<Text, _>(&event.object().id)
+    .bind::<Timestamptz, _>(event.created())
+    .execute(conn)
+    .await?;
+    Ok(inserted == 1)
+}
+
+/// The key is unfinished: the completer takes it at once, and its look-up settles it.
+async fn nudge(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> QueryResult<EventOutcome> {
+    diesel::sql_query(
+        "UPDATE idempotency_keys SET nudged_at = now() WHERE account_id = $1 AND id = $2 AND finished_at IS NULL",
+    )
+    .bind::<SqlUuid, _>(account_id)
+    .bind::<SqlUuid, _>(key_id)
+    .execute(conn)
+    .await?;
+    Ok(EventOutcome::Nudged)
+}
+
+/// A charge event about a finished payment: it agrees with what the payment recorded, or not.
+fn compare_charge(payment: &Target, event: &GatewayEvent) -> EventOutcome {
+    let agrees = match event.kind() {
+        EventKind::ChargeSucceeded => {
+            payment.status == "succeeded" && payment.object_id.as_deref() == Some(event.object().id.as_str())
+        }
+        _ => payment.status == "failed",
+    };
+    if agrees { EventOutcome::Applied } else { EventOutcome::Disagreement }
+}
+
+/// A refund event about a refund whose key is finished: a pending one is settled forward (as the
+/// settler would), a settled one agrees, is stale, or disagrees.
+async fn settle(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    target: &Target,
+    event: &GatewayEvent,
+    request_id: &RequestId,
+) -> Result<EventOutcome, StoreError> {
+    let object = event.object();
+    let ours = target.object_id.as_deref().is_none_or(|id| id == object.id);
+    if target.status == "pending" && ours {
+        let refund = Refund::find(conn, account_id, target.id).await?.ok_or(diesel::result::Error::NotFound)?;
+        let settlement = match event.kind() == EventKind::RefundSucceeded {
+            true => Settlement::Succeeded,
+            false => Settlement::Failed { code: failure_code(object.failure_code.as_deref()) },
+        };
+        let by = SettledBy { actor: Actor::Gateway, request_id, data: json!({ "event_id": event.id }) };
+        let settled = settle_refund(conn, &refund, &settlement, by).await?;
+        if settled.is_some() {
+            return Ok(EventOutcome::Applied);
+        }
+        // Settled meanwhile (by the settler): compare with that.
+        let now = Refund::find(conn, account_id, target.id).await?.ok_or(diesel::result::Error::NotFound)?;
+        return Ok(compare_refund(now.status, now.gateway_refund_id.as_deref(), event));
+    }
+    Ok(compare_refund(refund_status(&target.status), target.object_id.as_deref(), event))
+}
+
+fn refund_status(status: &str) -> RefundStatus {
+    match status {
+        "succeeded" => RefundStatus::Succeeded,
+        "failed" => RefundStatus::Failed,
+        _ => RefundStatus::Pending,
+    }
+}
+
+/// A refund event about a refund we know settled: it agrees, or it is older than what we know
+/// (stale: ignored), or it says something we have not seen (a disagreement).
+///
+/// "Older" is decided by the order in which a gateway moves a refund, never by comparing the
+/// gateway's clock with ours: `pending`, then `succeeded`, then `failed` (a refund that succeeded
+/// can still fail later, when the money cannot reach the card; none comes back from `failed`). So
+/// a `refund.succeeded` about a refund we know failed is stale whenever it was sent, and a
+/// `refund.failed` about one we know succeeded is news that contradicts us.
+fn compare_refund(status: RefundStatus, object_id: Option<&str>, event: &GatewayEvent) -> EventOutcome {
+    let stage = |status: RefundStatus| match status {
+        RefundStatus::Pending => 0,
+        RefundStatus::Succeeded => 1,
+        RefundStatus::Failed => 2,
+    };
+    let reported = match event.kind() {
+        EventKind::RefundFailed => RefundStatus::Failed,
+        _ => RefundStatus::Succeeded,
+    };
+    if object_id != Some(event.object().id.as_str()) {
+        return EventOutcome::Disagreement;
+    }
+    match stage(reported).cmp(&stage(status)) {
+        std::cmp::Ordering::Equal => EventOutcome::Applied,
+        std::cmp::Ordering::Less => EventOutcome::Stale,
+        std::cmp::Ordering::Greater => EventOutcome::Disagreement,
+    }
+}
+
+/// Flags the key for a person (unless it is flagged already, or reaped), with the event that
+/// disagrees, and counts on the audit trail either way. No money moves.
+async fn flag(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    key_id: Uuid,
+    event: &GatewayEvent,
+    request_id: &RequestId,
+) -> QueryResult<()> {
+    let detail =
+        format!("the gateway's event {} ({}) disagrees with what the key recorded", event.id, event.kind().as_str());
+    diesel::sql_query(
+        "WITH marked AS (
+             UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3
+             WHERE account_id = $1 AND id = $2 AND needs_attention_at IS NULL
+             RETURNING account_id, id, completer_attempts
+         )
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+         SELECT account_id, 'idempotency_key.needs_attention', 'idempotency_key', id, 'gateway',
+                jsonb_build_object('reason_code', $4::text, 'reason', $3::text, 'event_id', $5::text), $6
+         FROM marked",
+    )
+    .bind::<SqlUuid, _>(account_id)
+    .bind::<SqlUuid, _>(key_id)
+    .bind::<Text, _>(detail)
+    .bind::<Text, _>(DISAGREEMENT)
+    .bind::<Text, _>(&event.id)
+    .bind::<Text, _>(request_id.as_str())
+    .execute(conn)
+    .await?;
+    tracing::error!(event.id = %event.id, %account_id, %key_id, "a gateway event disagrees with what a key recorded; it needs attention");
+    Ok(())
+}
+
+/// A failed refund's reason, fit to be recorded.
+fn failure_code(reason: Option<&str>) -> String {
+    let cleaned: String = reason.unwrap_or("unknown").chars().filter(|c| !c.is_control()).take(100).collect();
+    if cleaned.trim().is_empty() { "unknown".into() } else { cleaned }
+}

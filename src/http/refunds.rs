@@ -1,0 +1,81 @@
+//! The refunds endpoints. Each handler extracts, calls one function, and shapes the answer.
+
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::error::ApiError;
+use super::extract::{AuthenticatedAccount, FaultRequest, IdempotencyKeyHeader};
+use super::payments::{DEFAULT_PAGE, MAX_PAGE, stored_response};
+use crate::db;
+use crate::payments::Payment;
+use crate::refunds::{self, CreateRefundBody, Refund, RefundList, RefundView};
+use crate::request_id::RequestId;
+use crate::state::AppState;
+
+/// `POST /v1/refunds`
+pub async fn create_refund(
+    state: web::Data<AppState>,
+    account: AuthenticatedAccount,
+    key: IdempotencyKeyHeader,
+    fault: FaultRequest,
+    request_id: RequestId,
+    body: web::Json<CreateRefundBody>,
+) -> Result<HttpResponse, ApiError> {
+    let request = body.into_inner().validate()?;
+    let state = state.into_inner();
+    // In a task of its own, as a payment is: a client that hangs up must not cut the request short.
+    let create = async move { refunds::create_refund(&state, account.id, key.0, request, fault.0, &request_id).await };
+    let created = tokio::spawn(create.in_current_span()).await??;
+    Ok(stored_response(created.response, created.replayed))
+}
+
+/// `GET /v1/refunds/{id}`. An id that is not one names no refund.
+pub async fn get_refund(
+    state: web::Data<AppState>,
+    account: AuthenticatedAccount,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let id = Uuid::parse_str(&id).map_err(|_| ApiError::RefundNotFound)?;
+    let mut conn = db::connect(&state.db).await?;
+    let refund = db::query(Refund::find(&mut conn, account.id, id)).await?;
+    let refund = refund.ok_or(ApiError::RefundNotFound)?;
+    Ok(HttpResponse::Ok().json(RefundView::from(&refund)))
+}
+
+/// The query of `GET /v1/refunds`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    payment: Uuid,
+    limit: Option<i64>,
+    starting_after: Option<Uuid>,
+}
+
+/// `GET /v1/refunds?payment=ID&limit=N&starting_after=ID`: a payment's refunds, newest first.
+pub async fn list_refunds(
+    state: web::Data<AppState>,
+    account: AuthenticatedAccount,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::InvalidRequest(format!("limit must be from 1 to {MAX_PAGE}.")));
+    }
+    let mut conn = db::connect(&state.db).await?;
+    if db::query(Payment::find(&mut conn, account.id, query.payment)).await?.is_none() {
+        return Err(ApiError::PaymentNotFound);
+    }
+    let before = match query.starting_after {
+        None => None,
+        Some(cursor) => match db::query(Refund::position(&mut conn, account.id, query.payment, cursor)).await? {
+            Some(position) => Some(position),
+            None => return Err(ApiError::RefundNotFound),
+        },
+    };
+    let mut page = db::query(Refund::list(&mut conn, account.id, query.payment, before, limit)).await?;
+    let has_more = page.len() as i64 > limit;
+    page.truncate(limit as usize);
+    Ok(HttpResponse::Ok().json(RefundList::new(&page, has_more)))
+}

@@ -1,0 +1,354 @@
+//! `POST /v1/refunds`: one refund request, driven through its recovery points by the same
+//! idempotency driver as a payment. Only the phases are a refund's own.
+//!
+//! ```text
+//!            claim                  gateway refund                (no foreign effect)
+//!   (new) ─────────► started ───────────────────────► refund_created ────────────────► finished
+//!                    amount reserved                  answer recorded:                 response stored,
+//!                    on the payment,                  succeeded, pending,              event staged, unlocked
+//!                    refund pending                   or failed (given back)
+//! ```
+//!
+//! - `started` decides, under the payment's row lock, whether there is anything to refund, and
+//!   reserves the amount in the same transaction that records the pending refund: two refunds with
+//!   different keys cannot both take the same money (see [`super::writes::Start`]). A refusal
+//!   (no such payment, not refundable, nothing left, too much) is stored under the key as its
+//!   answer, by a `finished` phase that follows at once.
+//! - The gateway call refunds the payment's charge at the payment's own gateway, under a key
+//!   derived from our key row. A resumed key looks its refund up by that key first and adopts what
+//!   it finds, exactly as a payment does, so a lost answer never makes a second refund. Only the
+//!   charge's gateway can refund it: an answer from another gateway is never taken for its.
+//! - `refund_created` records the answer. A success moves the amount from pending to refunded; a
+//!   refusal or a failure gives it back; a refund the gateway left pending keeps it reserved, and
+//!   a worker looks it up until it settles.
+//! - `finished` stores the answer, stages the refund's event and unlocks.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::model::{GATEWAY_REJECTED, Refund, RefundStatus};
+use super::request::RefundRequest;
+use super::view::{RefundView, Refusal, expired_key_response, final_response};
+use super::writes::{self, Started};
+use crate::audit::{Actor, AuditRecord};
+use crate::db;
+use crate::faults::{Fault, FaultPoint, fault_at};
+use crate::gateway::{self, Answered, GatewayError, WrongGateway};
+use crate::idempotency::{
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse,
+    TakenIn, Transition, take_in,
+};
+use crate::metrics::KeyEndpoint;
+use crate::outbox::StagedEvent;
+use crate::payments::Created;
+use crate::request_id::RequestId;
+use crate::state::AppState;
+
+/// The endpoint: a refund key is bound to it (used on another, it is a mismatch).
+pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/refunds", label: KeyEndpoint::Refunds };
+
+/// How long after the gateway answered `pending` a refund is first looked up again: a refund that
+/// settles within seconds (the mock gateway's take 2) is then found settled at the first look-up,
+/// and the settler's backoff takes over for the slower ones.
+pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Refunds a payment, or answers for the refund this key already asked for. `request_id` names
+/// the HTTP request in the audit records it writes and in the answer it may store.
+#[tracing::instrument(name = "refunds.create", skip_all, fields(account.id = %account_id, idempotency_key.id, refund.id))]
+pub async fn create_refund(
+    state: &AppState,
+    account_id: Uuid,
+    key: IdempotencyKey,
+    request: RefundRequest,
+    fault: Option<Fault>,
+    request_id: &RequestId,
+) -> Result<Created, DriveError> {
+    let params = request.to_params();
+    let new = NewKey {
+        account_id,
+        key: &key,
+        endpoint: &ENDPOINT,
+        fingerprint: Fingerprint::of(&params),
+        params: &params,
+        request_id,
+    };
+    let run = match take_in(state.keys(), &new).await? {
+        TakenIn::Replayed(response) => return Ok(Created { response, replayed: true }),
+        TakenIn::Expired { id } => {
+            let mut conn = db::connect(&state.db).await?;
+            let refund = db::query(Refund::find(&mut conn, account_id, id)).await?;
+            let refund = refund.ok_or_else(|| DriveError::inconsistent(format!("refund {id} vanished")))?;
+            return Ok(Created { response: expired_key_response(&refund, request_id), replayed: false });
+        }
+        TakenIn::Acquired(run) => run,
+    };
+    let response = run.drive(RefundPhases::new(state, request, fault), Some(&new)).await?;
+    Ok(Created { response, replayed: false })
+}
+
+/// Finishes a refund request that a worker took over from its vanished client.
+#[tracing::instrument(name = "refunds.complete", skip_all, fields(idempotency_key.id = %abandoned.lock.key_id, attempt = abandoned.attempts, refund.id))]
+pub async fn complete_abandoned(
+    state: &AppState,
+    abandoned: Abandoned,
+    run: &RequestId,
+) -> Result<StoredResponse, DriveError> {
+    let (run, request) = Run::of_abandoned::<RefundRequest>(state.keys(), abandoned, run).await?;
+    run.drive(RefundPhases::new(state, request, None), None).await
+}
+
+/// What `started` left: a refund to ask the gateway for, or why there is nothing to refund.
+enum Start {
+    Reserved(Reserved),
+    Refused(Refusal),
+}
+
+/// A pending refund, its amount reserved on the payment, and what its gateway call needs.
+struct Reserved {
+    refund_id: Uuid,
+    amount: i64,
+    /// The gateway holding the payment's charge: the only one that may refund it.
+    gateway: String,
+    charge_id: String,
+}
+
+/// Which gateway call gave the answer recorded: the refund request, or (for a resumed key) the
+/// look-up that found what an earlier run's request did.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+enum AnsweredBy {
+    Refund,
+    LookUp,
+}
+
+/// A refund's phases, from the key's recovery point to `finished`.
+struct RefundPhases<'a> {
+    state: &'a AppState,
+    request: RefundRequest,
+    fault: Option<Fault>,
+    /// The refund as the last phase left it, which saves the next phase reading it again.
+    refund: Option<Refund>,
+}
+
+impl Phases for RefundPhases<'_> {
+    /// The recovery-point loop's body: each arm runs from the recorded point to the next.
+    async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
+        match run.recovery_point() {
+            RecoveryPoint::Started => match self.start(run).await? {
+                Start::Refused(refusal) => self.refuse(run, refusal).await,
+                Start::Reserved(reserved) => {
+                    fault_at(self.fault, FaultPoint::AfterStarted);
+                    let (answer, answered_by) = self.refund(run, &reserved).await?;
+                    fault_at(self.fault, FaultPoint::AfterRefund);
+                    self.record_refund(run, &reserved, answer, answered_by).await
+                }
+            },
+            RecoveryPoint::RefundCreated => {
+                fault_at(self.fault, FaultPoint::AfterRefundCreated);
+                self.finish(run).await
+            }
+            point => Err(DriveError::inconsistent(format!("a refund's key at {point}"))),
+        }
+    }
+}
+
+impl<'a> RefundPhases<'a> {
+    fn new(state: &'a AppState, request: RefundRequest, fault: Option<Fault>) -> Self {
+        RefundPhases { state, request, fault, refund: None }
+    }
+
+    /// `started`: the amount reserved on the payment and the pending refund, or why not. On
+    /// resumption it finds the refund an earlier run made instead of reserving again.
+    async fn start(&mut self, run: &mut Run<'_>) -> Result<Start, DriveError> {
+        let (request_id, key) = (run.request_id().clone(), run.key().clone());
+        let (account_id, refund_id) = (run.lock().account_id, Uuid::now_v7());
+        let data = json!({ "recovery_point": RecoveryPoint::Started, "payment": self.request.payment,
+                           "amount": self.request.amount });
+        let writes = writes::Start {
+            refund_id,
+            account_id,
+            payment_id: self.request.payment,
+            amount: self.request.amount,
+            idempotency_key: key.as_str(),
+            reason: self.request.reason.map(|reason| reason.as_str()),
+            metadata: json!(self.request.metadata),
+            audit: audit(account_id, refund_id, run.actor(), "refund.created", data, &request_id),
+        };
+        let started: Started = run.phase(Transition::Stay, writes).await?;
+        match started {
+            Started {
+                refund_id: Some(id),
+                amount: Some(amount),
+                gateway: Some(gateway),
+                charge_id: Some(charge_id),
+                ..
+            } => {
+                tracing::Span::current().record("refund.id", id.to_string());
+                Ok(Start::Reserved(Reserved { refund_id: id, amount, gateway, charge_id }))
+            }
+            Started { refusal: Some(code), refundable, .. } => Refusal::from_code(&code, refundable)
+                .map(Start::Refused)
+                .ok_or_else(|| DriveError::inconsistent(format!("a refund refused for {code:?}"))),
+            started => Err(DriveError::inconsistent(format!("a refund's start found {started:?}"))),
+        }
+    }
+
+    /// Stores a refusal as the key's answer: there is no refund, and nothing was asked of the
+    /// gateway.
+    async fn refuse(&mut self, run: &mut Run<'_>, refusal: Refusal) -> Result<(), DriveError> {
+        let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
+        let response = refusal.response(self.request.payment, &request_id);
+        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status,
+                           "refusal": refusal.code(), "payment": self.request.payment });
+        let audit = AuditRecord {
+            account_id,
+            action: "refund.refused",
+            resource_type: "idempotency_key",
+            resource_id: key_id,
+            actor: run.actor(),
+            data,
+            request_id: Some(request_id.as_str()),
+        };
+        let _: writes::Finished = run.finish(response, writes::Finish { event: None, audit }).await?;
+        Ok(())
+    }
+
+    /// The gateway call, the one foreign side effect, at the payment's own gateway, with no
+    /// transaction open and no pooled connection held, and only while the lease outlasts it.
+    async fn refund(
+        &mut self,
+        run: &mut Run<'_>,
+        reserved: &Reserved,
+    ) -> Result<(Result<gateway::Refund, GatewayError>, AnsweredBy), DriveError> {
+        run.let_go_of_connection();
+        let (gateway, call) = (&self.state.gateway, self.state.settings.gateway_timeout);
+        let key = gateway::downstream_key(run.lock().account_id, run.lock().key_id);
+        let request = gateway::RefundRequest {
+            charge: &reserved.charge_id,
+            amount: reserved.amount,
+            reason: self.request.reason.map(|reason| reason.as_str()),
+            metadata: &self.request.metadata,
+        };
+        // An earlier run may have asked and lost the answer: find what it did, and adopt it.
+        if run.lock().resumed() {
+            run.check_lease_outlasts(call)?;
+            let found = gateway.find_refund(&key, &request).await.map_err(indeterminate)?;
+            if let Some(answer) = ours(found, &reserved.gateway)? {
+                tracing::info!("adopting what an earlier run's refund request did");
+                return Ok((answer, AnsweredBy::LookUp));
+            }
+        }
+        run.check_lease_outlasts(call)?;
+        let answered = gateway.refund(&key, &request).await.map_err(indeterminate)?;
+        let answer = ours(answered, &reserved.gateway)?;
+        Ok((answer, AnsweredBy::Refund))
+    }
+
+    /// `refund_created`: the gateway's answer, recorded on the refund and the payment's totals.
+    async fn record_refund(
+        &mut self,
+        run: &mut Run<'_>,
+        reserved: &Reserved,
+        answer: Result<gateway::Refund, GatewayError>,
+        answered_by: AnsweredBy,
+    ) -> Result<(), DriveError> {
+        let (status, gateway_refund_id, failure_code, failure_message) = match answer {
+            Ok(refund) => match refund.status {
+                gateway::RefundStatus::Succeeded => (RefundStatus::Succeeded, Some(refund.id), None, None),
+                gateway::RefundStatus::Pending => (RefundStatus::Pending, Some(refund.id), None, None),
+                gateway::RefundStatus::Failed { code } => (RefundStatus::Failed, Some(refund.id), Some(code), None),
+            },
+            Err(
+                error @ (GatewayError::Rejected { .. }
+                | GatewayError::Declined { .. }
+                | GatewayError::UnknownSource { .. }),
+            ) => {
+                tracing::error!(%error, "the gateway refused a refund");
+                (RefundStatus::Failed, None, Some(GATEWAY_REJECTED.to_owned()), Some(error.to_string()))
+            }
+            Err(error) => return Err(indeterminate(error)),
+        };
+        let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
+        let data = json!({ "recovery_point": RecoveryPoint::RefundCreated, "status": status,
+                           "gateway_refund_id": gateway_refund_id, "failure_code": failure_code,
+                           "answered_by": answered_by });
+        let audit = audit(account_id, reserved.refund_id, run.actor(), "refund.outcome_recorded", data, &request_id);
+        let writes = writes::RecordRefund {
+            account_id,
+            refund_id: reserved.refund_id,
+            status,
+            gateway_refund_id: gateway_refund_id.as_deref(),
+            failure_code: failure_code.as_deref(),
+            failure_message: failure_message.as_deref().map(|message| truncated(message, 500)),
+            audit,
+        };
+        self.refund = Some(run.phase(Transition::Advance(RecoveryPoint::RefundCreated), writes).await?);
+        Ok(())
+    }
+
+    /// `finished`: the response stored, the refund's event staged (and a pending refund handed to
+    /// the settler) and the key unlocked, together.
+    async fn finish(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
+        let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
+        // Resumed at `refund_created`, the refund is read first: only the lock's holder changes it
+        // until it is finished, and the phase below writes nothing if the lock was lost meanwhile.
+        let refund = match self.refund.take() {
+            Some(refund) => refund,
+            None => db::query(Refund::find_by_key(run.connection().await?, account_id, key_id))
+                .await?
+                .ok_or_else(|| DriveError::inconsistent(format!("key {key_id} is past `started` without a refund")))?,
+        };
+        let response = final_response(&refund, &request_id);
+        let event = StagedEvent::new(account_id, event_of(refund.status), RefundView::from(&refund));
+        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
+        let audit = audit(account_id, refund.id, run.actor(), "refund.finished", data, &request_id);
+        let writes = writes::FinishRefund {
+            account_id,
+            refund_id: refund.id,
+            settle_in_ms: writes::millis(FIRST_SETTLE_DELAY),
+            finish: writes::Finish { event: Some(&event), audit },
+        };
+        let _: writes::Finished = run.finish(response, writes).await?;
+        self.state.metrics.refund_finished(refund.status.as_str());
+        Ok(())
+    }
+}
+
+/// The event that announces a refund in `status`.
+pub(super) fn event_of(status: RefundStatus) -> &'static str {
+    match status {
+        RefundStatus::Pending => "refund.created",
+        RefundStatus::Succeeded => "refund.succeeded",
+        RefundStatus::Failed => "refund.failed",
+    }
+}
+
+/// The answer, if the charge's own gateway gave it: a refund is made and looked up only where the
+/// charge is, and another gateway's answer (even "nothing found") says nothing about it.
+fn ours<T>(answered: Answered<T>, gateway: &str) -> Result<T, DriveError> {
+    match &*answered.by == gateway {
+        true => Ok(answered.answer),
+        false => Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(gateway, &answered.by)))),
+    }
+}
+
+fn indeterminate(error: GatewayError) -> DriveError {
+    tracing::warn!(%error, "gateway outcome unknown; the refund's key stays at started");
+    DriveError::OutcomeUnknown(Box::new(error))
+}
+
+fn truncated(text: &str, max_chars: usize) -> &str {
+    text.char_indices().nth(max_chars).map_or(text, |(end, _)| &text[..end])
+}
+
+fn audit<'a>(
+    account_id: Uuid,
+    refund_id: Uuid,
+    actor: Actor,
+    action: &'a str,
+    data: serde_json::Value,
+    request_id: &'a RequestId,
+) -> AuditRecord<'a> {
+    let request_id = Some(request_id.as_str());
+    AuditRecord { account_id, action, resource_type: "refund", resource_id: refund_id, actor, data, request_id }
+}

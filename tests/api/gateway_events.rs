@@ -1,0 +1,400 @@
+//! The gateway's events, received: verified on their raw bytes before anything reads them,
+//! applied exactly once by the database, and allowed to change only what they may.
+
+use std::time::Duration;
+
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use payments::db::schema::refunds;
+use payments::gateway::signature::{WebhookSecret, sign};
+use payments::idempotency::needing_attention;
+use payments::workers::{Outcome, Worker};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key, payment_body, wait_until};
+
+const SECRET: &str = "whsec_test_current";
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// An event as the gateway sends it: about `object`, caused by the request with `downstream_key`.
+fn event(kind: &str, object: Value, downstream_key: &str) -> Vec<u8> {
+    let event = json!({ "id": format!("evt_{}", Uuid::new_v4().simple()), "object": "event", "type": kind,
+                        "created": now(), "data": { "object": object },
+                        "request": { "idempotency_key": downstream_key } });
+    serde_json::to_vec(&event).unwrap()
+}
+
+fn signed(body: &[u8], secrets: &[&str], at: i64) -> String {
+    let secrets: Vec<WebhookSecret> = secrets.iter().map(|secret| WebhookSecret::new(*secret)).collect();
+    sign(&secrets, at, body)
+}
+
+async fn app() -> TestApp {
+    TestApp::builder().webhook_secrets(&["whsec_test_previous", SECRET]).spawn().await
+}
+
+/// How many events the app recorded, and how many audit records it has.
+async fn written(app: &TestApp) -> (bool, (i64, i64, i64, i64)) {
+    (app.database_says("SELECT count(*) = 0 FROM gateway_events").await, app.row_counts().await)
+}
+
+/// A paid payment, the downstream key it was charged under, and the charge's id.
+async fn charged(app: &TestApp) -> (Value, String) {
+    let key = new_key();
+    let payment: Value = app.post_payment(&key, &payment_body()).await.json().await.unwrap();
+    let key_id = app.key_row(&key).await.unwrap().id;
+    (payment, app.downstream_key(key_id))
+}
+
+#[tokio::test]
+async fn only_a_whole_signature_over_the_exact_bytes_within_the_tolerance_is_accepted() {
+    let app = app().await;
+    let (payment, downstream) = charged(&app).await;
+    let body =
+        event("charge.succeeded", json!({ "id": payment["gateway_charge_id"], "object": "charge" }), &downstream);
+    let before = written(&app).await;
+    let at = now();
+    let good = signed(&body, &[SECRET], at);
+    let hex = good.split("v1=").nth(1).unwrap().to_owned();
+    let mut changed = body.clone();
+    let last = changed.len() - 2;
+    changed[last] ^= 0x01;
+
+    let refused: Vec<(String, Vec<u8>, Option<String>)> = vec![
+        ("forged".into(), body.clone(), Some(signed(&body, &["whsec_someone_else"], at))),
+        ("no header".into(), body.clone(), None),
+        ("a v1= with no hex".into(), body.clone(), Some(format!("t={at},v1="))),
+        ("half a signature".into(), body.clone(), Some(format!("t={at},v1={}", &hex[..32]))),
+        ("a v1, alone".into(), body.clone(), Some(format!("t={at},v1,"))),
+        ("just too old".into(), body.clone(), Some(signed(&body, &[SECRET], now() - 305))),
+        ("just too new".into(), body.clone(), Some(signed(&body, &[SECRET], now() + 305))),
+        ("a byte changed after signing".into(), changed, Some(good.clone())),
+    ];
+    for (case, body, header) in refused {
+        let response = app.post_event(&body, header.as_deref()).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{case}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], "https://payments.example/problems/invalid-signature", "{case}");
+    }
+    assert_eq!(written(&app).await, before, "a refused event writes nothing");
+    let huge = vec![b' '; 20 * 1024];
+    let response = app.post_event(&huge, Some(&signed(&huge, &[SECRET], now()))).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(response.headers()["content-type"], "application/problem+json");
+
+    // Rotation: the gateway signs with its old and its new secret; only the last matches ours... and
+    // only the first does, for an app that still has the old one.
+    let rotated = signed(&body, &["whsec_retired", SECRET], now());
+    assert_eq!(app.post_event(&body, Some(&rotated)).await.status(), StatusCode::OK, "only the last v1 valid");
+    for at in [now() - 295, now() + 295] {
+        let body = event("charge.succeeded", json!({ "id": payment["gateway_charge_id"] }), &downstream);
+        let response = app.post_event(&body, Some(&signed(&body, &["whsec_test_previous"], at))).await;
+        assert_eq!(response.status(), StatusCode::OK, "just inside the tolerance, either way");
+    }
+    assert!(app.database_says("SELECT count(*) = 3 FROM gateway_events WHERE outcome = 'applied'").await);
+
+    // Signed, but not an event: 400, and nothing written.
+    let not_an_event = br#"{"hello":"world"}"#;
+    let response = app.post_event(not_an_event, Some(&signed(not_an_event, &[SECRET], now()))).await;
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(app.database_says("SELECT count(*) = 3 FROM gateway_events").await);
+}
+
+#[tokio::test]
+async fn a_charge_event_that_disagrees_flags_the_key_and_moves_no_money() {
+    let app = app().await;
+    let key = new_key();
+    let declined = json!({ "amount": 1000, "currency": "usd", "source": "tok_chargeDeclined" });
+    assert_eq!(app.post_payment(&key, &declined).await.status(), StatusCode::PAYMENT_REQUIRED);
+    let downstream = app.downstream_key(app.key_row(&key).await.unwrap().id);
+
+    let body = event("charge.succeeded", json!({ "id": "ch_we_never_heard_of", "object": "charge" }), &downstream);
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "disagreement");
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(
+        (story["needs_attention"].as_bool(), story["attention_reason"].as_str()),
+        (Some(true), Some("gateway_disagreement"))
+    );
+    assert_eq!(story["payment"]["status"], "failed", "no money moved");
+    assert_eq!(
+        app.metrics().await.count("gateway_events_total", &[("type", "charge.succeeded"), ("outcome", "disagreement")]),
+        1.0
+    );
+    // It stays for a person: the reaper keeps a flagged key past its expiry.
+    app.run_sql(&format!("UPDATE idempotency_keys SET finished_at = now() - interval '2 hours', expires_at = now() - interval '1 hour' WHERE idempotency_key = '{key}'")).await;
+    app.workers().reaper.run_once().await.unwrap();
+    assert!(app.key_row(&key).await.is_some());
+}
+
+#[tokio::test]
+async fn an_event_about_an_unfinished_key_makes_it_due_for_the_completer_at_once() {
+    let app = TestApp::builder()
+        .webhook_secrets(&[SECRET])
+        .workers(|w| w.completer_backoff = Duration::from_secs(3600))
+        .spawn()
+        .await;
+    let key = new_key();
+    app.gateway.fault("error_after", 1).await;
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let workers = app.workers();
+    assert_eq!(workers.completer.run_once().await.unwrap(), Outcome::Idle, "its backoff is an hour");
+    let key_id = app.key_row(&key).await.unwrap().id;
+    let charge = app.gateway.charges_for(&app.downstream_key(key_id)).await.remove(0);
+
+    let body = event("charge.succeeded", charge, &app.downstream_key(key_id));
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "nudged");
+    assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "started", "the phases alone move a key");
+    assert_eq!(workers.completer.run_once().await.unwrap(), Outcome::Worked, "due at once");
+    assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "finished");
+    assert_eq!(app.gateway.stats().await.charges, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_event_fifty_times_at_once_over_two_servers_is_applied_once() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments::accounts::create(&mut conn, "events").await.unwrap();
+    let gateway = Process::gateway().await;
+    let env = [("PAYMENTS_GATEWAY_WEBHOOK_SECRETS", SECRET)];
+    let servers = [
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await,
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await,
+    ];
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        http.post(format!("{}{path}", servers[0].url))
+            .bearer_auth(&api_key)
+            .header("Idempotency-Key", new_key())
+            .json(&body)
+            .send()
+    };
+    // A pending refund, settled by an event: the kind of event whose application moves money.
+    let payment: Value =
+        post("/v1/payments", json!({ "amount": 1000, "currency": "usd", "source": "tok_refundPending" }))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    let refund: Value =
+        post("/v1/refunds", json!({ "payment": payment["id"], "amount": 600 })).await.unwrap().json().await.unwrap();
+    assert_eq!(refund["status"], "pending");
+    let control = GatewayControl::new(&gateway.url);
+    control.settle_refunds().await;
+    let (account_id, key_id): (Uuid, Uuid) = refunds::table
+        .filter(refunds::id.eq(Uuid::parse_str(refund["id"].as_str().unwrap()).unwrap()))
+        .select((refunds::account_id, refunds::idempotency_key_id))
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+    let downstream = payments::gateway::downstream_key(account_id, key_id);
+    let settled = control.refunds_for(&downstream).await.remove(0);
+    assert_eq!(settled["status"], "succeeded");
+    let body = event("refund.succeeded", settled, &downstream);
+    let signature = signed(&body, &[SECRET], now());
+
+    let mut deliveries = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let request = http
+            .post(format!("{}/webhooks/gateway", servers[i % 2].url))
+            .header("Gateway-Signature", &signature)
+            .body(body.clone());
+        deliveries.spawn(async move {
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), StatusCode::OK);
+            response.json::<Value>().await.unwrap()["outcome"].as_str().unwrap().to_owned()
+        });
+    }
+    let outcomes = deliveries.join_all().await;
+
+    assert_eq!(outcomes.iter().filter(|outcome| *outcome == "applied").count(), 1, "{outcomes:?}");
+    assert_eq!(outcomes.iter().filter(|outcome| *outcome == "duplicate").count(), 49, "{outcomes:?}");
+    for (sql, expected) in [
+        ("SELECT count(*) AS n FROM gateway_events", 1),
+        ("SELECT count(*) AS n FROM audit_records WHERE action = 'refund.settled'", 1),
+        ("SELECT count(*) AS n FROM staged_jobs WHERE job_name = 'refund.succeeded'", 1),
+        ("SELECT amount_refunded AS n FROM payments", 600),
+    ] {
+        assert_eq!(diesel::sql_query(sql).get_result::<Count>(&mut conn).await.unwrap().n, expected, "{sql}");
+    }
+}
+
+#[derive(diesel::QueryableByName)]
+struct Count {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    n: i64,
+}
+
+#[tokio::test]
+async fn refund_events_out_of_order_settle_forward_only() {
+    let app = TestApp::builder()
+        .webhook_secrets(&[SECRET])
+        .workers(|w| w.completer_backoff = Duration::from_secs(3600))
+        .spawn()
+        .await;
+    let payment = app.paid(1000, "tok_refundFails").await;
+    let key = new_key();
+    let body = json!({ "payment": payment["id"], "amount": 500 });
+    app.gateway.fault("error_after", 1).await;
+    assert_eq!(app.post_refund(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    app.gateway.settle_refunds().await;
+    let downstream = app.downstream_key(app.key_row(&key).await.unwrap().id);
+    let failed = app.gateway.refunds_for(&downstream).await.remove(0);
+    assert_eq!(failed["status"], "failed");
+
+    // `refund.failed` overtakes the phase that records the gateway's refund: matched by our
+    // downstream key, it only wakes the key; no money moves yet.
+    let early = event("refund.failed", failed.clone(), &downstream);
+    let response = app.post_event(&early, Some(&signed(&early, &[SECRET], now()))).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "nudged");
+    let id = payment["id"].as_str().unwrap();
+    assert!(app.database_says(&format!("SELECT amount_refund_pending = 500 FROM payments WHERE id = '{id}'")).await);
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let refund: Value = app.post_refund(&key, &body).await.json().await.unwrap();
+    assert_eq!(refund["status"], "failed", "the look-up the event woke recorded the failure");
+    assert!(
+        app.database_says(&format!(
+            "SELECT amount_refund_pending = 0 AND amount_refunded = 0 FROM payments WHERE id = '{id}'"
+        ))
+        .await
+    );
+
+    // A `refund.succeeded` after `failed` is older than what we know (no refund comes back from
+    // `failed`): stale and ignored, whatever the gateway's clock wrote in `created`, behind ours
+    // or ahead of it.
+    for skew in [-60, 60] {
+        let stale = {
+            let mut stale: Value =
+                serde_json::from_slice(&event("refund.succeeded", failed.clone(), &downstream)).unwrap();
+            stale["created"] = json!(now() + skew);
+            serde_json::to_vec(&stale).unwrap()
+        };
+        let response = app.post_event(&stale, Some(&signed(&stale, &[SECRET], now()))).await;
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "stale", "created {skew} s from now");
+    }
+    let now_refund: Value =
+        app.get(&format!("/v1/refunds/{}", refund["id"].as_str().unwrap())).await.json().await.unwrap();
+    assert_eq!(now_refund["status"], "failed", "never settled backwards");
+    assert!(app.database_says(&format!("SELECT amount_refunded = 0 FROM payments WHERE id = '{id}'")).await);
+    assert!(
+        app.database_says(&format!(
+            "SELECT needs_attention_at IS NULL FROM idempotency_keys WHERE idempotency_key = '{key}'"
+        ))
+        .await,
+        "a stale event flags nothing"
+    );
+    // The events are in the key's story, by their own ids.
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    let received: Vec<&str> = story["trail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["action"] == "gateway_event.received")
+        .map(|entry| entry["data"]["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(received, ["nudged", "stale", "stale"]);
+}
+
+/// A `refund.failed` about a refund we recorded as succeeded is news that contradicts us (a
+/// refund can fail after succeeding): flagged for a person, and no money moves.
+#[tokio::test]
+async fn a_refund_failing_after_it_succeeded_is_a_disagreement() {
+    let app = TestApp::builder().webhook_secrets(&[SECRET]).spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let key = new_key();
+    let refund: Value =
+        app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 400 })).await.json().await.unwrap();
+    assert_eq!(refund["status"], "succeeded");
+    let downstream = app.downstream_key(app.key_row(&key).await.unwrap().id);
+    let mut object = app.gateway.refunds_for(&downstream).await.remove(0);
+    object["status"] = json!("failed");
+
+    let late = event("refund.failed", object, &downstream);
+    let response = app.post_event(&late, Some(&signed(&late, &[SECRET], now()))).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "disagreement");
+    let id = payment["id"].as_str().unwrap();
+    assert!(app.database_says(&format!("SELECT amount_refunded = 400 FROM payments WHERE id = '{id}'")).await);
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(
+        (story["needs_attention"].as_bool(), story["attention_reason"].as_str()),
+        (Some(true), Some("gateway_disagreement"))
+    );
+    // The operator's list names the refund the key made.
+    let listed = needing_attention(&mut app.db().await).await.unwrap();
+    let flagged: Vec<_> = listed.iter().map(|key| (key.request_path.as_str(), key.made_id)).collect();
+    assert_eq!(flagged, [("/v1/refunds", Some(refund["id"].as_str().unwrap().parse().unwrap()))]);
+}
+
+#[tokio::test]
+async fn with_no_retry_and_an_hours_backoff_the_gateways_event_finishes_the_payment() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (account, api_key) = payments::accounts::create(&mut conn, "events").await.unwrap();
+    // `serve` with its in-process mock, which sends its events to it; the completer waits an hour
+    // before driving a key on its own.
+    let env = [
+        ("DATABASE_URL", database.url.as_str()),
+        ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_COMPLETER_BACKOFF_MS", "3600000"),
+        ("PAYMENTS_WORKER_INTERVAL_MS", "200"),
+    ];
+    let serve = Process::serve_with(&["serve", "--private-mock-gateway"], &env).await;
+    let mock = serve
+        .stdout
+        .clone()
+        .wait_for(|lines| lines.iter().any(|line| line.starts_with("gateway: in-process mock at ")))
+        .await
+        .unwrap()
+        .iter()
+        .find_map(|line| line.strip_prefix("gateway: in-process mock at "))
+        .map(|rest| rest.split_whitespace().next().unwrap().to_owned())
+        .unwrap();
+    let gateway = GatewayControl::new(&mock);
+    gateway.fault("error_after", 1).await;
+    let key = new_key();
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/payments", serve.url))
+        .bearer_auth(&api_key)
+        .header("Idempotency-Key", &key)
+        .json(&payment_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // Nobody retries: the event wakes the key, and the completer finishes it, long before its
+    // backoff would have let it.
+    let finished = format!(
+        "SELECT count(*) AS n FROM idempotency_keys WHERE account_id = '{}' AND idempotency_key = '{key}' \
+         AND recovery_point = 'finished'",
+        account.id
+    );
+    wait_until(Duration::from_secs(20), "the event finishes the payment", || {
+        let (url, sql) = (database.url.clone(), finished.clone());
+        async move {
+            let mut conn = AsyncPgConnection::establish(&url).await.unwrap();
+            diesel::sql_query(sql).get_result::<Count>(&mut conn).await.unwrap().n == 1
+        }
+    })
+    .await;
+    let outcomes: Vec<InboxRow> =
+        diesel::sql_query("SELECT outcome FROM gateway_events").load(&mut conn).await.unwrap();
+    assert!(outcomes.iter().any(|o| o.outcome == "nudged"), "woken by its event");
+    assert_eq!(gateway.stats().await.charges, 1);
+}
+
+#[derive(diesel::QueryableByName)]
+struct InboxRow {
+    #[diesel(sql_type = diesel::sql_types::Text)]
+    outcome: String,
+}
