@@ -19,29 +19,27 @@
 //! invariant, and fails if one is broken.
 
 mod check;
+mod gateway;
 mod load;
 mod report;
 mod world;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::Context;
-use futures_util::{StreamExt, TryStreamExt};
 use rand::Rng;
 use reqwest::Url;
-use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::gateway::downstream_key;
 use crate::lab::progress::{Phase, Progress};
-use check::{GatewayCharge, Outside, Stored};
+use check::{Outside, Stored};
+use gateway::GatewayControl;
 use load::Live;
 use report::{Did, Report};
 use world::{Fleet, LOCK_TIMEOUT, World};
@@ -71,12 +69,6 @@ const RESTART_POLL: Duration = Duration::from_millis(100);
 /// 2 s after they were made, and the workers look them up with a backoff that the storm's faults
 /// may have stretched.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Look-ups at the gateway at once, after the run.
-const LOOK_UPS_AT_ONCE: usize = 16;
-
-/// How long the gateway's control endpoints may take to answer.
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often settling is polled.
 const SETTLE_POLL: Duration = Duration::from_millis(250);
@@ -342,92 +334,5 @@ where
             return Ok(left);
         }
         tokio::time::sleep(SETTLE_POLL).await;
-    }
-}
-
-/// The mock gateway's counters, as `GET /_control/stats` gives them.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-pub struct GatewayStats {
-    pub charges: u64,
-    pub requests: u64,
-    pub faults: u64,
-    /// Refunds made, whatever their status.
-    pub refunds: u64,
-    pub refund_requests: u64,
-}
-
-/// The mock gateway's `/_control` endpoints.
-#[derive(Clone)]
-struct GatewayControl {
-    base: Url,
-    http: reqwest::Client,
-}
-
-impl GatewayControl {
-    fn new(base: &Url) -> anyhow::Result<GatewayControl> {
-        let http = reqwest::Client::builder().timeout(CONTROL_TIMEOUT).build()?;
-        Ok(GatewayControl { base: base.clone(), http })
-    }
-
-    async fn stats(&self) -> anyhow::Result<GatewayStats> {
-        let response = self.http.get(self.base.join("_control/stats")?).send().await?;
-        response
-            .error_for_status()?
-            .json()
-            .await
-            .context("the gateway's /_control/stats (is it started with --control?)")
-    }
-
-    /// The charges `ids`, as the gateway shows them now, by id.
-    async fn charges(&self, ids: impl Iterator<Item = String>) -> anyhow::Result<HashMap<String, GatewayCharge>> {
-        let look_up = |id: String| async move {
-            let url = self.base.join("v1/charges/")?.join(&id)?;
-            let charge = self.http.get(url).send().await?.error_for_status()?.json().await?;
-            anyhow::Ok((id, charge))
-        };
-        futures_util::stream::iter(ids).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
-    }
-
-    /// The ids of the refunds the gateway made with each downstream key, by whose they are.
-    async fn refunds_by_key<T>(
-        &self,
-        keys: impl Iterator<Item = (T, String)>,
-    ) -> anyhow::Result<HashMap<T, Vec<String>>>
-    where
-        T: std::hash::Hash + Eq,
-    {
-        #[derive(Deserialize)]
-        struct List {
-            data: Vec<Made>,
-        }
-        #[derive(Deserialize)]
-        struct Made {
-            id: String,
-        }
-        let look_up = |(whose, key): (T, String)| async move {
-            let mut url = self.base.join("v1/refunds")?;
-            url.query_pairs_mut().append_pair("idempotency_key", &key);
-            let list: List = self.http.get(url).send().await?.error_for_status()?.json().await?;
-            anyhow::Ok((whose, list.data.into_iter().map(|refund| refund.id).collect()))
-        };
-        futures_util::stream::iter(keys).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
-    }
-
-    /// From now on, each charge or refund request fails with probability `rate`.
-    async fn random_faults(&self, rate: f64) -> anyhow::Result<()> {
-        let plan = json!({ "mode": "random", "rate": rate, "count": u32::MAX });
-        self.http.post(self.base.join("_control/faults")?).json(&plan).send().await?.error_for_status()?;
-        Ok(())
-    }
-
-    /// Makes the gateway forget its idempotency keys (it keeps its charges, found by look-ups).
-    async fn forget_keys(&self) -> anyhow::Result<()> {
-        self.http.delete(self.base.join("_control/idempotency-keys")?).send().await?.error_for_status()?;
-        Ok(())
-    }
-
-    async fn clear_faults(&self) -> anyhow::Result<()> {
-        self.http.delete(self.base.join("_control/faults")?).send().await?.error_for_status()?;
-        Ok(())
     }
 }

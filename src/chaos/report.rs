@@ -6,9 +6,10 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use super::Disturbed;
 use super::check::{Invariant, Stored};
+use super::gateway::GatewayStats;
 use super::load::{KeyRun, Request};
-use super::{Disturbed, GatewayStats};
 use crate::client::KeySeen;
 
 /// What the run did.
