@@ -184,9 +184,12 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let database = world.database_url.as_str();
     let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
     let keys_took = started.elapsed();
-    let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
-    let refunds_took = started.elapsed() - keys_took;
+    // Asked once more before the refunds settle: a refund whose every attempt was lost before its
+    // claim committed is made only now, and may be left pending too.
     let final_attempts = load::replay_all(&client, &mut runs, plan.clients).await;
+    let asked = started.elapsed();
+    let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
+    let refunds_took = started.elapsed() - asked;
     let stored = Stored::read(database, &keys).await?;
     let events = match world.webhook() {
         Some(webhook) => {
