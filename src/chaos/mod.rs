@@ -11,12 +11,16 @@
 //! - every 1 to 3 s the gateway forgets its idempotency keys (as a real one does after a day),
 //!   so only the service's look-up stands between a resumed request and a second charge;
 //! - some requests carry a crash point, and the server that takes them aborts there;
-//! - some clients walk away after one try, leaving their key to the workers.
+//! - some clients walk away after one try, leaving their key to the workers;
+//! - the gateway sends its events (one per charge, and per refund made or settled) late, a share of
+//!   them twice at once, and shuffled ([`EventStorm`]), to a relay that hands each delivery to
+//!   whichever server is up ([`crate::lab::relay`]): the kills land while events are on their way.
 //!
 //! When the load ends the faults stop, the system settles (every key finished, every refund the
-//! gateway left pending settled, each within a bounded wait), every key is asked for once more, and
-//! [`check`] holds what everyone saw, and what the gateway holds, against the database. The run prints what it did and each
-//! invariant, and fails if one is broken.
+//! gateway left pending settled, every event the gateway made acknowledged, each within a bounded
+//! wait), every key is asked for once more, and [`check`] holds what everyone saw, and what the
+//! gateway holds and sent, against the database. The run prints what it did and each invariant,
+//! and fails if one is broken.
 
 mod check;
 mod gateway;
@@ -24,7 +28,7 @@ mod load;
 mod report;
 mod world;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -38,12 +42,14 @@ use tokio::time::Instant;
 use crate::client::Client;
 use crate::gateway::downstream_key;
 use crate::lab::progress::{Phase, Progress};
-use check::{Outside, Stored};
+use crate::lab::relay::Relay;
+use check::{GatewayEvents, Outside, SentEvent, Stored};
 use gateway::GatewayControl;
 use load::Live;
-use report::{Did, Report};
+use report::{Did, EventsDid, Report};
 use world::{Fleet, LOCK_TIMEOUT, World};
 
+pub use gateway::EventStorm;
 pub use load::{Extent, Mix};
 
 /// The wait between two kills, and between two times the gateway forgets its keys, is drawn
@@ -73,6 +79,9 @@ const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often settling is polled.
 const SETTLE_POLL: Duration = Duration::from_millis(250);
 
+/// Why the events of a gateway the run was pointed at are not checked.
+const NO_EVENTS: &str = "the gateway made no events during the run (is it started with --events-url?)";
+
 /// What to run.
 pub struct Plan {
     pub extent: Extent,
@@ -81,6 +90,8 @@ pub struct Plan {
     pub mix: Mix,
     /// Whether to kill and pause processes.
     pub processes: bool,
+    /// How the gateway misdelivers its events during the storm.
+    pub events: EventStorm,
     pub deployment: Deployment,
 }
 
@@ -88,7 +99,9 @@ pub struct Plan {
 pub enum Deployment {
     Own,
     /// A running deployment: driven and checked, never killed; no crash points (its servers may
-    /// not honour them) and no check of its events (its webhook is not the run's).
+    /// not honour them) and no check of its outbox's events (its webhook is not the run's). Its
+    /// gateway's events are checked if it sends them (to the deployment, which nothing else uses
+    /// meanwhile).
     Existing {
         urls: Vec<Url>,
         api_key: String,
@@ -107,6 +120,10 @@ struct Disturbed {
     forgotten: AtomicU64,
     /// Processes that aborted by themselves (at a crash point) and were started again.
     aborted: AtomicU64,
+    /// Kills while the gateway had events on their way (made, not acknowledged yet), and those
+    /// events, summed over the kills.
+    kills_amid_events: AtomicU64,
+    events_at_kills: AtomicU64,
 }
 
 /// Runs the chaos and prints its report; whether every invariant held.
@@ -142,9 +159,11 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let client = Client::new(&world.urls, &world.api_key, load::PERSISTENT)?;
     let gateway = GatewayControl::new(&world.gateway_url)?;
     let before = gateway.stats().await?;
+    let sent_before: HashSet<String> = gateway.events_sent().await?.into_iter().map(|event| event.id).collect();
 
     // The storm.
     gateway.random_faults(plan.fault_rate).await?;
+    gateway.misdeliver_events(plan.events).await?;
     let disturbed = Arc::new(Disturbed::default());
     let (stop, stopped) = watch::channel(false);
     let fleet = world.take_fleet();
@@ -180,6 +199,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let settling = progress.step("settling");
     let started = Instant::now();
     gateway.clear_faults().await?;
+    gateway.deliver_events().await?;
     let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
     let database = world.database_url.as_str();
     let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
@@ -190,6 +210,11 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let asked = started.elapsed();
     let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
     let refunds_took = started.elapsed() - asked;
+    // Last, since settling a refund makes an event.
+    let unacknowledged =
+        wait_for_none(&settling, "gateway events not acknowledged", || gateway.events_unacknowledged(&sent_before))
+            .await?;
+    let events_took = started.elapsed() - asked - refunds_took;
     let stored = Stored::read(database, &keys).await?;
     let events = match world.webhook() {
         Some(webhook) => {
@@ -212,13 +237,21 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         left => format!("{left} {what} not {done} after {:.1} s", took.as_secs_f64()),
     };
     settling.finish(&format!(
-        "{}, {}; each key asked once more, the events awaited: {:.1} s",
+        "{}, {}, {}; each key asked once more, the outbox's events awaited: {:.1} s",
         waited(unfinished, "keys", "finished", keys_took),
         waited(pending, "pending refunds", "settled", refunds_took),
+        waited(unacknowledged, "gateway events", "acknowledged", events_took),
         settle_took.as_secs_f64()
     ));
 
     let after = gateway.stats().await?;
+    let sent: Vec<SentEvent> =
+        gateway.events_sent().await?.into_iter().filter(|event| !sent_before.contains(&event.id)).collect();
+    // The run's own gateway sends its events (through the relay); one it was pointed at may not.
+    let gateway_events = match world.relay() {
+        None if after.events == before.events => GatewayEvents::NotChecked(NO_EVENTS),
+        _ => GatewayEvents::Sent { made: after.events.saturating_sub(before.events), sent },
+    };
     // A gateway restarted meanwhile counts from zero again; the check then fails, as it should.
     let outside = Outside {
         gateway_charges: after.charges.saturating_sub(before.charges),
@@ -230,17 +263,21 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
             )
             .await?,
         events,
+        gateway_events,
     };
     let verdicts = check::check(&runs, &stored, &outside);
     let attempts = (live.attempts.load(Ordering::Relaxed), final_attempts);
     let did = Did::of(&runs, &stored, attempts, &disturbed, before, after, load_took, settle_took);
-    Ok(Report { did, verdicts })
+    let relayed = world.relay().map(Relay::relayed);
+    let events = EventsDid::of(plan.events, &outside.gateway_events, &disturbed, relayed, &stored);
+    Ok(Report { did, events, verdicts })
 }
 
-/// Every 1 to 3 s kills a random member of the fleet and starts it again, and every 10 to 20 s
-/// freezes one past its leases (with `processes`); makes the gateway forget its keys on a timer
-/// of its own; starts again at once any process that exited by itself (at a crash point). When
-/// told to stop, thaws what is frozen and hands the fleet back, all running.
+/// Every 1 to 3 s kills a random member of the fleet and starts it again (counting the gateway's
+/// events on their way then), and every 10 to 20 s freezes one past its leases (with
+/// `processes`); makes the gateway forget its keys on a timer of its own; starts again at once
+/// any process that exited by itself (at a crash point). When told to stop, thaws what is frozen
+/// and hands the fleet back, all running.
 async fn disturb(
     mut fleet: Option<Fleet>,
     processes: bool,
@@ -260,10 +297,13 @@ async fn disturb(
         tokio::select! {
             _ = stop.changed() => break,
             _ = tokio::time::sleep_until(kill_at), if processes && owned => {
+                let on_their_way = gateway.stats().await?.events_on_their_way();
                 if let Some(fleet) = fleet.as_mut()
                     && let Some(name) = fleet.kill_one().await?
                 {
                     tally(&disturbed.kills, name);
+                    disturbed.kills_amid_events.fetch_add(u64::from(on_their_way > 0), Ordering::Relaxed);
+                    disturbed.events_at_kills.fetch_add(on_their_way, Ordering::Relaxed);
                 }
                 kill_at = after(KILL_EVERY);
             }
