@@ -198,23 +198,26 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     // The calm after it.
     let settling = progress.step("settling");
     let started = Instant::now();
+    // How long each step of the settling took.
+    let mut lap = started;
+    let mut took = || std::mem::replace(&mut lap, Instant::now()).elapsed();
     gateway.clear_faults().await?;
     gateway.deliver_events().await?;
     let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
     let database = world.database_url.as_str();
     let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
-    let keys_took = started.elapsed();
+    let keys_took = took();
     // Asked once more before the refunds settle: a refund whose every attempt was lost before its
     // claim committed is made only now, and may be left pending too.
     let final_attempts = load::replay_all(&client, &mut runs, plan.clients).await;
-    let asked = started.elapsed();
+    let asked_took = took();
     let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
-    let refunds_took = started.elapsed() - asked;
+    let refunds_took = took();
     // Last, since settling a refund makes an event.
     let unacknowledged =
         wait_for_none(&settling, "gateway events not acknowledged", || gateway.events_unacknowledged(&sent_before))
             .await?;
-    let events_took = started.elapsed() - asked - refunds_took;
+    let events_took = took();
     let stored = Stored::read(database, &keys).await?;
     let events = match world.webhook() {
         Some(webhook) => {
@@ -231,16 +234,19 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         }
         None => None,
     };
+    let outbox_took = took();
     let settle_took = started.elapsed();
     let waited = |left: i64, what: &str, done: &str, took: Duration| match left {
         0 => format!("{what} {done} in {:.1} s", took.as_secs_f64()),
         left => format!("{left} {what} not {done} after {:.1} s", took.as_secs_f64()),
     };
     settling.finish(&format!(
-        "{}, {}, {}; each key asked once more, the outbox's events awaited: {:.1} s",
+        "{}, each asked once more in {:.1} s, {}, {}, the outbox's events awaited {:.1} s: {:.1} s",
         waited(unfinished, "keys", "finished", keys_took),
+        asked_took.as_secs_f64(),
         waited(pending, "pending refunds", "settled", refunds_took),
         waited(unacknowledged, "gateway events", "acknowledged", events_took),
+        outbox_took.as_secs_f64(),
         settle_took.as_secs_f64()
     ));
 
