@@ -67,8 +67,8 @@ pub struct Relayed {
     /// Times a server was passed over, by why: it was down (`refused`), it took the delivery and
     /// died with it (`dropped`), or it was frozen (`no answer`).
     pub passed_over: BTreeMap<&'static str, u64>,
-    /// Events that reached every server (both copies of a duplicated event, or a delivery passed
-    /// on after one server failed it).
+    /// Events answered by every server: both copies of an event sent twice, or a copy and the
+    /// gateway's retry of an unacknowledged delivery (a server passed over answered nothing).
     pub on_every_server: usize,
 }
 
