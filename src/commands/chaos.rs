@@ -46,7 +46,8 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 0.3, value_parser = rate)]
     pub pending_refund_rate: f64,
     /// The share of the gateway's events it sends twice, both copies at the same moment (the run's
-    /// own relay hands them to different servers, where they race for the inbox's row).
+    /// own relay hands deliveries to the servers in turn, so most pairs race for the inbox's row
+    /// on different servers).
     #[arg(long, default_value_t = 0.3, value_parser = rate)]
     pub event_duplicate_rate: f64,
     /// How long the gateway holds each event back before sending it, in milliseconds: as long as
