@@ -186,12 +186,15 @@ impl EventsDid {
         let _ = write!(sent, " (storm: {:.0} % twice, {} ms late", storm.duplicate_rate * 100.0, storm.delay_ms);
         sent += if storm.shuffle { ", shuffled)" } else { ")" };
         row("events sent", self.sent.to_string(), sent);
-        let average = self.events_at_kills as f64 / self.kills_amid_events.max(1) as f64;
-        row(
-            "kills amid events",
-            self.kills_amid_events.to_string(),
-            format!("of {} kills, {average:.1} events on their way at each", self.kills),
-        );
+        // None in a run that kills nothing.
+        if self.kills > 0 {
+            let average = self.events_at_kills as f64 / self.kills_amid_events.max(1) as f64;
+            row(
+                "kills amid events",
+                self.kills_amid_events.to_string(),
+                format!("of {} kills, {average:.1} events on their way at each", self.kills),
+            );
+        }
         let answers = self.relayed.as_ref().map(|relayed| times(&relayed.answers)).unwrap_or_default();
         row("deliveries (POSTs)", self.deliveries.to_string(), answers);
         if let Some(relayed) = &self.relayed {
