@@ -28,8 +28,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::GatewayControl;
 use super::check;
+use super::gateway::GatewayControl;
 use crate::client::{Answer, NoAnswer};
 use crate::lab::plot::{self, EventRow, Line, Look, OverTime, PALETTE, Panel, Rule};
 use crate::lab::progress::Progress;

@@ -17,16 +17,17 @@ pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
         println!("no key needs attention");
     }
     for key in keys {
-        let payment = key.payment_id.map_or_else(|| "none".to_owned(), |id| id.to_string());
+        let made = key.made_id.map_or_else(|| "none".to_owned(), |id| id.to_string());
         println!(
-            "{} account={} key={:?} at={} attempts={} since={} payment={}\n    reason: {}",
+            "{} account={} key={:?} at={} attempts={} since={} {} made={}\n    reason: {}",
             key.id,
             key.account_id,
             key.idempotency_key,
             key.recovery_point,
             key.completer_attempts,
             key.needs_attention_at.to_rfc3339(),
-            payment,
+            key.request_path,
+            made,
             key.attention_reason
         );
     }

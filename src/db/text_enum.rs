@@ -19,6 +19,9 @@ macro_rules! text_enum {
         }
 
         impl $name {
+            /// Every value, in the order declared.
+            pub const ALL: &[Self] = &[$( Self::$variant, )+];
+
             /// The value as stored in the database and shown in the API.
             pub const fn as_str(self) -> &'static str {
                 match self {

@@ -22,13 +22,13 @@ use uuid::Uuid;
 use super::event::GatewayEvent;
 use crate::audit::Actor;
 use crate::db::{self, StoreError};
-use crate::idempotency::RecoveryPoint;
+use crate::idempotency::{RecoveryPoint, disagreement_reason};
 use crate::metrics::{EventKind, EventOutcome};
 use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
 use crate::request_id::RequestId;
 
 /// The reason code of a key flagged because its gateway's event disagrees with what it recorded.
-pub const DISAGREEMENT: &str = "gateway_disagreement";
+pub use crate::idempotency::GATEWAY_DISAGREEMENT as DISAGREEMENT;
 
 /// What the event is about, as the database has it: the payment or refund made under the key
 /// row our downstream key names, and whether that key is finished (none once it is reaped).
@@ -45,8 +45,6 @@ struct Target {
     /// The gateway's id of the charge or refund, once recorded.
     #[diesel(sql_type = Nullable<Text>)]
     object_id: Option<String>,
-    #[diesel(sql_type = Timestamptz)]
-    updated_at: chrono::DateTime<chrono::Utc>,
     /// The key's recovery point; none once it is reaped (only finished keys are).
     #[diesel(sql_type = Nullable<Text>)]
     key_point: Option<RecoveryPoint>,
@@ -83,9 +81,7 @@ pub async fn receive(
                 nudge(conn, account_id, key_id).await?;
                 match (about_refunds, target.status.as_str()) {
                     (true, "pending") => EventOutcome::Nudged,
-                    (true, status) => {
-                        compare_refund(refund_status(status), target.updated_at, target.object_id.as_deref(), event)
-                    }
+                    (true, status) => compare_refund(refund_status(status), target.object_id.as_deref(), event),
                     (false, _) => compare_charge(&target, event),
                 }
             }
@@ -125,10 +121,10 @@ pub async fn receive(
 async fn target(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> QueryResult<Option<Target>> {
     diesel::sql_query(
         "WITH made AS (
-             SELECT 'payment' AS kind, id, gateway, status::text, gateway_charge_id::text AS object_id, updated_at
+             SELECT 'payment' AS kind, id, gateway, status::text, gateway_charge_id::text AS object_id
              FROM payments WHERE account_id = $1 AND idempotency_key_id = $2
              UNION ALL
-             SELECT 'refund', id, gateway, status, gateway_refund_id, updated_at
+             SELECT 'refund', id, gateway, status, gateway_refund_id
              FROM refunds WHERE account_id = $1 AND idempotency_key_id = $2
          )
          SELECT made.*, (SELECT recovery_point FROM idempotency_keys WHERE account_id = $1 AND id = $2)
@@ -215,9 +211,9 @@ async fn settle(
         }
         // Settled meanwhile (by the settler): compare with that.
         let now = Refund::find(conn, account_id, target.id).await?.ok_or(diesel::result::Error::NotFound)?;
-        return Ok(compare_refund(now.status, now.updated_at, now.gateway_refund_id.as_deref(), event));
+        return Ok(compare_refund(now.status, now.gateway_refund_id.as_deref(), event));
     }
-    Ok(compare_refund(refund_status(&target.status), target.updated_at, target.object_id.as_deref(), event))
+    Ok(compare_refund(refund_status(&target.status), target.object_id.as_deref(), event))
 }
 
 fn refund_status(status: &str) -> RefundStatus {
@@ -229,23 +225,30 @@ fn refund_status(status: &str) -> RefundStatus {
 }
 
 /// A refund event about a refund we know settled: it agrees, or it is older than what we know
-/// (stale: ignored), or newer and says otherwise (a disagreement).
-fn compare_refund(
-    status: RefundStatus,
-    updated_at: chrono::DateTime<chrono::Utc>,
-    object_id: Option<&str>,
-    event: &GatewayEvent,
-) -> EventOutcome {
-    let same_refund = object_id == Some(event.object().id.as_str());
-    let same_status = match status {
-        RefundStatus::Succeeded => event.kind() == EventKind::RefundSucceeded,
-        RefundStatus::Failed => event.kind() == EventKind::RefundFailed,
-        RefundStatus::Pending => false,
+/// (stale: ignored), or it says something we have not seen (a disagreement).
+///
+/// "Older" is decided by the order in which a gateway moves a refund, never by comparing the
+/// gateway's clock with ours: `pending`, then `succeeded`, then `failed` (a refund that succeeded
+/// can still fail later, when the money cannot reach the card; none comes back from `failed`). So
+/// a `refund.succeeded` about a refund we know failed is stale whenever it was sent, and a
+/// `refund.failed` about one we know succeeded is news that contradicts us.
+fn compare_refund(status: RefundStatus, object_id: Option<&str>, event: &GatewayEvent) -> EventOutcome {
+    let stage = |status: RefundStatus| match status {
+        RefundStatus::Pending => 0,
+        RefundStatus::Succeeded => 1,
+        RefundStatus::Failed => 2,
     };
-    match (same_refund, same_status) {
-        (true, true) => EventOutcome::Applied,
-        (true, false) if event.created() < updated_at => EventOutcome::Stale,
-        _ => EventOutcome::Disagreement,
+    let reported = match event.kind() {
+        EventKind::RefundFailed => RefundStatus::Failed,
+        _ => RefundStatus::Succeeded,
+    };
+    if object_id != Some(event.object().id.as_str()) {
+        return EventOutcome::Disagreement;
+    }
+    match stage(reported).cmp(&stage(status)) {
+        std::cmp::Ordering::Equal => EventOutcome::Applied,
+        std::cmp::Ordering::Less => EventOutcome::Stale,
+        std::cmp::Ordering::Greater => EventOutcome::Disagreement,
     }
 }
 
@@ -258,8 +261,11 @@ async fn flag(
     event: &GatewayEvent,
     request_id: &RequestId,
 ) -> QueryResult<()> {
-    let detail =
-        format!("the gateway's event {} ({}) disagrees with what the key recorded", event.id, event.kind().as_str());
+    let detail = disagreement_reason(&format!(
+        "the gateway's event {} ({}) disagrees with what the key recorded",
+        event.id,
+        event.kind().as_str()
+    ));
     diesel::sql_query(
         "WITH marked AS (
              UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3

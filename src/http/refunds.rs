@@ -69,7 +69,7 @@ pub async fn list_refunds(
     }
     let before = match query.starting_after {
         None => None,
-        Some(cursor) => match db::query(Refund::position(&mut conn, account.id, cursor)).await? {
+        Some(cursor) => match db::query(Refund::position(&mut conn, account.id, query.payment, cursor)).await? {
             Some(position) => Some(position),
             None => return Err(ApiError::RefundNotFound),
         },

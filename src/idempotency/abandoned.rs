@@ -157,18 +157,23 @@ pub struct NeedsAttention {
     pub needs_attention_at: DateTime<Utc>,
     #[diesel(sql_type = Text)]
     pub attention_reason: String,
+    /// The endpoint the key is bound to (`/v1/payments`, `/v1/refunds`).
+    #[diesel(sql_type = Text)]
+    pub request_path: String,
+    /// The payment or refund the key made, if any yet.
     #[diesel(sql_type = Nullable<SqlUuid>)]
-    pub payment_id: Option<Uuid>,
+    pub made_id: Option<Uuid>,
 }
 
-/// The keys workers gave up on, oldest first, with their payment if one was made.
+/// The keys workers gave up on, oldest first, with what each made, if anything.
 pub async fn needing_attention(conn: &mut AsyncPgConnection) -> Result<Vec<NeedsAttention>, StoreError> {
     db::query(
         diesel::sql_query(
             "SELECT k.id, k.account_id, k.idempotency_key, k.recovery_point, k.completer_attempts,
-                k.needs_attention_at, k.attention_reason, p.id AS payment_id
+                k.needs_attention_at, k.attention_reason, k.request_path, made.id AS made_id
          FROM idempotency_keys k
-         LEFT JOIN payments p ON p.account_id = k.account_id AND p.idempotency_key_id = k.id
+         LEFT JOIN made_by_keys made ON made.account_id = k.account_id
+             AND made.idempotency_key = k.idempotency_key AND made.request_path = k.request_path
          WHERE k.needs_attention_at IS NOT NULL
          ORDER BY k.needs_attention_at",
         )

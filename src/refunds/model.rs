@@ -92,10 +92,17 @@ impl Refund {
             .optional()
     }
 
-    /// Where the account's refund `id` stands in creation order, for paging past it.
-    pub async fn position(conn: &mut AsyncPgConnection, account_id: Uuid, id: Uuid) -> QueryResult<Option<i64>> {
+    /// Where refund `id` stands in the creation order of the account's `payment`'s refunds, for
+    /// paging past it; none if it is not one of them (a cursor is a place in one payment's list).
+    pub async fn position(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        payment_id: Uuid,
+        id: Uuid,
+    ) -> QueryResult<Option<i64>> {
         refunds::table
             .filter(refunds::account_id.eq(account_id))
+            .filter(refunds::payment_id.eq(payment_id))
             .filter(refunds::id.eq(id))
             .select(refunds::created_seq)
             .get_result(conn)

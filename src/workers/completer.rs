@@ -80,8 +80,8 @@ impl Completer {
 /// Drives an abandoned key through the phases of the endpoint it was used on.
 async fn complete(state: &AppState, abandoned: Abandoned, run: &RequestId) -> Result<StoredResponse, DriveError> {
     match abandoned.path.as_str() {
-        "/v1/payments" => payments::complete_abandoned(state, abandoned, run).await,
-        "/v1/refunds" => refunds::complete_abandoned(state, abandoned, run).await,
+        path if path == payments::ENDPOINT.path => payments::complete_abandoned(state, abandoned, run).await,
+        path if path == refunds::ENDPOINT.path => refunds::complete_abandoned(state, abandoned, run).await,
         other => {
             let error = DriveError::inconsistent(format!("a key used on {other}, which no phases drive"));
             let reason = Reason { code: Unfinished::Internal.as_str(), detail: &error.to_string() };

@@ -7,12 +7,13 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments::db::schema::refunds;
 use payments::gateway::signature::{WebhookSecret, sign};
+use payments::idempotency::needing_attention;
 use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key, payment_body, wait_until};
+use crate::helpers::{GatewayControl, Lock, Process, TestApp, TestDatabase, new_key, payment_body, wait_until};
 
 const SECRET: &str = "whsec_test_current";
 
@@ -268,18 +269,30 @@ async fn refund_events_out_of_order_settle_forward_only() {
         .await
     );
 
-    // A `refund.succeeded` older than what we know is stale: ignored.
-    let stale = {
-        let mut stale: Value = serde_json::from_slice(&event("refund.succeeded", failed.clone(), &downstream)).unwrap();
-        stale["created"] = json!(now() - 60);
-        serde_json::to_vec(&stale).unwrap()
-    };
-    let response = app.post_event(&stale, Some(&signed(&stale, &[SECRET], now()))).await;
-    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "stale");
+    // A `refund.succeeded` after `failed` is older than what we know (no refund comes back from
+    // `failed`): stale and ignored, whatever the gateway's clock wrote in `created`, behind ours
+    // or ahead of it.
+    for skew in [-60, 60] {
+        let stale = {
+            let mut stale: Value =
+                serde_json::from_slice(&event("refund.succeeded", failed.clone(), &downstream)).unwrap();
+            stale["created"] = json!(now() + skew);
+            serde_json::to_vec(&stale).unwrap()
+        };
+        let response = app.post_event(&stale, Some(&signed(&stale, &[SECRET], now()))).await;
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "stale", "created {skew} s from now");
+    }
     let now_refund: Value =
         app.get(&format!("/v1/refunds/{}", refund["id"].as_str().unwrap())).await.json().await.unwrap();
     assert_eq!(now_refund["status"], "failed", "never settled backwards");
     assert!(app.database_says(&format!("SELECT amount_refunded = 0 FROM payments WHERE id = '{id}'")).await);
+    assert!(
+        app.database_says(&format!(
+            "SELECT needs_attention_at IS NULL FROM idempotency_keys WHERE idempotency_key = '{key}'"
+        ))
+        .await,
+        "a stale event flags nothing"
+    );
     // The events are in the key's story, by their own ids.
     let story: Value = app.key_story(&key).await.json().await.unwrap();
     let received: Vec<&str> = story["trail"]
@@ -289,7 +302,60 @@ async fn refund_events_out_of_order_settle_forward_only() {
         .filter(|entry| entry["action"] == "gateway_event.received")
         .map(|entry| entry["data"]["outcome"].as_str().unwrap())
         .collect();
-    assert_eq!(received, ["nudged", "stale"]);
+    assert_eq!(received, ["nudged", "stale", "stale"]);
+}
+
+/// A disagreement flagged while the key is not finished yet outlives its finish: the client's
+/// retry finishes the key with what it recorded, and the key still waits for a person.
+#[tokio::test]
+async fn a_disagreement_flagged_before_the_key_finishes_stays_flagged_after() {
+    let app = app().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "charge_created", Lock::Free).await;
+    app.seed_payment(key_id, &key, "succeeded", Some("ch_recorded")).await;
+    let downstream = app.downstream_key(key_id);
+
+    let body = event("charge.succeeded", json!({ "id": "ch_another", "object": "charge" }), &downstream);
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "disagreement");
+    let retried = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retried.status(), StatusCode::CREATED, "the retry finishes the key with what it recorded");
+
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(
+        (story["recovery_point"].as_str(), story["needs_attention"].as_bool(), story["attention_reason"].as_str()),
+        (Some("finished"), Some(true), Some("gateway_disagreement"))
+    );
+}
+
+/// A `refund.failed` about a refund we recorded as succeeded is news that contradicts us (a
+/// refund can fail after succeeding): flagged for a person, and no money moves.
+#[tokio::test]
+async fn a_refund_failing_after_it_succeeded_is_a_disagreement() {
+    let app = TestApp::builder().webhook_secrets(&[SECRET]).spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let key = new_key();
+    let refund: Value =
+        app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 400 })).await.json().await.unwrap();
+    assert_eq!(refund["status"], "succeeded");
+    let downstream = app.downstream_key(app.key_row(&key).await.unwrap().id);
+    let mut object = app.gateway.refunds_for(&downstream).await.remove(0);
+    object["status"] = json!("failed");
+
+    let late = event("refund.failed", object, &downstream);
+    let response = app.post_event(&late, Some(&signed(&late, &[SECRET], now()))).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "disagreement");
+    let id = payment["id"].as_str().unwrap();
+    assert!(app.database_says(&format!("SELECT amount_refunded = 400 FROM payments WHERE id = '{id}'")).await);
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(
+        (story["needs_attention"].as_bool(), story["attention_reason"].as_str()),
+        (Some(true), Some("gateway_disagreement"))
+    );
+    // The operator's list names the refund the key made.
+    let listed = needing_attention(&mut app.db().await).await.unwrap();
+    let flagged: Vec<_> = listed.iter().map(|key| (key.request_path.as_str(), key.made_id)).collect();
+    assert_eq!(flagged, [("/v1/refunds", Some(refund["id"].as_str().unwrap().parse().unwrap()))]);
 }
 
 #[tokio::test]

@@ -2,10 +2,13 @@
 
 use std::collections::BTreeSet;
 
+use payments::audit::Actor;
 use payments::http::{ENDPOINTS, OPENAPI_YAML};
 use payments::idempotency::IdempotencyKey;
+use payments::idempotency::RecoveryPoint;
 use payments::payments::CreatePaymentBody;
 use payments::problem::ProblemType;
+use payments::refunds::RefundStatus;
 use payments::story::TRAIL_LIMIT;
 use regex::Regex;
 use serde_json::json;
@@ -72,6 +75,30 @@ fn the_spec_caps_a_keys_trail_where_the_code_does() {
     let spec = spec();
     let trail = &spec["components"]["schemas"]["KeyStory"]["properties"]["trail"];
     assert_eq!(trail["maxItems"].as_i64(), Some(i64::from(TRAIL_LIMIT)));
+}
+
+/// The values the API shows from its stored enums are the ones the spec lets a client expect: a
+/// new actor or recovery point is a change of the contract.
+#[test]
+fn the_spec_lists_every_value_of_the_stored_enums() {
+    fn listed(schema: &Yaml) -> Vec<String> {
+        schema["enum"].as_vec().expect("an enum").iter().map(|value| value.as_str().unwrap().to_owned()).collect()
+    }
+    let spec = spec();
+    let schemas = &spec["components"]["schemas"];
+    let shown = |values: Vec<&str>| values.into_iter().map(str::to_owned).collect::<Vec<_>>();
+    assert_eq!(
+        listed(&schemas["AuditEntry"]["properties"]["actor"]),
+        shown(Actor::ALL.iter().map(|actor| actor.as_str()).collect())
+    );
+    assert_eq!(
+        listed(&schemas["KeyStory"]["properties"]["recovery_point"]),
+        shown(RecoveryPoint::ALL.iter().map(|point| point.as_str()).collect())
+    );
+    assert_eq!(
+        listed(&schemas["Refund"]["properties"]["status"]),
+        shown(RefundStatus::ALL.iter().map(|status| status.as_str()).collect())
+    );
 }
 
 #[test]

@@ -306,6 +306,18 @@ async fn a_payments_refunds_are_listed_newest_first_a_page_at_a_time() {
         (status, missing["type"].as_str()),
         (StatusCode::NOT_FOUND, Some("https://payments.example/problems/refund-not-found"))
     );
+    // A cursor is a place in this payment's list: another payment's refund is none.
+    let other = app.paid(1000, "tok_visa").await;
+    let elsewhere: Value =
+        app.post_refund(&new_key(), &json!({ "payment": other["id"], "amount": 100 })).await.json().await.unwrap();
+    let (status, foreign) = problem(
+        app.get(&format!("/v1/refunds?payment={id}&starting_after={}", elsewhere["id"].as_str().unwrap())).await,
+    )
+    .await;
+    assert_eq!(
+        (status, foreign["type"].as_str()),
+        (StatusCode::NOT_FOUND, Some("https://payments.example/problems/refund-not-found"))
+    );
     let (status, _) = problem(app.get(&format!("/v1/refunds?payment={}", Uuid::now_v7())).await).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
