@@ -12,6 +12,7 @@ mod create_payment;
 mod database_outage;
 mod embedded;
 mod fencing;
+mod first_phase;
 mod gateway_events;
 mod gateway_faults;
 mod gateway_identity;
