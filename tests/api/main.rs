@@ -36,6 +36,7 @@ mod replay;
 mod request_id;
 mod resumption;
 mod round_trips;
+mod routing;
 mod schema;
 mod validation;
 mod walkthrough;
