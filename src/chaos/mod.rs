@@ -11,41 +11,45 @@
 //! - every 1 to 3 s the gateway forgets its idempotency keys (as a real one does after a day),
 //!   so only the service's look-up stands between a resumed request and a second charge;
 //! - some requests carry a crash point, and the server that takes them aborts there;
-//! - some clients walk away after one try, leaving their key to the workers.
+//! - some clients walk away after one try, leaving their key to the workers;
+//! - the gateway sends its events (one per charge, and per refund made or settled) late, a share of
+//!   them twice at once, and shuffled ([`EventStorm`]), to a relay that hands each delivery to
+//!   whichever server is up ([`crate::lab::relay`]): the kills land while events are on their way.
 //!
 //! When the load ends the faults stop, the system settles (every key finished, every refund the
-//! gateway left pending settled, each within a bounded wait), every key is asked for once more, and
-//! [`check`] holds what everyone saw, and what the gateway holds, against the database. The run prints what it did and each
-//! invariant, and fails if one is broken.
+//! gateway left pending settled, every event the gateway made acknowledged, each within a bounded
+//! wait), every key is asked for once more, and [`check`] holds what everyone saw, and what the
+//! gateway holds and sent, against the database. The run prints what it did and each invariant,
+//! and fails if one is broken.
 
 mod check;
+mod gateway;
 mod load;
 mod report;
 mod world;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::Context;
-use futures_util::{StreamExt, TryStreamExt};
 use rand::Rng;
 use reqwest::Url;
-use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::client::Client;
 use crate::gateway::downstream_key;
 use crate::lab::progress::{Phase, Progress};
-use check::{GatewayCharge, Outside, Stored};
+use crate::lab::relay::Relay;
+use check::{GatewayEvents, Outside, SentEvent, Stored};
+use gateway::GatewayControl;
 use load::Live;
-use report::{Did, Report};
+use report::{Did, EventsDid, Report};
 use world::{Fleet, LOCK_TIMEOUT, World};
 
+pub use gateway::EventStorm;
 pub use load::{Extent, Mix};
 
 /// The wait between two kills, and between two times the gateway forgets its keys, is drawn
@@ -72,14 +76,11 @@ const RESTART_POLL: Duration = Duration::from_millis(100);
 /// may have stretched.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Look-ups at the gateway at once, after the run.
-const LOOK_UPS_AT_ONCE: usize = 16;
-
-/// How long the gateway's control endpoints may take to answer.
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How often settling is polled.
 const SETTLE_POLL: Duration = Duration::from_millis(250);
+
+/// Why the events of a gateway the run was pointed at are not checked.
+const NO_EVENTS: &str = "the gateway made no events during the run (is it started with --events-url?)";
 
 /// What to run.
 pub struct Plan {
@@ -89,6 +90,8 @@ pub struct Plan {
     pub mix: Mix,
     /// Whether to kill and pause processes.
     pub processes: bool,
+    /// How the gateway misdelivers its events during the storm.
+    pub events: EventStorm,
     pub deployment: Deployment,
 }
 
@@ -96,7 +99,9 @@ pub struct Plan {
 pub enum Deployment {
     Own,
     /// A running deployment: driven and checked, never killed; no crash points (its servers may
-    /// not honour them) and no check of its events (its webhook is not the run's).
+    /// not honour them) and no check of its outbox's events (its webhook is not the run's). Its
+    /// gateway's events are checked if it sends them (to the deployment, which nothing else uses
+    /// meanwhile).
     Existing {
         urls: Vec<Url>,
         api_key: String,
@@ -115,6 +120,10 @@ struct Disturbed {
     forgotten: AtomicU64,
     /// Processes that aborted by themselves (at a crash point) and were started again.
     aborted: AtomicU64,
+    /// Kills while the gateway had events on their way (made, not acknowledged yet), and those
+    /// events, summed over the kills.
+    kills_amid_events: AtomicU64,
+    events_at_kills: AtomicU64,
 }
 
 /// Runs the chaos and prints its report; whether every invariant held.
@@ -150,9 +159,11 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let client = Client::new(&world.urls, &world.api_key, load::PERSISTENT)?;
     let gateway = GatewayControl::new(&world.gateway_url)?;
     let before = gateway.stats().await?;
+    let sent_before: HashSet<String> = gateway.events_sent().await?.into_iter().map(|event| event.id).collect();
 
     // The storm.
     gateway.random_faults(plan.fault_rate).await?;
+    gateway.misdeliver_events(plan.events).await?;
     let disturbed = Arc::new(Disturbed::default());
     let (stop, stopped) = watch::channel(false);
     let fleet = world.take_fleet();
@@ -187,17 +198,26 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     // The calm after it.
     let settling = progress.step("settling");
     let started = Instant::now();
+    // How long each step of the settling took.
+    let mut lap = started;
+    let mut took = || std::mem::replace(&mut lap, Instant::now()).elapsed();
     gateway.clear_faults().await?;
+    gateway.deliver_events().await?;
     let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
     let database = world.database_url.as_str();
     let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
-    let keys_took = started.elapsed();
+    let keys_took = took();
     // Asked once more before the refunds settle: a refund whose every attempt was lost before its
     // claim committed is made only now, and may be left pending too.
     let final_attempts = load::replay_all(&client, &mut runs, plan.clients).await;
-    let asked = started.elapsed();
+    let asked_took = took();
     let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
-    let refunds_took = started.elapsed() - asked;
+    let refunds_took = took();
+    // Last, since settling a refund makes an event.
+    let unacknowledged =
+        wait_for_none(&settling, "gateway events not acknowledged", || gateway.events_unacknowledged(&sent_before))
+            .await?;
+    let events_took = took();
     let stored = Stored::read(database, &keys).await?;
     let events = match world.webhook() {
         Some(webhook) => {
@@ -214,19 +234,30 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         }
         None => None,
     };
+    let outbox_took = took();
     let settle_took = started.elapsed();
     let waited = |left: i64, what: &str, done: &str, took: Duration| match left {
         0 => format!("{what} {done} in {:.1} s", took.as_secs_f64()),
         left => format!("{left} {what} not {done} after {:.1} s", took.as_secs_f64()),
     };
     settling.finish(&format!(
-        "{}, {}; each key asked once more, the events awaited: {:.1} s",
+        "{}, each asked once more in {:.1} s, {}, {}, the outbox's events awaited {:.1} s: {:.1} s",
         waited(unfinished, "keys", "finished", keys_took),
+        asked_took.as_secs_f64(),
         waited(pending, "pending refunds", "settled", refunds_took),
+        waited(unacknowledged, "gateway events", "acknowledged", events_took),
+        outbox_took.as_secs_f64(),
         settle_took.as_secs_f64()
     ));
 
     let after = gateway.stats().await?;
+    let sent: Vec<SentEvent> =
+        gateway.events_sent().await?.into_iter().filter(|event| !sent_before.contains(&event.id)).collect();
+    // The run's own gateway sends its events (through the relay); one it was pointed at may not.
+    let gateway_events = match world.relay() {
+        None if after.events == before.events => GatewayEvents::NotChecked(NO_EVENTS),
+        _ => GatewayEvents::Sent { made: after.events.saturating_sub(before.events), sent },
+    };
     // A gateway restarted meanwhile counts from zero again; the check then fails, as it should.
     let outside = Outside {
         gateway_charges: after.charges.saturating_sub(before.charges),
@@ -238,17 +269,21 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
             )
             .await?,
         events,
+        gateway_events,
     };
     let verdicts = check::check(&runs, &stored, &outside);
     let attempts = (live.attempts.load(Ordering::Relaxed), final_attempts);
     let did = Did::of(&runs, &stored, attempts, &disturbed, before, after, load_took, settle_took);
-    Ok(Report { did, verdicts })
+    let relayed = world.relay().map(Relay::relayed);
+    let events = EventsDid::of(plan.events, &outside.gateway_events, &disturbed, relayed, &stored);
+    Ok(Report { did, events, verdicts })
 }
 
-/// Every 1 to 3 s kills a random member of the fleet and starts it again, and every 10 to 20 s
-/// freezes one past its leases (with `processes`); makes the gateway forget its keys on a timer
-/// of its own; starts again at once any process that exited by itself (at a crash point). When
-/// told to stop, thaws what is frozen and hands the fleet back, all running.
+/// Every 1 to 3 s kills a random member of the fleet and starts it again (counting the gateway's
+/// events on their way then), and every 10 to 20 s freezes one past its leases (with
+/// `processes`); makes the gateway forget its keys on a timer of its own; starts again at once
+/// any process that exited by itself (at a crash point). When told to stop, thaws what is frozen
+/// and hands the fleet back, all running.
 async fn disturb(
     mut fleet: Option<Fleet>,
     processes: bool,
@@ -268,10 +303,13 @@ async fn disturb(
         tokio::select! {
             _ = stop.changed() => break,
             _ = tokio::time::sleep_until(kill_at), if processes && owned => {
+                let on_their_way = gateway.stats().await?.events_on_their_way();
                 if let Some(fleet) = fleet.as_mut()
                     && let Some(name) = fleet.kill_one().await?
                 {
                     tally(&disturbed.kills, name);
+                    disturbed.kills_amid_events.fetch_add(u64::from(on_their_way > 0), Ordering::Relaxed);
+                    disturbed.events_at_kills.fetch_add(on_their_way, Ordering::Relaxed);
                 }
                 kill_at = after(KILL_EVERY);
             }
@@ -345,92 +383,5 @@ where
             return Ok(left);
         }
         tokio::time::sleep(SETTLE_POLL).await;
-    }
-}
-
-/// The mock gateway's counters, as `GET /_control/stats` gives them.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
-pub struct GatewayStats {
-    pub charges: u64,
-    pub requests: u64,
-    pub faults: u64,
-    /// Refunds made, whatever their status.
-    pub refunds: u64,
-    pub refund_requests: u64,
-}
-
-/// The mock gateway's `/_control` endpoints.
-#[derive(Clone)]
-struct GatewayControl {
-    base: Url,
-    http: reqwest::Client,
-}
-
-impl GatewayControl {
-    fn new(base: &Url) -> anyhow::Result<GatewayControl> {
-        let http = reqwest::Client::builder().timeout(CONTROL_TIMEOUT).build()?;
-        Ok(GatewayControl { base: base.clone(), http })
-    }
-
-    async fn stats(&self) -> anyhow::Result<GatewayStats> {
-        let response = self.http.get(self.base.join("_control/stats")?).send().await?;
-        response
-            .error_for_status()?
-            .json()
-            .await
-            .context("the gateway's /_control/stats (is it started with --control?)")
-    }
-
-    /// The charges `ids`, as the gateway shows them now, by id.
-    async fn charges(&self, ids: impl Iterator<Item = String>) -> anyhow::Result<HashMap<String, GatewayCharge>> {
-        let look_up = |id: String| async move {
-            let url = self.base.join("v1/charges/")?.join(&id)?;
-            let charge = self.http.get(url).send().await?.error_for_status()?.json().await?;
-            anyhow::Ok((id, charge))
-        };
-        futures_util::stream::iter(ids).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
-    }
-
-    /// The ids of the refunds the gateway made with each downstream key, by whose they are.
-    async fn refunds_by_key<T>(
-        &self,
-        keys: impl Iterator<Item = (T, String)>,
-    ) -> anyhow::Result<HashMap<T, Vec<String>>>
-    where
-        T: std::hash::Hash + Eq,
-    {
-        #[derive(Deserialize)]
-        struct List {
-            data: Vec<Made>,
-        }
-        #[derive(Deserialize)]
-        struct Made {
-            id: String,
-        }
-        let look_up = |(whose, key): (T, String)| async move {
-            let mut url = self.base.join("v1/refunds")?;
-            url.query_pairs_mut().append_pair("idempotency_key", &key);
-            let list: List = self.http.get(url).send().await?.error_for_status()?.json().await?;
-            anyhow::Ok((whose, list.data.into_iter().map(|refund| refund.id).collect()))
-        };
-        futures_util::stream::iter(keys).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
-    }
-
-    /// From now on, each charge or refund request fails with probability `rate`.
-    async fn random_faults(&self, rate: f64) -> anyhow::Result<()> {
-        let plan = json!({ "mode": "random", "rate": rate, "count": u32::MAX });
-        self.http.post(self.base.join("_control/faults")?).json(&plan).send().await?.error_for_status()?;
-        Ok(())
-    }
-
-    /// Makes the gateway forget its idempotency keys (it keeps its charges, found by look-ups).
-    async fn forget_keys(&self) -> anyhow::Result<()> {
-        self.http.delete(self.base.join("_control/idempotency-keys")?).send().await?.error_for_status()?;
-        Ok(())
-    }
-
-    async fn clear_faults(&self) -> anyhow::Result<()> {
-        self.http.delete(self.base.join("_control/faults")?).send().await?.error_for_status()?;
-        Ok(())
     }
 }

@@ -6,10 +6,12 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::check::{Invariant, Stored};
+use super::Disturbed;
+use super::check::{GatewayEvents, Invariant, Stored, inbox_outcomes};
+use super::gateway::{EventStorm, GatewayStats};
 use super::load::{KeyRun, Request};
-use super::{Disturbed, GatewayStats};
 use crate::client::KeySeen;
+use crate::lab::relay::Relayed;
 
 /// What the run did.
 #[derive(Debug)]
@@ -43,8 +45,32 @@ pub struct Did {
     settle: Duration,
 }
 
+/// What the gateway's events went through, and what became of them.
+#[derive(Debug)]
+pub struct EventsDid {
+    /// How the gateway misdelivered them during the storm.
+    storm: EventStorm,
+    /// Why they were not checked, if they were not (then none of the counts is known).
+    not_checked: Option<&'static str>,
+    /// Events made during the run, those sent, those of them sent twice, and their `POST`s
+    /// (every copy's attempts).
+    made: u64,
+    sent: usize,
+    twice: usize,
+    deliveries: u64,
+    /// Kills, those while the gateway had events on their way, and those events, summed.
+    kills: u64,
+    kills_amid_events: u64,
+    events_at_kills: u64,
+    /// What the relay in front of the run's own servers saw of them.
+    relayed: Option<Relayed>,
+    /// The inbox's rows about the run's keys, by outcome.
+    inbox: BTreeMap<String, u64>,
+}
+
 pub struct Report {
     pub did: Did,
+    pub events: EventsDid,
     pub verdicts: Vec<Invariant>,
 }
 
@@ -112,6 +138,81 @@ impl Did {
     }
 }
 
+impl EventsDid {
+    pub(super) fn of(
+        storm: EventStorm,
+        events: &GatewayEvents,
+        disturbed: &Disturbed,
+        relayed: Option<Relayed>,
+        stored: &Stored,
+    ) -> EventsDid {
+        let inbox = inbox_outcomes(stored).into_iter().map(|(outcome, n)| (outcome.to_owned(), n)).collect();
+        let (made, sent, not_checked) = match events {
+            GatewayEvents::Sent { made, sent } => (*made, sent.as_slice(), None),
+            GatewayEvents::NotChecked(why) => (0, &[][..], Some(*why)),
+        };
+        let kills = disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).values().sum();
+        EventsDid {
+            storm,
+            not_checked,
+            made,
+            sent: sent.len(),
+            twice: sent.iter().filter(|event| event.copies > 1).count(),
+            deliveries: sent.iter().map(|event| event.attempts).sum(),
+            kills,
+            kills_amid_events: disturbed.kills_amid_events.load(Ordering::Relaxed),
+            events_at_kills: disturbed.events_at_kills.load(Ordering::Relaxed),
+            relayed,
+            inbox,
+        }
+    }
+
+    /// The table's section: what was sent, and how; the kills among them; how the deliveries were
+    /// answered; what the inbox holds.
+    fn section(&self) -> String {
+        let mut out = String::from("the gateway's events\n");
+        let mut row = |what: &str, count: String, detail: String| {
+            let _ = writeln!(out, "{}", format!("  {what:<26} {count:>8}   {detail}").trim_end());
+        };
+        if let Some(why) = self.not_checked {
+            row("events sent", String::new(), format!("not checked: {why}"));
+            return out;
+        }
+        let storm = &self.storm;
+        let mut sent = format!("of {} made; {} of them twice", self.made, self.twice);
+        if let Some(relayed) = &self.relayed {
+            let _ = write!(sent, ", {} to both servers", relayed.on_every_server);
+        }
+        let _ = write!(sent, " (storm: {:.0} % twice, {} ms late", storm.duplicate_rate * 100.0, storm.delay_ms);
+        sent += if storm.shuffle { ", shuffled)" } else { ")" };
+        row("events sent", self.sent.to_string(), sent);
+        // None in a run that kills nothing.
+        if self.kills > 0 {
+            let average = self.events_at_kills as f64 / self.kills_amid_events.max(1) as f64;
+            row(
+                "kills amid events",
+                self.kills_amid_events.to_string(),
+                format!("of {} kills, {average:.1} events on their way at each", self.kills),
+            );
+        }
+        let answers = self.relayed.as_ref().map(|relayed| times(&relayed.answers)).unwrap_or_default();
+        row("deliveries (POSTs)", self.deliveries.to_string(), answers);
+        if let Some(relayed) = &self.relayed {
+            let passed_over: BTreeMap<String, u64> =
+                relayed.passed_over.iter().map(|(why, n)| ((*why).to_owned(), *n)).collect();
+            row("relay passed a server over", passed_over.values().sum::<u64>().to_string(), times(&passed_over));
+        }
+        row("inbox rows", self.inbox.values().sum::<u64>().to_string(), times(&self.inbox));
+        out
+    }
+}
+
+/// `applied ×3 · nudged ×1`: the counts that are not zero.
+fn times(counts: &BTreeMap<String, u64>) -> String {
+    let counts: Vec<String> = counts.iter().filter(|(_, n)| **n > 0).map(|(what, n)| format!("{what} ×{n}")).collect();
+    counts.join(" · ")
+}
+
 impl Report {
     pub fn held(&self) -> bool {
         self.verdicts.iter().all(|verdict| verdict.held)
@@ -167,6 +268,7 @@ impl Report {
         for (what, count, detail) in rows {
             let _ = writeln!(out, "{}", format!("  {what:<26} {count:>8}   {detail}").trim_end());
         }
+        let _ = write!(out, "\n{}", self.events.section());
         out.push_str("\ninvariants\n");
         for verdict in &self.verdicts {
             let held = if verdict.held { "held  " } else { "BROKEN" };

@@ -1,7 +1,8 @@
 //! The deployment a chaos run disturbs. Its own: a durable PostgreSQL cluster, `payments gateway`
 //! as a process of its own (it outlives every crash, and counts the charges), two `payments
-//! serve` and a `payments worker` on that database, and a webhook receiver. Or one it is pointed
-//! at, which it drives and checks but does not kill.
+//! serve` and a `payments worker` on that database, a webhook receiver, and a relay that takes
+//! the gateway's events to whichever server is up (the gateway sends them to one URL, and the
+//! servers are killed). Or one it is pointed at, which it drives and checks but does not kill.
 //!
 //! The services run with fault injection on (so that requests can carry crash points) and with
 //! short timeouts, so that a request cut short by a crash is taken over in seconds, not minutes:
@@ -16,7 +17,9 @@ use nix::sys::signal::Signal;
 use rand::seq::IteratorRandom;
 use reqwest::Url;
 
+use crate::gateway::mock::new_webhook_secret;
 use crate::lab::child::{Child, payments};
+use crate::lab::relay::Relay;
 use crate::lab::webhook::WebhookSink;
 use crate::lab::{OwnDatabase, Scratch};
 use crate::startup::{LISTENING, WORKER_RUNNING};
@@ -29,7 +32,8 @@ const SCRATCH_PREFIX: &str = "payments-chaos-";
 /// after this.
 pub const LOCK_TIMEOUT: Duration = Duration::from_millis(11_000);
 
-/// What the services run with, beyond the database, gateway, webhook, address and lock timeout.
+/// What the services run with, beyond the database, gateway, webhook, address, lock timeout and
+/// the gateway's webhook secret.
 const SERVICE_SETTINGS: &[(&str, &str)] = &[
     ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
     ("PAYMENTS_WORKER_INTERVAL_MS", "200"),
@@ -61,6 +65,7 @@ pub struct World {
 struct Own {
     fleet: Option<Fleet>,
     gateway: Child,
+    relay: Relay,
     webhook: WebhookSink,
     database: OwnDatabase,
     scratch: Scratch,
@@ -89,7 +94,19 @@ impl World {
     pub async fn start() -> anyhow::Result<World> {
         let scratch = Scratch::create(SCRATCH_PREFIX)?;
         let database = OwnDatabase::start(&scratch.path().join("pg"), &[], "chaos").await?;
-        let gateway = payments(&["gateway", "--bind", "127.0.0.1:0", "--control"], &[("RUST_LOG", "warn")])?;
+        // Fixed ports, so that a restarted server is where the clients and the relay look for it.
+        let ports = [free_port()?, free_port()?];
+        let urls: Vec<Url> =
+            ports.iter().map(|port| format!("http://127.0.0.1:{port}").parse()).collect::<Result<_, _>>()?;
+        let relay = Relay::start(&urls)?;
+        // In the environment, never on a command line, where `ps` would show it.
+        let secret = new_webhook_secret();
+        let gateway_env = [
+            ("RUST_LOG", "warn"),
+            ("PAYMENTS_GATEWAY_EVENTS_URL", &relay.url),
+            ("PAYMENTS_GATEWAY_WEBHOOK_SECRETS", &secret),
+        ];
+        let gateway = payments(&["gateway", "--bind", "127.0.0.1:0", "--control"], &gateway_env)?;
         let log = scratch.path().join("gateway.log");
         let gateway = Child::start("payments gateway", gateway, &log, "payments gateway listening on").await?;
         let gateway_url: Url = gateway.address.parse().context("the address the gateway printed")?;
@@ -107,18 +124,15 @@ impl World {
             env
         };
         let mut members = Vec::new();
-        let mut urls = Vec::new();
-        for name in ["serve-a", "serve-b"] {
-            // A fixed port, so that a restarted server is where the clients look for it.
-            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        for (name, port) in ["serve-a", "serve-b"].into_iter().zip(ports) {
             let env = common(vec![
                 ("PAYMENTS_BIND", format!("127.0.0.1:{port}")),
                 // Never the usual 9464, which a `serve` of the user's may hold.
                 ("PAYMENTS_METRICS_BIND", "127.0.0.1:0".to_owned()),
                 ("PAYMENTS_FAULT_INJECTION", "1".to_owned()),
+                ("PAYMENTS_GATEWAY_WEBHOOK_SECRETS", secret.clone()),
             ]);
             members.push(Member::new(name, vec!["serve"], env, LISTENING));
-            urls.push(format!("http://127.0.0.1:{port}").parse()?);
         }
         members.push(Member::new("worker", vec!["worker"], common(vec![]), WORKER_RUNNING));
         let mut fleet = Fleet { members, logs: scratch.path().to_owned() };
@@ -130,7 +144,7 @@ impl World {
             api_key: database.api_key.clone(),
             database_url: database.url.clone(),
             gateway_url,
-            own: Some(Own { fleet: Some(fleet), gateway, webhook, database, scratch }),
+            own: Some(Own { fleet: Some(fleet), gateway, relay, webhook, database, scratch }),
         })
     }
 
@@ -156,6 +170,11 @@ impl World {
         self.own.as_ref().map(|own| &own.webhook)
     }
 
+    /// The relay the run's own gateway sends its events through.
+    pub fn relay(&self) -> Option<&Relay> {
+        self.own.as_ref().map(|own| &own.relay)
+    }
+
     /// Stops what the run started, in dependency order. With `keep_logs`, the scratch directory
     /// stays, and its path is returned.
     pub async fn stop(mut self, keep_logs: bool) -> anyhow::Result<Option<PathBuf>> {
@@ -164,10 +183,16 @@ impl World {
             fleet.stop().await?;
         }
         own.gateway.stop().await?;
+        own.relay.stop().await;
         own.webhook.stop().await;
         own.database.stop().await?;
         Ok(keep_logs.then(|| own.scratch.keep()))
     }
+}
+
+/// A port nothing listens on now.
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Member {

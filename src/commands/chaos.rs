@@ -8,7 +8,7 @@ use clap::Args;
 use reqwest::Url;
 
 use super::parse_duration;
-use crate::chaos::{self, Deployment, Extent, Mix, Plan};
+use crate::chaos::{self, Deployment, EventStorm, Extent, Mix, Plan};
 
 /// The exit code of a run in which an invariant was broken.
 pub const BROKEN: u8 = 3;
@@ -45,6 +45,20 @@ pub struct ChaosArgs {
     /// `tok_refundFails`): the gateway leaves their refunds pending, and they must settle.
     #[arg(long, default_value_t = 0.3, value_parser = rate)]
     pub pending_refund_rate: f64,
+    /// The share of the gateway's events it sends twice, both copies at the same moment (the run's
+    /// own relay hands deliveries to the servers in turn, so most pairs race for the inbox's row
+    /// on different servers).
+    #[arg(long, default_value_t = 0.3, value_parser = rate)]
+    pub event_duplicate_rate: f64,
+    /// How long the gateway holds each event back before sending it, in milliseconds: as long as
+    /// the services' gateway timeout, so that an event comes after the answer of a request that
+    /// went through, and while a request that a fault cut short is still unfinished.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub event_delay_ms: u64,
+    /// Send the gateway's events in the order made (by default they go out in batches of a
+    /// second's events, each batch out of order).
+    #[arg(long)]
+    pub no_event_shuffle: bool,
     /// Neither kill nor pause processes (crash points, gateway faults and abandoned clients remain).
     #[arg(long)]
     pub no_kills: bool,
@@ -82,6 +96,11 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
             pending_refund: args.pending_refund_rate,
         },
         processes: !args.no_kills,
+        events: EventStorm {
+            duplicate_rate: args.event_duplicate_rate,
+            delay_ms: args.event_delay_ms,
+            shuffle: !args.no_event_shuffle,
+        },
         deployment,
     };
     let held = chaos::run(plan).await?;

@@ -22,13 +22,13 @@ use uuid::Uuid;
 use super::event::GatewayEvent;
 use crate::audit::Actor;
 use crate::db::{self, StoreError};
-use crate::idempotency::RecoveryPoint;
+use crate::idempotency::{RecoveryPoint, disagreement_reason};
 use crate::metrics::{EventKind, EventOutcome};
 use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
 use crate::request_id::RequestId;
 
 /// The reason code of a key flagged because its gateway's event disagrees with what it recorded.
-pub const DISAGREEMENT: &str = "gateway_disagreement";
+pub use crate::idempotency::GATEWAY_DISAGREEMENT as DISAGREEMENT;
 
 /// What the event is about, as the database has it: the payment or refund made under the key
 /// row our downstream key names, and whether that key is finished (none once it is reaped).
@@ -261,8 +261,11 @@ async fn flag(
     event: &GatewayEvent,
     request_id: &RequestId,
 ) -> QueryResult<()> {
-    let detail =
-        format!("the gateway's event {} ({}) disagrees with what the key recorded", event.id, event.kind().as_str());
+    let detail = disagreement_reason(&format!(
+        "the gateway's event {} ({}) disagrees with what the key recorded",
+        event.id,
+        event.kind().as_str()
+    ));
     diesel::sql_query(
         "WITH marked AS (
              UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3

@@ -49,5 +49,8 @@ pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, ato
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Remembered, ReplayCache};
-pub use store::{Endpoint, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
+pub use store::{
+    Endpoint, GATEWAY_DISAGREEMENT, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition,
+    disagreement_reason,
+};
 pub use story::KeyRecord;

@@ -7,7 +7,7 @@ use diesel::sql_types::{BigInt, Bytea, SmallInt, Text, Untyped, Uuid as SqlUuid}
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::clock::since_boot;
-use super::store::{KeyLock, Transition, millis};
+use super::store::{GATEWAY_DISAGREEMENT, KeyLock, Transition, millis};
 use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
@@ -171,10 +171,13 @@ impl<W: PhaseWrites> QueryFragment<Pg> for Fence<'_, W> {
                 out.push_sql(", expires_at = now() + ");
                 out.push_bind_param::<BigInt, _>(&self.retention_ms)?;
                 out.push_sql(" * interval '1 millisecond'");
-                // Unlocked; and a key a worker gave up on may still be finished by its client's retry.
-                out.push_sql(
-                    ", locked_until = NULL, lock_token = NULL, needs_attention_at = NULL, attention_reason = NULL",
-                );
+                // Unlocked; and a key a worker gave up on may still be finished by its client's
+                // retry, which makes the giving up moot. A disagreement with the gateway is not.
+                out.push_sql(&format!(
+                    ", locked_until = NULL, lock_token = NULL, \
+                     needs_attention_at = CASE WHEN attention_reason LIKE '{GATEWAY_DISAGREEMENT}:%' THEN needs_attention_at END, \
+                     attention_reason = CASE WHEN attention_reason LIKE '{GATEWAY_DISAGREEMENT}:%' THEN attention_reason END"
+                ));
             }
         }
         if !matches!(self.transition, Transition::Finish { .. }) {

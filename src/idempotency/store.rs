@@ -90,6 +90,17 @@ pub enum Transition {
     Finish { response: StoredResponse, retention: Duration },
 }
 
+/// The reason code of a key whose gateway reported something other than what the key recorded.
+/// A worker's giving up is made moot when the key is finished after all (its client retried);
+/// this is about the outcome itself, so finishing the key keeps it flagged for a person.
+pub const GATEWAY_DISAGREEMENT: &str = "gateway_disagreement";
+
+/// The attention reason stored on such a key: the code first, which is how its finish tells it
+/// from a worker's giving up, then what the gateway said.
+pub fn disagreement_reason(detail: &str) -> String {
+    format!("{GATEWAY_DISAGREEMENT}: {detail}")
+}
+
 /// Why a driver let a key go: a short code from a closed set, which the key's owner may see (the
 /// key's story), and the full error, for operators only (it may name servers or database errors).
 #[derive(Debug, Clone, Copy)]

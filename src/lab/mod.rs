@@ -1,10 +1,12 @@
 //! What `payments bench` and `payments chaos` stand up for themselves, as a user would: a
 //! throwaway PostgreSQL cluster with a migrated database and an account in it, this very binary
-//! in its other roles as child processes, a webhook receiver for the outbox's events, a scratch
-//! directory for it all, and a progress display.
+//! in its other roles as child processes, a webhook receiver for the outbox's events, a relay that
+//! takes the gateway's events to whichever server is up, a scratch directory for it all, and a
+//! progress display.
 
 pub mod child;
 pub mod progress;
+pub mod relay;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};

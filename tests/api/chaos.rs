@@ -26,8 +26,30 @@ fn count(table: &str, row: &str) -> u64 {
     rest.parse().unwrap_or_else(|_| panic!("no count in {line:?}"))
 }
 
-/// Every invariant the table holds, payments' and refunds'.
-const INVARIANTS: usize = 13;
+/// Every invariant the table holds, payments', refunds' and the gateway's events'.
+const INVARIANTS: usize = 16;
+
+/// The invariants of the gateway's events.
+const ACKNOWLEDGED: &str = "each gateway event sent, acknowledged, and one inbox row";
+const APPLIED_ONCE: &str = "each gateway event applied once (one gateway_event.received)";
+const NO_DISAGREEMENT: &str = "no gateway event disagreed; no key flagged gateway_disagreement";
+
+/// The detail of the invariant `name`, which held.
+fn held<'a>(table: &'a str, name: &str) -> &'a str {
+    let line = table.lines().find(|line| line.contains(name)).unwrap_or_else(|| panic!("no {name}: {table}"));
+    assert!(line.trim_start().starts_with("held "), "{line}");
+    line[line.find(name).unwrap() + name.len()..].trim()
+}
+
+/// That the gateway's events were checked, not skipped, and held: `sent` of them (as many
+/// acknowledged, as many rows in the inbox), each applied once, none a disagreement.
+fn events_held(table: &str, sent: u64) {
+    assert!(sent > 0, "{table}");
+    assert_eq!(held(table, ACKNOWLEDGED), format!("{sent} sent, {sent} acknowledged, {sent} inbox rows"));
+    assert_eq!(held(table, APPLIED_ONCE), format!("{sent} records for {sent} events"));
+    assert_eq!(held(table, NO_DISAGREEMENT), "0 in the inbox, 0 keys flagged");
+    assert_eq!(count(table, "inbox rows"), sent, "{table}");
+}
 
 /// The detail on a row of the table, after its count.
 fn detail<'a>(table: &'a str, row: &str) -> &'a str {
@@ -67,11 +89,20 @@ async fn a_short_chaos_run_kills_crashes_and_faults_and_every_invariant_holds() 
     for row in storm {
         assert!(count(&table, row) > 0, "{row}: {table}");
     }
+    // The gateway's events were misdelivered: some sent twice, some of those to both servers at
+    // once, and servers killed while events were on their way; each was acknowledged, recorded
+    // once and applied once, and none was taken for a disagreement.
+    let sent = count(&table, "events sent");
+    events_held(&table, sent);
+    let twice = detail(&table, "events sent");
+    assert!(!twice.contains("; 0 of them twice") && !twice.contains(", 0 to both servers"), "{table}");
+    assert!(count(&table, "kills amid events") > 0, "{table}");
 }
 
 #[tokio::test]
 async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
-    let app = TestApp::spawn().await;
+    // Its gateway sends its events to it, and the run checks them too.
+    let app = TestApp::builder().gateway_events().spawn().await;
     // This deployment runs no workers: every client sees its payment through, and nothing would
     // settle a refund the gateway left pending.
     let args = [
@@ -94,6 +125,9 @@ async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
     let refunds = app.gateway.all_stats().await["refunds"].as_u64().unwrap();
     assert!(refunds > 0, "{table}");
     assert!(table.contains(&format!("{refunds} = {refunds} = {refunds}")), "{table}");
+    let sent = app.gateway.all_stats().await["events"].as_u64().unwrap();
+    assert_eq!(count(&table, "events sent"), sent, "{table}");
+    events_held(&table, sent);
 }
 
 #[tokio::test]

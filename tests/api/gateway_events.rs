@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key, payment_body, wait_until};
+use crate::helpers::{GatewayControl, Lock, Process, TestApp, TestDatabase, new_key, payment_body, wait_until};
 
 const SECRET: &str = "whsec_test_current";
 
@@ -303,6 +303,29 @@ async fn refund_events_out_of_order_settle_forward_only() {
         .map(|entry| entry["data"]["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(received, ["nudged", "stale", "stale"]);
+}
+
+/// A disagreement flagged while the key is not finished yet outlives its finish: the client's
+/// retry finishes the key with what it recorded, and the key still waits for a person.
+#[tokio::test]
+async fn a_disagreement_flagged_before_the_key_finishes_stays_flagged_after() {
+    let app = app().await;
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "charge_created", Lock::Free).await;
+    app.seed_payment(key_id, &key, "succeeded", Some("ch_recorded")).await;
+    let downstream = app.downstream_key(key_id);
+
+    let body = event("charge.succeeded", json!({ "id": "ch_another", "object": "charge" }), &downstream);
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "disagreement");
+    let retried = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retried.status(), StatusCode::CREATED, "the retry finishes the key with what it recorded");
+
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(
+        (story["recovery_point"].as_str(), story["needs_attention"].as_bool(), story["attention_reason"].as_str()),
+        (Some("finished"), Some(true), Some("gateway_disagreement"))
+    );
 }
 
 /// A `refund.failed` about a refund we recorded as succeeded is news that contradicts us (a

@@ -1,7 +1,8 @@
 //! The invariants, checked from outside (what the clients were answered, what the gateway
-//! charged and refunded, what the webhook received) against the database. The payments' are here,
-//! the refunds' in [`refunds`].
+//! charged, refunded and sent, what the webhook received) against the database. The payments' are
+//! here, the refunds' in [`refunds`], the gateway's events' in [`events`].
 
+mod events;
 mod refunds;
 mod stored;
 
@@ -12,6 +13,7 @@ use uuid::Uuid;
 use super::load::KeyRun;
 use crate::client::{Answer, KeySeen};
 use crate::lab::webhook::Events;
+pub use events::{GatewayEvents, SentEvent, inbox_outcomes};
 pub use refunds::{GatewayCharge, refund_events_missing};
 pub use stored::{Stored, pending_refunds, unsettled};
 
@@ -39,6 +41,8 @@ pub struct Outside {
     pub refunds_by_key: HashMap<Uuid, Vec<String>>,
     /// The events that reached the run's webhook (`None`: not the run's deployment).
     pub events: Option<Events>,
+    /// The events the gateway sent during the run.
+    pub gateway_events: GatewayEvents,
 }
 
 /// Checks every invariant.
@@ -59,6 +63,9 @@ pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Invaria
         events(stored, outside),
         refunds::settled(&refund_runs, stored),
         refunds::events(stored, outside),
+        events::acknowledged_and_recorded(stored, outside),
+        events::applied_once(stored),
+        events::no_disagreement(stored),
     ]
 }
 
@@ -204,13 +211,13 @@ mod tests {
         Answer::for_test(status, problem.as_deref(), replayed, body).from(endpoint)
     }
 
-    fn run(answers: Vec<Answer>) -> KeyRun {
+    pub(super) fn run(answers: Vec<Answer>) -> KeyRun {
         let payment = NewPayment { amount: 100, currency: "usd".into(), source: "tok_visa".into(), description: None };
         let request = Request::Payment(payment);
         KeyRun { key: "k".into(), request, crash_point: None, abandoned: false, answers, gave_up: false }
     }
 
-    fn stored(payments: usize, charge: &str) -> Stored {
+    pub(super) fn stored(payments: usize, charge: &str) -> Stored {
         let payment =
             StoredPayment { id: PAYMENT.parse().unwrap(), status: "succeeded".into(), charge_id: Some(charge.into()) };
         let mut stored = Stored::default();
@@ -224,7 +231,7 @@ mod tests {
         check(runs, stored, outside).into_iter().filter(|verdict| !verdict.held).map(|verdict| verdict.name).collect()
     }
 
-    fn charged(gateway_charges: u64, stored: &Stored) -> Outside {
+    pub(super) fn charged(gateway_charges: u64, stored: &Stored) -> Outside {
         let events = stored.payments.values().flatten().map(|payment| (payment.id.to_string(), Default::default()));
         Outside { gateway_charges, events: Some(events.collect()), ..Outside::default() }
     }

@@ -256,6 +256,7 @@ mod tests {
             charges: HashMap::from([("ch_1".into(), GatewayCharge { amount: 1000, amount_refunded: 400 })]),
             refunds_by_key: HashMap::from([(refund_id(), vec!["re_1".into()])]),
             events: Some(events.iter().map(|(id, kind)| (id.to_string(), [kind.to_string()].into())).collect()),
+            gateway_events: Default::default(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! What the database holds for the run's keys: their rows, the payments and refunds they made, the
-//! payments' refund totals, and how many times each phase committed.
+//! payments' refund totals, how many times each phase committed, and the gateway's events about
+//! them (the inbox's rows, how often each was applied, the keys they flagged).
 
 use std::collections::HashMap;
 
@@ -7,13 +8,20 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use crate::db::schema::{audit_records, idempotency_keys, payments, refunds};
+use crate::db::schema::{audit_records, gateway_events, idempotency_keys, payments, refunds};
+use crate::events::DISAGREEMENT;
 
 /// The audit actions of the two key phases after `started`, of a payment and of a refund: each
 /// commits once per payment or refund, or a request that lost its key wrote after another had
 /// taken it over.
 pub const PAYMENT_PHASES: [&str; 2] = ["payment.charge_recorded", "payment.finished"];
 pub const REFUND_PHASES: [&str; 2] = ["refund.outcome_recorded", "refund.finished"];
+
+/// The audit action of a gateway event applied: one per event in the inbox, written with its row.
+const EVENT_RECEIVED: &str = "gateway_event.received";
+
+/// The audit action of a key flagged for a person (its `reason_code` says why).
+const NEEDS_ATTENTION: &str = "idempotency_key.needs_attention";
 
 /// What the database holds for the run's keys.
 #[derive(Debug, Default)]
@@ -29,6 +37,13 @@ pub struct Stored {
     /// Payment or refund → how many times each of its key phases ([`PAYMENT_PHASES`],
     /// [`REFUND_PHASES`]) was recorded for it.
     pub phases: HashMap<Uuid, [u32; 2]>,
+    /// The inbox's rows of the gateway's events about the run's keys: (event id, outcome).
+    pub inbox: Vec<(String, String)>,
+    /// Event id → how many times the trail says it was applied ([`EVENT_RECEIVED`] records).
+    pub received: HashMap<String, u32>,
+    /// The keys that a gateway event flagged as disagreeing with what they recorded (even if the
+    /// flag was cleared since).
+    pub disagreements: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -64,15 +79,21 @@ impl Stored {
     /// among them).
     pub async fn read(database_url: &str, keys: &[String]) -> anyhow::Result<Stored> {
         let mut conn = AsyncPgConnection::establish(database_url).await?;
-        let key_rows: Vec<(String, String, bool)> = idempotency_keys::table
+        let key_rows: Vec<(String, Uuid, Uuid, String, bool)> = idempotency_keys::table
             .filter(idempotency_keys::idempotency_key.eq_any(keys))
             .select((
                 idempotency_keys::idempotency_key,
+                idempotency_keys::account_id,
+                idempotency_keys::id,
                 idempotency_keys::recovery_point,
                 idempotency_keys::needs_attention_at.is_not_null(),
             ))
             .load(&mut conn)
             .await?;
+        let mut accounts: Vec<Uuid> = key_rows.iter().map(|row| row.1).collect();
+        accounts.sort_unstable();
+        accounts.dedup();
+        let key_ids: Vec<Uuid> = key_rows.iter().map(|row| row.2).collect();
         let payment_rows: Vec<(String, Uuid, String, Option<String>)> = payments::table
             .filter(payments::idempotency_key.eq_any(keys))
             .select((payments::idempotency_key, payments::id, payments::status, payments::gateway_charge_id))
@@ -112,8 +133,29 @@ impl Stored {
             .select((audit_records::resource_id, audit_records::action, audit_records::data))
             .load(&mut conn)
             .await?;
+        let inbox: Vec<(String, String)> = gateway_events::table
+            .filter(gateway_events::account_id.eq_any(&accounts))
+            .filter(gateway_events::idempotency_key_id.eq_any(&key_ids))
+            .select((gateway_events::event_id, gateway_events::outcome))
+            .load(&mut conn)
+            .await?;
+        let received: Vec<serde_json::Value> = audit_records::table
+            .filter(audit_records::account_id.eq_any(&accounts))
+            .filter(audit_records::resource_id.eq_any(&made))
+            .filter(audit_records::action.eq(EVENT_RECEIVED))
+            .select(audit_records::data)
+            .load(&mut conn)
+            .await?;
+        let flags: Vec<(Uuid, serde_json::Value)> = audit_records::table
+            .filter(audit_records::account_id.eq_any(&accounts))
+            .filter(audit_records::resource_type.eq("idempotency_key"))
+            .filter(audit_records::resource_id.eq_any(&key_ids))
+            .filter(audit_records::action.eq(NEEDS_ATTENTION))
+            .select((audit_records::resource_id, audit_records::data))
+            .load(&mut conn)
+            .await?;
 
-        let mut stored = Stored::default();
+        let mut stored = Stored { inbox, ..Stored::default() };
         for (made, action, data) in phase_rows {
             // A key's phases name the recovery point they reach; whatever else writes these
             // actions (a worker settling a refund) is no phase of the key.
@@ -124,7 +166,18 @@ impl Stored {
                 [PAYMENT_PHASES, REFUND_PHASES].iter().find_map(|phases| phases.iter().position(|p| *p == action));
             stored.phases.entry(made).or_default()[phase.expect("filtered on the phases")] += 1;
         }
-        for (key, recovery_point, attention) in key_rows {
+        for data in received {
+            *stored.received.entry(data["event_id"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+        }
+        let flagged: Vec<Uuid> = flags
+            .into_iter()
+            .filter(|(_, data)| data["reason_code"] == DISAGREEMENT)
+            .map(|(key_id, _)| key_id)
+            .collect();
+        for (key, _, key_id, recovery_point, attention) in key_rows {
+            if flagged.contains(&key_id) {
+                stored.disagreements.push(key.clone());
+            }
             stored.keys.insert(key, (recovery_point, attention));
         }
         for (key, id, status, charge_id) in payment_rows {
