@@ -91,11 +91,16 @@ impl GatewayClient {
     /// gateway is asked (`GET /v1/account`, read by the same rule as every other answer; its body
     /// is not used, so a gateway or proxy that does not serve it is fine).
     pub async fn id(&self) -> Result<Arc<str>, GatewayError> {
-        let known = self.id.lock().unwrap_or_else(PoisonError::into_inner).clone();
-        match known {
+        match self.known_id() {
             Some(id) => Ok(id),
             None => self.identify().await,
         }
+    }
+
+    /// Which gateway answers at this address as far as this process knows without asking: the
+    /// identity of the last answer it read, or none before the first.
+    pub fn known_id(&self) -> Option<Arc<str>> {
+        self.id.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Asks who answers at this address now.

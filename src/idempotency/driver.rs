@@ -12,10 +12,11 @@ use diesel_async::AsyncPgConnection;
 use uuid::Uuid;
 
 use super::abandoned::Abandoned;
+use super::claim::{Claim, claim};
 use super::clock::Deadline;
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Remembered, ReplayCache};
-use super::store::{Claim, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim};
+use super::store::{KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::{self, Pool, PooledConnection, StoreError};
@@ -80,7 +81,25 @@ impl DriveError {
 pub struct LeaseRunningOut;
 
 /// The phases of one endpoint's requests: all that the driver does not know.
+///
+/// A key's first phase, `started`, stays at its recovery point (so that it runs again on
+/// resumption, and finds what it made before). For a key never seen, it runs with the claim, in
+/// its statement ([`Phases::first_phase`]): the key row and what the phase writes commit together.
 pub trait Phases: Send {
+    /// What the first phase's statement returns.
+    type Started: QueryableByName<Pg> + Send + 'static;
+
+    /// The first phase's writes, for the claim to run with it if the claim creates the key (see
+    /// [`take_in`]); for the request `new` (so by the API, [`Actor::Api`]). None if the phase
+    /// needs what only a call to another system can tell: the claim then runs alone, and
+    /// [`Phases::advance`] runs the phase after it, as on a resumed key.
+    fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p>;
+
+    /// What the first phase returned when it ran with the claim, which created the key: no earlier
+    /// run wrote anything under it. Called before [`Phases::advance`], which goes on from there
+    /// instead of running the phase again.
+    fn started_with_claim(&mut self, started: Self::Started);
+
     /// Runs the request from its key's recovery point ([`Run::recovery_point`]) on: at least one
     /// phase, and at most one foreign side effect, committed through [`Run::phase`]. The driver
     /// calls it again until a phase finishes the key.
@@ -99,8 +118,12 @@ pub enum TakenIn<'a> {
 }
 
 /// Takes a request in under its key: from the replay cache if its answer is there, else by the
-/// claim. Counts what became of it.
-pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'a>, DriveError> {
+/// claim, which runs the first of `phases` with it if the key is new. Counts what became of it.
+pub async fn take_in<'a, P: Phases>(
+    ctx: Context<'a>,
+    new: &NewKey<'_>,
+    phases: &mut P,
+) -> Result<TakenIn<'a>, DriveError> {
     let (metrics, account_id, endpoint) = (ctx.metrics, new.account_id, new.endpoint.label);
     // A finished key's answer may be in memory: answered from there, with no database at all.
     match ctx.replays.recall(new) {
@@ -115,7 +138,11 @@ pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'
         None => {}
     }
     let mut conn = db::connect(ctx.db).await?;
-    let lock = match claim(&mut conn, new, ctx.lock_timeout).await? {
+    let first = phases.first_phase(new);
+    let claimed = claim::<_, P::Started>(&mut conn, new, ctx.lock_timeout, first.as_ref()).await;
+    // The first phase's writes borrow `phases`, which takes what they returned below.
+    drop(first);
+    let lock = match claimed? {
         Claim::Mismatch => {
             metrics.key(account_id, endpoint, KeyOutcome::KeyReused);
             return Err(DriveError::KeyReused);
@@ -136,7 +163,12 @@ pub async fn take_in<'a>(ctx: Context<'a>, new: &NewKey<'_>) -> Result<TakenIn<'
             metrics.key(account_id, endpoint, KeyOutcome::Expired);
             return Ok(TakenIn::Expired { id });
         }
-        Claim::Acquired(lock) => lock,
+        Claim::Acquired { lock, started } => {
+            if let Some(started) = started {
+                phases.started_with_claim(started);
+            }
+            lock
+        }
     };
     metrics.key(account_id, endpoint, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());

@@ -7,7 +7,9 @@
 //!
 //! 1. [`claim`] the key in one statement: a different request with the key is refused (422), a
 //!    finished one replays its stored response, a live lock means the request is in flight (409),
-//!    and otherwise the caller holds the lock and resumes at the key's recovery point.
+//!    and otherwise the caller holds the lock and resumes at the key's recovery point. A key never
+//!    seen runs its first phase in the same statement ([`Phases::first_phase`]): the key row and
+//!    what `started` writes commit together, or not at all.
 //! 2. Work in [`atomic_phase`]s. Each is one statement, so one transaction and one round trip,
 //!    whose writes commit together with the key row's new state, and only while the caller still
 //!    holds the lock. Between two phases
@@ -23,6 +25,7 @@
 //! retry runs again. The payment's phases themselves are in [`crate::payments::create`].
 
 mod abandoned;
+mod claim;
 mod clock;
 mod driver;
 mod fingerprint;
@@ -37,6 +40,7 @@ mod story;
 pub use abandoned::{
     Abandoned, NeedsAttention, claim_abandoned, mark_needs_attention, needing_attention, retry_needing_attention,
 };
+pub use claim::{Claim, claim};
 pub use clock::Deadline;
 pub use driver::{Context, DriveError, LeaseRunningOut, Phases, Run, TakenIn, release, take_in};
 pub use fingerprint::Fingerprint;
@@ -46,7 +50,7 @@ pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Remembered, ReplayCache};
 pub use store::{
-    Claim, Endpoint, GATEWAY_DISAGREEMENT, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition, claim,
+    Endpoint, GATEWAY_DISAGREEMENT, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition,
     disagreement_reason,
 };
 pub use story::KeyRecord;

@@ -82,8 +82,15 @@ where
 }
 
 /// What a phase writes besides the key row: the CTEs of its statement after `fence`, and its
-/// final `SELECT` (see [`atomic_phase`]).
-pub trait PhaseWrites: QueryFragment<Pg> + Send + Sync {
+/// final `SELECT` (see [`atomic_phase`]). Kept apart, so that a key's first phase can also run in
+/// the claim's statement, after a fence of its own (see [`super::claim`]).
+pub trait PhaseWrites: Send + Sync {
+    /// The CTEs after `fence`, as `name AS (...)`, separated by commas.
+    fn walk_writes<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()>;
+
+    /// The phase's result: a `SELECT` of one row, or of none when `fence` has none.
+    fn walk_result<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()>;
+
     /// What the fence requires besides our lock, as ` AND <condition>`: that the rows the writes
     /// change exist. None by default.
     fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
@@ -104,7 +111,9 @@ impl<W: PhaseWrites> QueryFragment<Pg> for PhaseStatement<'_, W> {
         out.push_sql("WITH ");
         self.fence.walk_ast(out.reborrow())?;
         out.push_sql(", ");
-        self.writes.walk_ast(out.reborrow())
+        self.writes.walk_writes(out.reborrow())?;
+        out.push_sql(" ");
+        self.writes.walk_result(out.reborrow())
     }
 }
 

@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use diesel::pg::Pg;
 use diesel::prelude::*;
-use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Bool, Bytea, Jsonb, Nullable, SmallInt, Text, Untyped, Uuid as SqlUuid};
+use diesel::sql_types::{Text, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::clock::{Deadline, since_boot};
+use super::clock::since_boot;
 use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
@@ -53,26 +51,6 @@ pub struct NewKey<'a> {
     pub request_id: &'a RequestId,
 }
 
-/// What the claim found, in the order the protocol checks it.
-#[derive(Debug)]
-pub enum Claim {
-    /// The key was used with another request body, method or path (422).
-    Mismatch,
-    /// The key's request finished: replay its stored response. `expires` is when the key expires,
-    /// on this process's clock, so that the answer is kept in memory no longer; none for a key
-    /// finished before expiries were recorded, which no process keeps in memory.
-    Replay { response: StoredResponse, expires: Option<Deadline> },
-    /// Another request holds the key and its lock is not stale (409).
-    InFlight,
-    /// We hold the key: a new one, an unlocked one, or one whose lease ran out.
-    Acquired(KeyLock),
-    /// The key expired (its record past its recorded expiry, or already reaped), but what its
-    /// request made on this endpoint remains (`id`: a payment, a refund): whatever the body, the
-    /// request is a late retry and must not do it again. (Made on another endpoint, it is a
-    /// [`Claim::Mismatch`].)
-    Expired { id: Uuid },
-}
-
 /// A final response, stored with its key and replayed byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
@@ -110,57 +88,6 @@ pub enum Transition {
     /// Done: store the response, release the lock, and record when the key expires: `retention`
     /// (the finishing process's `PAYMENTS_KEY_RETENTION_SECS`) after the database's `now()`.
     Finish { response: StoredResponse, retention: Duration },
-}
-
-/// Claims `new.key` in one statement, which is race-free without any check-then-insert:
-/// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
-///   its recorded expiry has come, by the database's clock;
-/// - `expired` looks, only when there is no row or an expired one, for what the key made (the view
-///   `made_by_keys`: a probe of each endpoint's table by its unique client key). An expired key is
-///   answered as one since reaped would be, whoever reads it and whatever its own retention: no
-///   process replays a key past its expiry, from the database or from memory. (An expired key that
-///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
-/// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
-///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
-///   statement again, which then sees that request's row;
-/// - `taken` locks an existing row for us if it is the same request, unfinished, and unlocked or
-///   its lease over. Its conditions are re-checked on the row's latest version under the row
-///   lock, so of two requests racing for an expired lease exactly one takes it;
-/// - a replay never writes: a finished key skips `taken` altogether. It comes with how long the
-///   key has left before it expires, by the database's clock, which is as long as a process may
-///   keep the answer in memory;
-/// - `audited` records a claim that took the key: `claimed` (new), `resumed` (unlocked: its last
-///   request stopped short and let go) or `taken_over` (its lease had run out: its driver died).
-///
-/// `lease` is how long our lock lasts unless renewed: this process's lock timeout.
-pub async fn claim(conn: &mut AsyncPgConnection, new: &NewKey<'_>, lease: Duration) -> Result<Claim, StoreError> {
-    let token = Uuid::new_v4();
-    let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease) };
-    // One retry covers the one race (both inserting a new key); two more are a safety margin. (An
-    // expired key without its payment would also return nothing, but the finishing phase requires
-    // the payment, and payments are never deleted.)
-    for _ in 0..3 {
-        let sent = since_boot();
-        let Some(row) = db::query(async { query.get_result::<ClaimRow>(conn).await.optional() }).await? else {
-            continue;
-        };
-        return Ok(match row {
-            ClaimRow { made_id: Some(id), .. } => Claim::Expired { id },
-            ClaimRow { claimed: true, id, recovery_point, fresh, .. } => {
-                let lease = Lease { token, length: lease, sent };
-                Claim::Acquired(KeyLock::new(new.account_id, id, recovery_point, !fresh, lease))
-            }
-            ClaimRow { same_request: false, .. } => Claim::Mismatch,
-            ClaimRow { response_status: Some(status), response_body: Some(body), expires_in_ms, .. } => {
-                let left = |ms: i64| Duration::from_millis(ms.try_into().unwrap_or(0));
-                // Counted from before the claim was sent: it ends no later than the key does.
-                let expires = expires_in_ms.map(|ms| Deadline::counted_from(sent, left(ms)));
-                Claim::Replay { response: StoredResponse { status: status as u16, body }, expires }
-            }
-            ClaimRow { .. } => Claim::InFlight,
-        });
-    }
-    Err(StoreError::Unavailable("the key claim kept racing with concurrent inserts".into()))
 }
 
 /// The reason code of a key whose gateway reported something other than what the key recorded.
@@ -290,139 +217,4 @@ impl KeyLock {
 
 pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The columns the claim returns: enough to classify, never the stored params.
-#[derive(QueryableByName)]
-struct ClaimRow {
-    #[diesel(sql_type = Bool)]
-    claimed: bool,
-    /// Claimed by inserting it: no earlier run can have reached the gateway.
-    #[diesel(sql_type = Bool)]
-    fresh: bool,
-    #[diesel(sql_type = SqlUuid)]
-    id: Uuid,
-    #[diesel(sql_type = Bool)]
-    same_request: bool,
-    #[diesel(sql_type = Text)]
-    recovery_point: RecoveryPoint,
-    #[diesel(sql_type = Nullable<SmallInt>)]
-    response_status: Option<i16>,
-    #[diesel(sql_type = Nullable<Bytea>)]
-    response_body: Option<Vec<u8>>,
-    /// Set when the key's row is gone but what it made on this endpoint remains.
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    made_id: Option<Uuid>,
-    /// How long a finished key has left before it expires, by the database's clock; none if no
-    /// expiry was recorded.
-    #[diesel(sql_type = Nullable<BigInt>)]
-    expires_in_ms: Option<i64>,
-}
-
-/// The claim statement. A type of its own (rather than `sql_query`) so that diesel prepares it
-/// once per connection: its SQL never changes, and its static query id says so.
-#[derive(Clone, Copy)]
-struct ClaimQuery<'a> {
-    new: &'a NewKey<'a>,
-    key_id: Uuid,
-    token: Uuid,
-    lease_ms: i64,
-}
-
-/// Everything after the parameters, which are bound once, by name, in the `input` row.
-const CLAIM_SQL: &str = "
-), existing AS (
-    SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k, input i
-    WHERE k.account_id = i.account_id AND k.idempotency_key = i.idempotency_key
-), expired AS (
-    SELECT m.id, m.request_method = i.method AND m.request_path = i.path AS same_endpoint
-    FROM made_by_keys m, input i
-    WHERE (NOT EXISTS (SELECT FROM existing) OR EXISTS (SELECT FROM existing WHERE expired))
-      AND m.account_id = i.account_id AND m.idempotency_key = i.idempotency_key
-), inserted AS (
-    INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
-                                  request_fingerprint, request_params, locked_until, lock_token)
-    SELECT i.key_id, i.account_id, i.idempotency_key, i.method, i.path,
-           i.fingerprint, i.params, now() + i.lease_ms * interval '1 millisecond', i.token
-    FROM input i
-    WHERE NOT EXISTS (SELECT FROM existing) AND NOT EXISTS (SELECT FROM expired)
-    ON CONFLICT (account_id, idempotency_key) DO NOTHING
-    RETURNING *
-), taken AS (
-    UPDATE idempotency_keys k
-    SET locked_until = now() + i.lease_ms * interval '1 millisecond', lock_token = i.token, last_run_at = now()
-    FROM input i
-    WHERE EXISTS (SELECT FROM existing WHERE recovery_point <> 'finished')
-      AND k.account_id = i.account_id AND k.idempotency_key = i.idempotency_key
-      AND k.request_fingerprint = i.fingerprint
-      AND k.request_method = i.method AND k.request_path = i.path
-      AND k.recovery_point <> 'finished'
-      AND (k.locked_until IS NULL OR k.locked_until < now())
-    RETURNING k.*
-), audited AS (
-    INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
-    SELECT n.account_id, 'idempotency_key.claimed', 'idempotency_key', n.id, 'api', '{}', i.request_id
-    FROM inserted n, input i
-    UNION ALL
-    SELECT t.account_id,
-           CASE WHEN e.locked_until IS NULL THEN 'idempotency_key.resumed' ELSE 'idempotency_key.taken_over' END,
-           'idempotency_key', t.id, 'api', jsonb_build_object('recovery_point', t.recovery_point), i.request_id
-    FROM taken t, existing e, input i
-)
-SELECT true AS claimed, true AS fresh, id, true AS same_request, recovery_point, response_status, response_body,
-       NULL::uuid AS made_id, NULL::bigint AS expires_in_ms
-FROM inserted
-UNION ALL
-SELECT true, false, id, true, recovery_point, response_status, response_body, NULL, NULL
-FROM taken
-UNION ALL
-SELECT false, false, e.id,
-       e.request_fingerprint = i.fingerprint AND e.request_method = i.method AND e.request_path = i.path,
-       e.recovery_point, e.response_status, e.response_body, NULL,
-       (extract(epoch FROM e.expires_at - now()) * 1000)::bigint
-FROM existing e, input i
-WHERE NOT EXISTS (SELECT FROM taken) AND NOT (e.expired AND EXISTS (SELECT FROM expired))
-UNION ALL
-SELECT false, false, x.id, x.same_endpoint, 'finished', NULL, NULL, CASE WHEN x.same_endpoint THEN x.id END, NULL
-FROM expired x";
-
-impl QueryFragment<Pg> for ClaimQuery<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        let new = self.new;
-        out.push_sql(
-            "WITH input (account_id, idempotency_key, key_id, method, path, fingerprint, params, \
-             token, lease_ms, request_id) AS (VALUES (",
-        );
-        out.push_bind_param::<SqlUuid, _>(&new.account_id)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.key.as_str())?;
-        out.push_sql(", ");
-        out.push_bind_param::<SqlUuid, _>(&self.key_id)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.endpoint.method)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.endpoint.path)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Bytea, _>(new.fingerprint.as_bytes())?;
-        out.push_sql(", ");
-        out.push_bind_param::<Jsonb, _>(new.params)?;
-        out.push_sql(", ");
-        out.push_bind_param::<SqlUuid, _>(&self.token)?;
-        out.push_sql(", ");
-        out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.request_id.as_str())?;
-        out.push_sql(")");
-        out.push_sql(CLAIM_SQL);
-        Ok(())
-    }
-}
-
-impl QueryId for ClaimQuery<'_> {
-    type QueryId = ClaimQuery<'static>;
-    const HAS_STATIC_QUERY_ID: bool = true;
-}
-
-impl Query for ClaimQuery<'_> {
-    type SqlType = Untyped;
 }

@@ -1,18 +1,21 @@
 //! `POST /v1/payments`: one payment request, driven through its recovery points.
 //!
 //! ```text
-//!            claim                 gateway call                 (no foreign effect)
+//!         claim + started           gateway call                 (no foreign effect)
 //!   (new) ─────────► started ────────────────────► charge_created ────────────────► finished
-//!                    payment pending               outcome recorded                 response stored,
-//!                    + audit record                on the payment                   event staged, unlocked
+//!                    key row locked,               outcome recorded                 response stored,
+//!                    payment pending               on the payment                   event staged, unlocked
+//!                    + audit records
 //! ```
 //!
 //! Every arrow is one transaction, and the gateway call between `started` and `charge_created`
 //! is the only foreign side effect, made with no transaction open and no connection held. Why the
 //! cuts are where they are:
 //! - `started` commits the payment before the gateway hears of it, so no charge can exist that
-//!   our database does not know about. It keeps the recovery point where it is, so the phase runs
-//!   again on resumption and finds the payment it made (it never makes a second).
+//!   our database does not know about. For a new key it runs in the claim's statement, so the key
+//!   row and its payment commit together; a resumed key is claimed first and runs `started` on
+//!   its own. It keeps the recovery point where it is, so the phase runs again on resumption and
+//!   finds the payment it made (it never makes a second).
 //! - The gateway call sends a key derived from our key row, so calling again after a crash, a
 //!   timeout or a 5xx returns the first charge instead of making another. A payment an earlier run
 //!   made is first looked up by that key, and what is found is adopted, which holds even after the
@@ -44,8 +47,8 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse,
-    TakenIn, Transition, take_in,
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Run,
+    StoredResponse, TakenIn, Transition, take_in,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
@@ -83,7 +86,8 @@ pub async fn create_payment(
         params: &params,
         request_id,
     };
-    let run = match take_in(state.keys(), &new).await? {
+    let mut phases = PaymentPhases::new(state, request, fault);
+    let run = match take_in(state.keys(), &new, &mut phases).await? {
         TakenIn::Replayed(response) => return Ok(Created { response, replayed: true }),
         TakenIn::Expired { id } => {
             let mut conn = db::connect(&state.db).await?;
@@ -93,7 +97,7 @@ pub async fn create_payment(
         }
         TakenIn::Acquired(run) => run,
     };
-    let response = run.drive(PaymentPhases::new(state, request, fault), Some(&new)).await?;
+    let response = run.drive(phases, Some(&new)).await?;
     Ok(Created { response, replayed: false })
 }
 
@@ -139,16 +143,40 @@ struct PaymentPhases<'a> {
     state: &'a AppState,
     request: PaymentRequest,
     fault: Option<Fault>,
+    /// The gateway a payment made with the claim records (see [`Phases::first_phase`]).
+    gateway: Option<Arc<str>>,
+    /// What `started` left, when it ran with the claim.
+    started: Option<Started>,
     /// The payment as the last phase left it, which saves the next phase reading it again.
     payment: Option<Payment>,
 }
 
 impl Phases for PaymentPhases<'_> {
+    type Started = Payment;
+
+    /// `started`, with the gateway this process knows without asking. Before the gateway's first
+    /// answer to this process there is none: the claim runs alone, and `started` asks the gateway
+    /// who it is (the gateway a payment records is the one it is to be charged through).
+    fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p> {
+        self.gateway = Some(self.state.gateway.known_id()?);
+        let gateway = self.gateway.as_deref()?;
+        Some(self.start_writes(new.account_id, new.key, gateway, Actor::Api, new.request_id))
+    }
+
+    /// The payment made with the claim: by this run, so charged nowhere yet.
+    fn started_with_claim(&mut self, payment: Payment) {
+        self.started = Some(Started { payment, made_now: true });
+    }
+
     /// The recovery-point loop's body: each arm runs from the recorded point to the next.
     async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         match run.recovery_point() {
             RecoveryPoint::Started => {
-                let started = self.start(run).await?;
+                let started = match self.started.take() {
+                    Some(started) => started,
+                    None => self.start(run).await?,
+                };
+                tracing::Span::current().record("payment.id", started.payment.id.to_string());
                 fault_at(self.fault, FaultPoint::AfterStarted);
                 let charged = self.charge(run, &started).await?;
                 fault_at(self.fault, FaultPoint::AfterCharge);
@@ -165,31 +193,45 @@ impl Phases for PaymentPhases<'_> {
 
 impl<'a> PaymentPhases<'a> {
     fn new(state: &'a AppState, request: PaymentRequest, fault: Option<Fault>) -> Self {
-        PaymentPhases { state, request, fault, payment: None }
+        PaymentPhases { state, request, fault, gateway: None, started: None, payment: None }
     }
 
-    /// `started`: the pending payment, with the gateway it is to be charged through, and its audit
-    /// record. On resumption it finds the payment it made before instead of making another.
+    /// `started` on its own, after the claim (a resumed key, or a process that has not heard from
+    /// its gateway yet). On resumption it finds the payment it made before instead of making
+    /// another.
     async fn start(&mut self, run: &mut Run<'_>) -> Result<Started, DriveError> {
         let gateway = self.state.gateway.id().await.map_err(indeterminate)?;
         let (request_id, key) = (run.request_id().clone(), run.key().clone());
+        let writes = self.start_writes(run.lock().account_id, &key, &gateway, run.actor(), &request_id);
+        let new_id = writes.payment.id;
+        let payment: Payment = run.phase(Transition::Stay, writes).await?;
+        Ok(Started { made_now: payment.id == new_id, payment })
+    }
+
+    /// What `started` writes: the pending payment, with the gateway it is to be charged through,
+    /// and its audit record.
+    fn start_writes<'w>(
+        &'w self,
+        account_id: Uuid,
+        key: &'w IdempotencyKey,
+        gateway: &'w str,
+        actor: Actor,
+        request_id: &'w RequestId,
+    ) -> writes::Start<'w> {
         let new = NewPayment {
             id: Uuid::now_v7(),
-            account_id: run.lock().account_id,
+            account_id,
             idempotency_key: key.as_str(),
             amount: self.request.amount,
             currency: &self.request.currency,
             description: self.request.description.as_deref(),
             metadata: json!(self.request.metadata),
-            gateway: &gateway,
+            gateway,
         };
         let data = json!({ "recovery_point": RecoveryPoint::Started, "amount": new.amount, "currency": new.currency,
                            "gateway": new.gateway });
-        let audit = audit(new.account_id, new.id, run.actor(), "payment.created", data, &request_id);
-        let new_id = new.id;
-        let payment: Payment = run.phase(Transition::Stay, writes::Start { payment: &new, audit }).await?;
-        tracing::Span::current().record("payment.id", payment.id.to_string());
-        Ok(Started { made_now: payment.id == new_id, payment })
+        let audit = audit(account_id, new.id, actor, "payment.created", data, request_id);
+        writes::Start { payment: new, audit }
     }
 
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled

@@ -6,7 +6,7 @@
 
 use diesel::pg::Pg;
 use diesel::prelude::*;
-use diesel::query_builder::{AstPass, QueryFragment};
+use diesel::query_builder::AstPass;
 use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use uuid::Uuid;
 
@@ -24,13 +24,13 @@ const PAYMENT: &str = "id, account_id, idempotency_key_id, idempotency_key, amou
 /// `started`: the pending payment and its audit record; or, when the phase runs again, the
 /// payment that an earlier run made (never a second one, and no second record).
 pub struct Start<'a> {
-    pub payment: &'a NewPayment<'a>,
+    pub payment: NewPayment<'a>,
     pub audit: AuditRecord<'a>,
 }
 
-impl QueryFragment<Pg> for Start<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        let new = self.payment;
+impl PhaseWrites for Start<'_> {
+    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        let new = &self.payment;
         out.push_sql(
             "created AS (INSERT INTO payments (id, account_id, idempotency_key_id, idempotency_key, amount, currency, \
              description, metadata, gateway) SELECT ",
@@ -55,9 +55,13 @@ impl QueryFragment<Pg> for Start<'_> {
         out.push_sql(" FROM fence ON CONFLICT (account_id, idempotency_key_id) DO NOTHING RETURNING ");
         out.push_sql(PAYMENT);
         out.push_sql("), ");
-        self.audit.walk_written_after("created", out.reborrow())?;
+        self.audit.walk_written_after("created", out.reborrow())
+    }
+
+    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        let new = &self.payment;
         // The statement's snapshot predates it: a payment found here is an earlier run's.
-        out.push_sql(" SELECT ");
+        out.push_sql("SELECT ");
         out.push_sql(PAYMENT);
         out.push_sql(" FROM created UNION ALL SELECT ");
         out.push_sql(PAYMENT);
@@ -67,8 +71,6 @@ impl QueryFragment<Pg> for Start<'_> {
         Ok(())
     }
 }
-
-impl PhaseWrites for Start<'_> {}
 
 /// A change to the payment, and its audit record: `charge_created`'s outcome, or (staying at
 /// `started`) the gateway that answered its charge request when this process's idea of its
@@ -89,8 +91,8 @@ pub enum PaymentChange<'a> {
     Gateway(&'a str),
 }
 
-impl QueryFragment<Pg> for ChangePayment<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl PhaseWrites for ChangePayment<'_> {
+    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("changed AS (UPDATE payments SET ");
         match &self.change {
             PaymentChange::Outcome { changes, gateway } => {
@@ -115,15 +117,16 @@ impl QueryFragment<Pg> for ChangePayment<'_> {
         out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING ");
         out.push_sql(PAYMENT);
         out.push_sql("), ");
-        self.audit.walk_written_after("changed", out.reborrow())?;
-        out.push_sql(" SELECT ");
+        self.audit.walk_written_after("changed", out.reborrow())
+    }
+
+    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("SELECT ");
         out.push_sql(PAYMENT);
         out.push_sql(" FROM changed");
         Ok(())
     }
-}
 
-impl PhaseWrites for ChangePayment<'_> {
     fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
     }
@@ -137,21 +140,22 @@ pub struct Finish<'a> {
     pub audit: AuditRecord<'a>,
 }
 
-impl QueryFragment<Pg> for Finish<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl PhaseWrites for Finish<'_> {
+    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         self.event.walk_written_after("fence", out.reborrow())?;
         out.push_sql(", ");
-        self.audit.walk_written_after("fence", out.reborrow())?;
-        out.push_sql(" SELECT ");
+        self.audit.walk_written_after("fence", out.reborrow())
+    }
+
+    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("SELECT ");
         out.push_sql(PAYMENT);
         out.push_sql(" FROM payments");
         walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
         out.push_sql(" AND EXISTS (SELECT FROM fence)");
         Ok(())
     }
-}
 
-impl PhaseWrites for Finish<'_> {
     fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
     }

@@ -2,16 +2,19 @@
 //! idempotency driver as a payment. Only the phases are a refund's own.
 //!
 //! ```text
-//!            claim                  gateway refund                (no foreign effect)
+//!         claim + started            gateway refund                (no foreign effect)
 //!   (new) ─────────► started ───────────────────────► refund_created ────────────────► finished
-//!                    amount reserved                  answer recorded:                 response stored,
-//!                    on the payment,                  succeeded, pending,              event staged, unlocked
-//!                    refund pending                   or failed (given back)
+//!                    key row locked,                  answer recorded:                 response stored,
+//!                    amount reserved                  succeeded, pending,              event staged, unlocked
+//!                    on the payment,                  or failed (given back)
+//!                    refund pending
 //! ```
 //!
 //! - `started` decides, under the payment's row lock, whether there is anything to refund, and
 //!   reserves the amount in the same transaction that records the pending refund: two refunds with
-//!   different keys cannot both take the same money (see [`super::writes::Start`]). A refusal
+//!   different keys cannot both take the same money (see [`super::writes::Start`]). For a new key
+//!   it runs in the claim's statement, as a payment's does; a resumed key runs it after the
+//!   claim. A refusal
 //!   (no such payment, not refundable, nothing left, too much) is stored under the key as its
 //!   answer, by a `finished` phase that follows at once.
 //! - The gateway call refunds the payment's charge at the payment's own gateway, under a key
@@ -35,8 +38,8 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, Phases, RecoveryPoint, Run, StoredResponse,
-    TakenIn, Transition, take_in,
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Run,
+    StoredResponse, TakenIn, Transition, take_in,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
@@ -72,7 +75,8 @@ pub async fn create_refund(
         params: &params,
         request_id,
     };
-    let run = match take_in(state.keys(), &new).await? {
+    let mut phases = RefundPhases::new(state, request, fault);
+    let run = match take_in(state.keys(), &new, &mut phases).await? {
         TakenIn::Replayed(response) => return Ok(Created { response, replayed: true }),
         TakenIn::Expired { id } => {
             let mut conn = db::connect(&state.db).await?;
@@ -82,7 +86,7 @@ pub async fn create_refund(
         }
         TakenIn::Acquired(run) => run,
     };
-    let response = run.drive(RefundPhases::new(state, request, fault), Some(&new)).await?;
+    let response = run.drive(phases, Some(&new)).await?;
     Ok(Created { response, replayed: false })
 }
 
@@ -126,11 +130,24 @@ struct RefundPhases<'a> {
     state: &'a AppState,
     request: RefundRequest,
     fault: Option<Fault>,
+    /// What `started` found, when it ran with the claim.
+    started: Option<Started>,
     /// The refund as the last phase left it, which saves the next phase reading it again.
     refund: Option<Refund>,
 }
 
 impl Phases for RefundPhases<'_> {
+    type Started = Started;
+
+    /// `started`: it needs nothing but the request and the database.
+    fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p> {
+        Some(self.start_writes(new.account_id, new.key, Actor::Api, new.request_id))
+    }
+
+    fn started_with_claim(&mut self, started: Started) {
+        self.started = Some(started);
+    }
+
     /// The recovery-point loop's body: each arm runs from the recorded point to the next.
     async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         match run.recovery_point() {
@@ -154,27 +171,21 @@ impl Phases for RefundPhases<'_> {
 
 impl<'a> RefundPhases<'a> {
     fn new(state: &'a AppState, request: RefundRequest, fault: Option<Fault>) -> Self {
-        RefundPhases { state, request, fault, refund: None }
+        RefundPhases { state, request, fault, started: None, refund: None }
     }
 
-    /// `started`: the amount reserved on the payment and the pending refund, or why not. On
-    /// resumption it finds the refund an earlier run made instead of reserving again.
+    /// `started`: the amount reserved on the payment and the pending refund, or why not; as it
+    /// ran with the claim, or else on its own now. On resumption it finds the refund an earlier run
+    /// made instead of reserving again.
     async fn start(&mut self, run: &mut Run<'_>) -> Result<Start, DriveError> {
-        let (request_id, key) = (run.request_id().clone(), run.key().clone());
-        let (account_id, refund_id) = (run.lock().account_id, Uuid::now_v7());
-        let data = json!({ "recovery_point": RecoveryPoint::Started, "payment": self.request.payment,
-                           "amount": self.request.amount });
-        let writes = writes::Start {
-            refund_id,
-            account_id,
-            payment_id: self.request.payment,
-            amount: self.request.amount,
-            idempotency_key: key.as_str(),
-            reason: self.request.reason.map(|reason| reason.as_str()),
-            metadata: json!(self.request.metadata),
-            audit: audit(account_id, refund_id, run.actor(), "refund.created", data, &request_id),
+        let started = match self.started.take() {
+            Some(started) => started,
+            None => {
+                let (request_id, key) = (run.request_id().clone(), run.key().clone());
+                let writes = self.start_writes(run.lock().account_id, &key, run.actor(), &request_id);
+                run.phase(Transition::Stay, writes).await?
+            }
         };
-        let started: Started = run.phase(Transition::Stay, writes).await?;
         match started {
             Started {
                 refund_id: Some(id),
@@ -190,6 +201,29 @@ impl<'a> RefundPhases<'a> {
                 .map(Start::Refused)
                 .ok_or_else(|| DriveError::inconsistent(format!("a refund refused for {code:?}"))),
             started => Err(DriveError::inconsistent(format!("a refund's start found {started:?}"))),
+        }
+    }
+
+    /// What `started` writes: see [`writes::Start`].
+    fn start_writes<'w>(
+        &'w self,
+        account_id: Uuid,
+        key: &'w IdempotencyKey,
+        actor: Actor,
+        request_id: &'w RequestId,
+    ) -> writes::Start<'w> {
+        let refund_id = Uuid::now_v7();
+        let data = json!({ "recovery_point": RecoveryPoint::Started, "payment": self.request.payment,
+                           "amount": self.request.amount });
+        writes::Start {
+            refund_id,
+            account_id,
+            payment_id: self.request.payment,
+            amount: self.request.amount,
+            idempotency_key: key.as_str(),
+            reason: self.request.reason.map(|reason| reason.as_str()),
+            metadata: json!(self.request.metadata),
+            audit: audit(account_id, refund_id, actor, "refund.created", data, request_id),
         }
     }
 

@@ -158,7 +158,7 @@ impl QueryFragment<Pg> for Settle<'_> {
         out.push_sql(" RETURNING ");
         out.push_sql(REFUND_COLUMNS);
         out.push_sql("), ");
-        walk_settled_totals("settled", out.reborrow())?;
+        walk_settled_totals(&self.refund.account_id, "settled", out.reborrow())?;
         out.push_sql(", ");
         self.event.walk_written_after("settled", out.reborrow())?;
         out.push_sql(", ");

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use diesel::pg::Pg;
 use diesel::prelude::*;
-use diesel::query_builder::{AstPass, QueryFragment};
+use diesel::query_builder::AstPass;
 use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use uuid::Uuid;
 
@@ -57,8 +57,8 @@ pub struct Started {
     pub refundable: Option<i64>,
 }
 
-impl QueryFragment<Pg> for Start<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl PhaseWrites for Start<'_> {
+    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("earlier AS (SELECT id, amount, gateway, payment_id FROM refunds WHERE account_id = ");
         out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
         out.push_sql(
@@ -82,12 +82,19 @@ impl QueryFragment<Pg> for Start<'_> {
         out.push_sql(
             "::bigint, p.refundable) > p.refundable THEN 'refund_exceeds_payment' END AS refusal FROM payment p), \
              reserved AS (UPDATE payments p SET amount_refund_pending = p.amount_refund_pending + d.amount, \
-             updated_at = now() FROM decided d WHERE p.account_id = d.account_id AND p.id = d.id AND d.refusal IS \
-             NULL RETURNING p.id), created AS (INSERT INTO refunds (id, account_id, payment_id, idempotency_key_id, \
-             idempotency_key, amount, currency, reason, metadata, gateway) SELECT ",
+             updated_at = now() FROM decided d WHERE p.account_id = ",
+        );
+        // The account as a parameter wherever a table is read by it, never joined from another
+        // CTE: what a database distributed by account routes by (see README, on Citus).
+        out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
+        out.push_sql(
+            " AND p.id = d.id AND d.refusal IS NULL RETURNING p.id), created AS (INSERT INTO refunds (id, account_id, \
+             payment_id, idempotency_key_id, idempotency_key, amount, currency, reason, metadata, gateway) SELECT ",
         );
         out.push_bind_param::<SqlUuid, _>(&self.refund_id)?;
-        out.push_sql(", d.account_id, d.id, f.id, ");
+        out.push_sql(", ");
+        out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
+        out.push_sql(", d.id, f.id, ");
         out.push_bind_param::<Text, _>(self.idempotency_key)?;
         out.push_sql(", d.amount, d.currency, ");
         out.push_bind_param::<Nullable<Text>, _>(&self.reason)?;
@@ -97,10 +104,13 @@ impl QueryFragment<Pg> for Start<'_> {
             ", d.gateway FROM decided d, fence f, reserved r WHERE d.refusal IS NULL RETURNING id, amount, gateway, \
              payment_id), ",
         );
-        self.audit.walk_written_after("created", out.reborrow())?;
+        self.audit.walk_written_after("created", out.reborrow())
+    }
+
+    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         // The statement's snapshot predates it: a refund found in `earlier` is an earlier run's.
         out.push_sql(
-            " SELECT r.id AS refund_id, r.amount, r.gateway, p.gateway_charge_id AS charge_id, NULL::text AS \
+            "SELECT r.id AS refund_id, r.amount, r.gateway, p.gateway_charge_id AS charge_id, NULL::text AS \
              refusal, NULL::bigint AS refundable FROM (SELECT * FROM created UNION ALL SELECT * FROM earlier) r \
              JOIN payments p ON p.account_id = ",
         );
@@ -113,8 +123,6 @@ impl QueryFragment<Pg> for Start<'_> {
         Ok(())
     }
 }
-
-impl PhaseWrites for Start<'_> {}
 
 /// `refund_created`: the gateway's answer recorded on the refund, and on the payment's totals: a
 /// success moves the amount from pending to refunded, a failure gives it back, and a refund the
@@ -129,8 +137,8 @@ pub struct RecordRefund<'a> {
     pub audit: AuditRecord<'a>,
 }
 
-impl QueryFragment<Pg> for RecordRefund<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl PhaseWrites for RecordRefund<'_> {
+    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("changed AS (UPDATE refunds SET status = ");
         out.push_bind_param::<Text, _>(&self.status)?;
         out.push_sql(", gateway_refund_id = ");
@@ -144,17 +152,18 @@ impl QueryFragment<Pg> for RecordRefund<'_> {
         out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING ");
         out.push_sql(REFUND_COLUMNS);
         out.push_sql("), ");
-        walk_settled_totals("changed", out.reborrow())?;
+        walk_settled_totals(&self.account_id, "changed", out.reborrow())?;
         out.push_sql(", ");
-        self.audit.walk_written_after("changed", out.reborrow())?;
-        out.push_sql(" SELECT ");
+        self.audit.walk_written_after("changed", out.reborrow())
+    }
+
+    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("SELECT ");
         out.push_sql(REFUND_COLUMNS);
         out.push_sql(" FROM changed");
         Ok(())
     }
-}
 
-impl PhaseWrites for RecordRefund<'_> {
     fn walk_requirement<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql(" AND EXISTS (SELECT FROM refunds");
         walk_this_pending_refund(&self.account_id, &self.refund_id, out.reborrow())?;
@@ -163,18 +172,23 @@ impl PhaseWrites for RecordRefund<'_> {
     }
 }
 
-/// The CTE `totals`: the payment of each refund in `source` that settled (its `status` no longer
-/// `pending`), with the refund's amount moved out of pending, into refunded if it succeeded.
-pub(super) fn walk_settled_totals<'b>(source: &'static str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+/// The CTE `totals`: the payment of each refund in `source` (of the account `account_id`) that
+/// settled (its `status` no longer `pending`), with the refund's amount moved out of pending, into
+/// refunded if it succeeded.
+pub(super) fn walk_settled_totals<'b>(
+    account_id: &'b Uuid,
+    source: &'static str,
+    mut out: AstPass<'_, 'b, Pg>,
+) -> QueryResult<()> {
     out.push_sql(
         "totals AS (UPDATE payments p SET amount_refund_pending = p.amount_refund_pending - r.amount, \
          amount_refunded = p.amount_refunded + CASE WHEN r.status = 'succeeded' THEN r.amount ELSE 0 END, \
          updated_at = now() FROM ",
     );
     out.push_sql(source);
-    out.push_sql(
-        " r WHERE p.account_id = r.account_id AND p.id = r.payment_id AND r.status <> 'pending' RETURNING p.id)",
-    );
+    out.push_sql(" r WHERE p.account_id = ");
+    out.push_bind_param::<SqlUuid, _>(account_id)?;
+    out.push_sql(" AND p.id = r.payment_id AND r.status <> 'pending' RETURNING p.id)");
     Ok(())
 }
 
@@ -193,19 +207,20 @@ pub struct Finished {
     pub id: Uuid,
 }
 
-impl QueryFragment<Pg> for Finish<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl PhaseWrites for Finish<'_> {
+    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         if let Some(event) = self.event {
             event.walk_written_after("fence", out.reborrow())?;
             out.push_sql(", ");
         }
-        self.audit.walk_written_after("fence", out.reborrow())?;
-        out.push_sql(" SELECT id FROM fence");
+        self.audit.walk_written_after("fence", out.reborrow())
+    }
+
+    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("SELECT id FROM fence");
         Ok(())
     }
 }
-
-impl PhaseWrites for Finish<'_> {}
 
 /// `finished` of a refund: [`Finish`], and a refund the gateway left pending handed to the settler
 /// (due in `settle_in_ms`), which looks it up until it settles. Only now: before its key is
@@ -218,18 +233,20 @@ pub struct FinishRefund<'a> {
     pub finish: Finish<'a>,
 }
 
-impl QueryFragment<Pg> for FinishRefund<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl PhaseWrites for FinishRefund<'_> {
+    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("settling AS (UPDATE refunds SET settle_at = now() + ");
         out.push_bind_param::<BigInt, _>(&self.settle_in_ms)?;
         out.push_sql(" * interval '1 millisecond'");
         walk_this_pending_refund(&self.account_id, &self.refund_id, out.reborrow())?;
         out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING id), ");
-        self.finish.walk_ast(out)
+        self.finish.walk_writes(out)
+    }
+
+    fn walk_result<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        self.finish.walk_result(out)
     }
 }
-
-impl PhaseWrites for FinishRefund<'_> {}
 
 pub(super) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)

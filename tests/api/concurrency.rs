@@ -64,3 +64,23 @@ async fn identical_requests_at_once_against_the_mock_gateway_make_one_charge() {
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn identical_requests_at_once_make_one_payment_when_each_claim_runs_started_with_it() {
+    let app = TestApp::spawn().await;
+    // A payment first: the process knows its gateway, so each claim of a new key runs `started` in
+    // its statement, and every request racing for the key tries to insert its payment there.
+    app.paid(1000, "tok_visa").await;
+    app.gateway.faults(json!({ "mode": "latency", "latency_ms": 300, "count": CONCURRENT })).await;
+    let key = new_key();
+
+    let (fresh, in_flight, replayed) = fire(&app, &key).await;
+
+    assert_eq!(fresh, 1, "exactly one request drove the key");
+    assert_eq!(fresh + in_flight + replayed, CONCURRENT);
+    let (keys, payments, _, _) = app.row_counts().await;
+    assert_eq!((keys, payments), (2, 2), "one key row and one payment for the key");
+    assert_eq!(app.gateway.stats().await.charges, 2);
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.headers()["Idempotent-Replayed"], "true");
+}

@@ -32,17 +32,26 @@ struct Crashed {
     /// `/v1/payments`, or `/v1/refunds`.
     path: &'static str,
     body: Value,
+    /// Charges made before the crashing request: the payment made just before it, if any.
+    charged_before: u64,
 }
 
 impl Crashed {
-    /// A payment that crashed the process at `point`.
+    /// A payment that crashed the process at `point`: its first, so the claim ran alone and
+    /// `started` after it (the process had not heard from its gateway yet).
     async fn at(point: &str) -> Crashed {
-        Crashed::of("/v1/payments", point).await
+        Crashed::of("/v1/payments", point, false).await
     }
 
-    /// A request to `path` that crashed the process at `point`; a refund's is of a payment made
-    /// just before, on the same process.
-    async fn of(path: &'static str, point: &str) -> Crashed {
+    /// A payment that crashed the process at `point` after another payment: its claim ran
+    /// `started` in its statement.
+    async fn at_after_a_payment(point: &str) -> Crashed {
+        Crashed::of("/v1/payments", point, true).await
+    }
+
+    /// A request to `path` that crashed the process at `point`, after a payment made just before on
+    /// the same process if `after_a_payment` (a refund's is always of such a payment).
+    async fn of(path: &'static str, point: &str, after_a_payment: bool) -> Crashed {
         let database = TestDatabase::create().await;
         let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
         let (account, api_key) = payments::accounts::create(&mut conn, "crash").await.unwrap();
@@ -62,13 +71,17 @@ impl Crashed {
             http: reqwest::Client::new(),
             path: "/v1/payments",
             body: payment_body(),
+            charged_before: 0,
         };
-        if path == "/v1/refunds" {
+        if path == "/v1/refunds" || after_a_payment {
             let paid = crashed.post(&doomed.url, None).await.unwrap();
             let payment: Value = paid.json().await.unwrap();
-            crashed.path = path;
             crashed.key = new_key();
-            crashed.body = json!({ "payment": payment["id"], "amount": 400 });
+            crashed.charged_before = 1;
+            if path == "/v1/refunds" {
+                crashed.path = path;
+                crashed.body = json!({ "payment": payment["id"], "amount": 400 });
+            }
         }
         let answer = crashed.post(&doomed.url, Some(point)).await;
         assert!(answer.is_err(), "the connection dies with the process");
@@ -131,7 +144,7 @@ impl Crashed {
             assert_eq!(answer["status"], "succeeded");
             return;
         }
-        assert_eq!(control.stats().await.charges, 1, "exactly one charge across the crash");
+        assert_eq!(control.stats().await.charges, 1 + self.charged_before, "exactly one charge across the crash");
         let charges = control.charges_for(&downstream).await;
         assert_eq!(charges.len(), 1);
         assert_eq!(answer["gateway_charge_id"], charges[0]["id"]);
@@ -213,21 +226,36 @@ async fn a_crash_after_charge_created_is_finished_by_the_completer_without_a_ret
 }
 
 #[tokio::test]
+async fn a_crash_after_started_with_the_claim_is_recovered_by_the_retry_with_one_charge() {
+    recovered_by_the_retry(Crashed::at_after_a_payment("after_started").await).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_the_charge_of_a_payment_started_with_its_claim_is_recovered_by_the_retry() {
+    recovered_by_the_retry(Crashed::at_after_a_payment("after_charge").await).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_started_with_the_claim_is_finished_by_the_completer_without_a_retry() {
+    completed(Crashed::at_after_a_payment("after_started").await, "after_started").await;
+}
+
+#[tokio::test]
 async fn a_refund_crashed_after_started_is_recovered_by_the_retry_with_one_refund() {
-    recovered_by_the_retry(Crashed::of("/v1/refunds", "after_started").await).await;
+    recovered_by_the_retry(Crashed::of("/v1/refunds", "after_started", true).await).await;
 }
 
 #[tokio::test]
 async fn a_refund_crashed_after_the_gateway_refunded_is_recovered_by_the_retry_with_one_refund() {
-    recovered_by_the_retry(Crashed::of("/v1/refunds", "after_refund").await).await;
+    recovered_by_the_retry(Crashed::of("/v1/refunds", "after_refund", true).await).await;
 }
 
 #[tokio::test]
 async fn a_refund_crashed_after_refund_created_is_finished_by_the_completer() {
-    completed(Crashed::of("/v1/refunds", "after_refund_created").await, "after_refund_created").await;
+    completed(Crashed::of("/v1/refunds", "after_refund_created", true).await, "after_refund_created").await;
 }
 
 #[tokio::test]
 async fn a_refund_crashed_after_the_gateway_refunded_is_finished_by_the_completer() {
-    completed(Crashed::of("/v1/refunds", "after_refund").await, "after_refund").await;
+    completed(Crashed::of("/v1/refunds", "after_refund", true).await, "after_refund").await;
 }

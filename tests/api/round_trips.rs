@@ -1,17 +1,27 @@
-//! What a payment costs the database: the claim and the three phases, one statement each, each
-//! prepared once per connection; and a replay that costs nothing, answered from memory.
+//! What a payment and a refund cost the database: the claim with `started`, then two phases, one
+//! statement each, each prepared once per connection; and a replay that costs nothing, answered
+//! from memory.
 
+use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::helpers::{TestApp, new_key, payment_body, record_statements, statements};
 
-/// The claim, then three phases, each one statement: its writes and the fenced key update.
-const STATEMENTS_PER_PAYMENT: usize = 1 + 3;
+/// The claim with `started` in its statement, then `charge_created` and `finished`: its writes and
+/// the fenced key update, one statement each.
+const STATEMENTS_PER_PAYMENT: usize = 3;
+/// The first payment of a process: the claim alone, then `started` on its own (it asks the
+/// gateway who it is, which the claim cannot wait for), then the same two.
+const STATEMENTS_PER_FIRST_PAYMENT: usize = 4;
+/// The claim with `started`, then `refund_created` and `finished`.
+const STATEMENTS_PER_REFUND: usize = 3;
+/// The claim with `started`, which finds nothing left to refund, then `finished` storing that.
+const STATEMENTS_PER_REFUSED_REFUND: usize = 2;
 /// Authentication, once per API key and process (then kept for a minute).
 const STATEMENTS_PER_AUTHENTICATION: usize = 1;
 
 #[tokio::test]
-async fn a_payment_costs_the_claim_and_three_phases_with_every_statement_kept_prepared() {
+async fn a_payment_costs_the_claim_with_started_and_two_phases_with_every_statement_kept_prepared() {
     record_statements();
     let app = TestApp::spawn().await;
     let database = app.database.name.clone();
@@ -19,13 +29,14 @@ async fn a_payment_costs_the_claim_and_three_phases_with_every_statement_kept_pr
     let key = new_key();
     app.post_payment(&key, &payment_body()).await;
     let first = statements(&database);
-    assert_eq!(first.executed.len(), STATEMENTS_PER_AUTHENTICATION + STATEMENTS_PER_PAYMENT, "{:#?}", first.executed);
+    let expected = STATEMENTS_PER_AUTHENTICATION + STATEMENTS_PER_FIRST_PAYMENT;
+    assert_eq!(first.executed.len(), expected, "{:#?}", first.executed);
 
     for _ in 0..3 {
         app.post_payment(&new_key(), &payment_body()).await;
     }
     let all = statements(&database);
-    assert_eq!(all.executed.len(), STATEMENTS_PER_AUTHENTICATION + 4 * STATEMENTS_PER_PAYMENT);
+    assert_eq!(all.executed.len(), expected + 3 * STATEMENTS_PER_PAYMENT, "{:#?}", all.executed);
 
     // Every statement ran prepared from the cache, and none was prepared twice on one connection.
     for sql in &all.executed {
@@ -35,6 +46,25 @@ async fn a_payment_costs_the_claim_and_three_phases_with_every_statement_kept_pr
     distinct.sort();
     distinct.dedup();
     assert_eq!(distinct.len(), all.prepared.len(), "the pool kept one connection, so each statement is prepared once");
+}
+
+#[tokio::test]
+async fn a_refund_costs_the_claim_with_started_and_two_phases_and_a_refusal_the_claim_and_finished() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    let database = app.database.name.clone();
+    let payment = app.paid(1000, "tok_visa").await;
+
+    let before = statements(&database).executed.len();
+    let refund = app.post_refund(&new_key(), &json!({ "payment": payment["id"], "amount": 600 })).await;
+    assert_eq!(refund.status(), StatusCode::CREATED);
+    let refunded = statements(&database).executed;
+    assert_eq!(refunded.len() - before, STATEMENTS_PER_REFUND, "{:#?}", &refunded[before..]);
+
+    let refused = app.post_refund(&new_key(), &json!({ "payment": payment["id"], "amount": 600 })).await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "more than is left");
+    let all = statements(&database).executed;
+    assert_eq!(all.len() - refunded.len(), STATEMENTS_PER_REFUSED_REFUND, "{:#?}", &all[refunded.len()..]);
 }
 
 #[tokio::test]

@@ -23,7 +23,7 @@ pub use gateway::{
     mount_no_charges_found,
 };
 pub use metrics::Scrape;
-pub use plans::{plan_nodes, sql_of};
+pub use plans::{explain, plan_nodes, sql_of};
 pub use process::Process;
 pub use seed::{KeyRowId, Lock, audited_phase};
 pub use statements::{record_statements, statements};

@@ -26,13 +26,19 @@ struct Explained {
 /// Every node of the plan of `statement` (anything `EXPLAIN` takes: a query, `EXECUTE name(..)`),
 /// subplans and init plans included.
 pub async fn plan_nodes(conn: &mut AsyncPgConnection, statement: &str) -> Vec<PlanNode> {
-    let explained: Explained = diesel::sql_query(format!("EXPLAIN (FORMAT JSON) {statement}"))
+    let mut nodes = Vec::new();
+    collect(&explain(conn, "FORMAT JSON", statement).await, &mut nodes);
+    nodes
+}
+
+/// The plan of `statement` as `EXPLAIN (options)` gives it in JSON (options must include
+/// `FORMAT JSON`): its top node, whose `Plans` hold the rest.
+pub async fn explain(conn: &mut AsyncPgConnection, options: &str, statement: &str) -> Value {
+    let explained: Explained = diesel::sql_query(format!("EXPLAIN ({options}) {statement}"))
         .get_result(conn)
         .await
         .unwrap_or_else(|e| panic!("EXPLAIN {statement}: {e}"));
-    let mut nodes = Vec::new();
-    collect(&explained.plan[0]["Plan"], &mut nodes);
-    nodes
+    explained.plan[0]["Plan"].clone()
 }
 
 fn collect(plan: &Value, nodes: &mut Vec<PlanNode>) {

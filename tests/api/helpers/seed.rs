@@ -17,23 +17,30 @@ use super::TestApp;
 /// returning its id), the further CTEs `more` (each after a comma), and the key row's id as its
 /// result, selected `FROM fence` and the further `from` items (such as `, x`).
 pub fn audited_phase(more: &str, from: &str) -> TestWrites {
-    TestWrites(diesel::sql_query(format!(
-        "audited AS (INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data) \
-         SELECT account_id, 'payment.charge_recorded', 'payment', id, 'api', '{{}}' FROM fence RETURNING id){more} \
-         SELECT fence.id FROM fence{from}"
-    )))
-}
-
-/// A phase's writes as SQL text, for [`payments::idempotency::atomic_phase`].
-pub struct TestWrites(diesel::query_builder::SqlQuery);
-
-impl diesel::query_builder::QueryFragment<diesel::pg::Pg> for TestWrites {
-    fn walk_ast<'b>(&'b self, pass: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
-        self.0.walk_ast(pass)
+    TestWrites {
+        writes: diesel::sql_query(format!(
+            "audited AS (INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data) \
+             SELECT account_id, 'payment.charge_recorded', 'payment', id, 'api', '{{}}' FROM fence RETURNING id){more}"
+        )),
+        result: diesel::sql_query(format!("SELECT fence.id FROM fence{from}")),
     }
 }
 
-impl payments::idempotency::PhaseWrites for TestWrites {}
+/// A phase's writes and result as SQL text, for [`payments::idempotency::atomic_phase`].
+pub struct TestWrites {
+    writes: diesel::query_builder::SqlQuery,
+    result: diesel::query_builder::SqlQuery,
+}
+
+impl payments::idempotency::PhaseWrites for TestWrites {
+    fn walk_writes<'b>(&'b self, pass: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        diesel::query_builder::QueryFragment::walk_ast(&self.writes, pass)
+    }
+
+    fn walk_result<'b>(&'b self, pass: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
+        diesel::query_builder::QueryFragment::walk_ast(&self.result, pass)
+    }
+}
 
 /// The result of [`audited_phase`].
 #[derive(Debug, diesel::QueryableByName)]
@@ -75,10 +82,12 @@ impl KeyRequest {
         }
     }
 
-    /// Claims the key (which must be free to take) with a 60-second lock timeout.
+    /// Claims the key (which must be free to take) with a 60-second lock timeout, alone (no
+    /// first phase with it).
     pub async fn claim(&self, app: &TestApp) -> KeyLock {
-        match claim(&mut app.db().await, &self.new_key(), std::time::Duration::from_secs(60)).await.unwrap() {
-            Claim::Acquired(lock) => lock,
+        let lease = std::time::Duration::from_secs(60);
+        match claim::<TestWrites, KeyRowId>(&mut app.db().await, &self.new_key(), lease, None).await.unwrap() {
+            Claim::Acquired { lock, .. } => lock,
             other => panic!("the key was not acquired: {other:?}"),
         }
     }

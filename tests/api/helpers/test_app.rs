@@ -359,6 +359,17 @@ impl TestApp {
         AsyncPgConnection::establish(&self.database.url).await.expect("connecting to the test database")
     }
 
+    /// The service's own connections that are idle now, each checked out once: what the
+    /// service's statements were prepared on.
+    pub async fn idle_service_connections(&self) -> Vec<payments::db::PooledConnection> {
+        let idle = self.state.db.state().idle_connections;
+        let mut connections = Vec::new();
+        for _ in 0..idle {
+            connections.push(payments::db::connect(&self.state.db).await.expect("an idle connection"));
+        }
+        connections
+    }
+
     /// The key row of `key` in this app's account, if any.
     pub async fn key_row(&self, key: &str) -> Option<KeyRow> {
         idempotency_keys::table

@@ -1,0 +1,317 @@
+//! The claim: how a request takes its key, in one statement (see [`claim`]).
+
+use std::time::Duration;
+
+use diesel::pg::Pg;
+use diesel::prelude::*;
+use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
+use diesel::row::NamedRow;
+use diesel::sql_types::{BigInt, Bool, Bytea, Jsonb, Nullable, SmallInt, Text, Untyped, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use super::RecoveryPoint;
+use super::clock::{Deadline, since_boot};
+use super::phase::{MAX_ATTEMPTS, PhaseWrites};
+use super::store::{KeyLock, Lease, NewKey, StoredResponse, millis};
+use crate::db::{self, StoreError};
+
+/// What the claim found, in the order the protocol checks it; `S`, what the key's first phase
+/// returns when it ran with the claim.
+#[derive(Debug)]
+pub enum Claim<S> {
+    /// The key was used with another request body, method or path (422).
+    Mismatch,
+    /// The key's request finished: replay its stored response. `expires` is when the key expires,
+    /// on this process's clock, so that the answer is kept in memory no longer; none for a key
+    /// finished before expiries were recorded, which no process keeps in memory.
+    Replay { response: StoredResponse, expires: Option<Deadline> },
+    /// Another request holds the key and its lock is not stale (409).
+    InFlight,
+    /// We hold the key: a new one, an unlocked one, or one whose lease ran out. `started` is what
+    /// the key's first phase returned if it ran with the claim (a new key's, when it was given).
+    Acquired { lock: KeyLock, started: Option<S> },
+    /// The key expired (its record past its recorded expiry, or already reaped), but what its
+    /// request made on this endpoint remains (`id`: a payment, a refund): whatever the body, the
+    /// request is a late retry and must not do it again. (Made on another endpoint, it is a
+    /// [`Claim::Mismatch`].)
+    Expired { id: Uuid },
+}
+
+/// Claims `new.key` in one statement, which is race-free without any check-then-insert:
+/// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
+///   its recorded expiry has come, by the database's clock;
+/// - `expired` looks, only when there is no row or an expired one, for what the key made (the view
+///   `made_by_keys`: a probe of each endpoint's table by its unique client key). An expired key is
+///   answered as one since reaped would be, whoever reads it and whatever its own retention: no
+///   process replays a key past its expiry, from the database or from memory. (An expired key that
+///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
+/// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
+///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
+///   statement again, which then sees that request's row;
+/// - `taken` locks an existing row for us if it is the same request, unfinished, and unlocked or
+///   its lease over. Its conditions are re-checked on the row's latest version under the row
+///   lock, so of two requests racing for an expired lease exactly one takes it;
+/// - a replay never writes: a finished key skips `taken` altogether. It comes with how long the
+///   key has left before it expires, by the database's clock, which is as long as a process may
+///   keep the answer in memory;
+/// - `key_audited` records a claim that took the key: `claimed` (new), `resumed` (unlocked: its
+///   last request stopped short and let go) or `taken_over` (its lease had run out: its driver
+///   died).
+///
+/// With `first`, the key's first phase (see [`super::Phases::first_phase`]) runs in the same
+/// statement when the claim creates the key: its writes follow a `fence` that is the row
+/// `inserted` made (after the claim's audit record, so the trail reads in order), so the key row,
+/// what the phase writes and the records of both commit together, in one round trip, or not at
+/// all. Its result comes back with the claim ([`Claim::Acquired`]'s `started`). For a key that
+/// exists, `fence` is empty and the phase writes nothing: a resumed key runs it on its own after
+/// the claim. The phase's CTEs and result columns must not reuse the claim's names (`existing`,
+/// `expired`, `inserted`, `taken`, `key_audited`, `claimed`, `fence`; columns `claim_*`).
+///
+/// Every CTE names the account as a parameter (`account_id = $n`, never from a join), so that a
+/// database distributed by account finds each of them on one shard (see README, Spread by
+/// account on Citus).
+///
+/// `lease` is how long our lock lasts unless renewed: this process's lock timeout.
+pub async fn claim<W, S>(
+    conn: &mut AsyncPgConnection,
+    new: &NewKey<'_>,
+    lease: Duration,
+    first: Option<&W>,
+) -> Result<Claim<S>, StoreError>
+where
+    W: PhaseWrites,
+    S: QueryableByName<Pg> + Send + 'static,
+{
+    let token = Uuid::new_v4();
+    let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease), first };
+    // One retry covers the one race (both inserting a new key), and a deadlock of the first
+    // phase's row locks; one more is a safety margin. (An expired key without its payment would
+    // also return nothing, but the finishing phase requires the payment, and payments are never
+    // deleted.)
+    let mut attempt = 1;
+    loop {
+        let sent = since_boot();
+        match db::query(async { query.get_result::<Claimed<S>>(conn).await.optional() }).await {
+            Ok(Some(claimed)) => return Ok(claimed.into_claim(new.account_id, token, lease, sent)),
+            Ok(None) if attempt < MAX_ATTEMPTS => {}
+            Ok(None) => {
+                return Err(StoreError::Unavailable("the key claim kept racing with concurrent inserts".into()));
+            }
+            Err(StoreError::Conflict(error)) if attempt < MAX_ATTEMPTS => {
+                tracing::warn!(%error, attempt, "claim conflicted with a concurrent transaction; running it again");
+            }
+            Err(error) => return Err(error),
+        }
+        attempt += 1;
+    }
+}
+
+/// The columns the claim returns: enough to classify, never the stored params.
+#[derive(QueryableByName)]
+struct ClaimRow {
+    #[diesel(sql_type = Bool, column_name = claim_acquired)]
+    acquired: bool,
+    /// Claimed by inserting it: no earlier run can have reached the gateway.
+    #[diesel(sql_type = Bool, column_name = claim_fresh)]
+    fresh: bool,
+    #[diesel(sql_type = SqlUuid, column_name = claim_key_id)]
+    id: Uuid,
+    #[diesel(sql_type = Bool, column_name = claim_same_request)]
+    same_request: bool,
+    #[diesel(sql_type = Text, column_name = claim_recovery_point)]
+    recovery_point: RecoveryPoint,
+    #[diesel(sql_type = Nullable<SmallInt>, column_name = claim_response_status)]
+    response_status: Option<i16>,
+    #[diesel(sql_type = Nullable<Bytea>, column_name = claim_response_body)]
+    response_body: Option<Vec<u8>>,
+    /// Set when the key's row is gone but what it made on this endpoint remains.
+    #[diesel(sql_type = Nullable<SqlUuid>, column_name = claim_made_id)]
+    made_id: Option<Uuid>,
+    /// How long a finished key has left before it expires, by the database's clock; none if no
+    /// expiry was recorded.
+    #[diesel(sql_type = Nullable<BigInt>, column_name = claim_expires_in_ms)]
+    expires_in_ms: Option<i64>,
+    /// Whether the first phase ran with the claim, and its result's columns follow.
+    #[diesel(sql_type = Nullable<Bool>, column_name = claim_started)]
+    started: Option<bool>,
+}
+
+/// The claim's row, and the result of the first phase if it ran with it.
+struct Claimed<S> {
+    row: ClaimRow,
+    started: Option<S>,
+}
+
+impl<S: QueryableByName<Pg>> QueryableByName<Pg> for Claimed<S> {
+    fn build<'a>(row: &impl NamedRow<'a, Pg>) -> diesel::deserialize::Result<Self> {
+        let claim = ClaimRow::build(row)?;
+        let started = match claim.started {
+            Some(true) => Some(S::build(row)?),
+            _ => None,
+        };
+        Ok(Claimed { row: claim, started })
+    }
+}
+
+impl<S> Claimed<S> {
+    /// What the claim found, in the order the protocol checks it. `sent`: when the statement was
+    /// sent, on [`since_boot`].
+    fn into_claim(self, account_id: Uuid, token: Uuid, length: Duration, sent: Duration) -> Claim<S> {
+        let Claimed { row, started } = self;
+        match row {
+            ClaimRow { made_id: Some(id), .. } => Claim::Expired { id },
+            ClaimRow { acquired: true, id, recovery_point, fresh, .. } => {
+                let lease = Lease { token, length, sent };
+                Claim::Acquired { lock: KeyLock::new(account_id, id, recovery_point, !fresh, lease), started }
+            }
+            ClaimRow { same_request: false, .. } => Claim::Mismatch,
+            ClaimRow { response_status: Some(status), response_body: Some(body), expires_in_ms, .. } => {
+                let left = |ms: i64| Duration::from_millis(ms.try_into().unwrap_or(0));
+                // Counted from before the claim was sent: it ends no later than the key does.
+                let expires = expires_in_ms.map(|ms| Deadline::counted_from(sent, left(ms)));
+                Claim::Replay { response: StoredResponse { status: status as u16, body }, expires }
+            }
+            ClaimRow { .. } => Claim::InFlight,
+        }
+    }
+}
+
+/// The claim statement (see [`claim`]), kept prepared on each connection by its SQL text: one
+/// text per endpoint's first phase, and one without.
+struct ClaimQuery<'a, W> {
+    new: &'a NewKey<'a>,
+    key_id: Uuid,
+    token: Uuid,
+    lease_ms: i64,
+    first: Option<&'a W>,
+}
+
+// Run as often as the claim is, so copied: all it holds are references and ids.
+impl<W> Clone for ClaimQuery<'_, W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W> Copy for ClaimQuery<'_, W> {}
+
+/// The claim's CTEs. Each `{name}` is a parameter (see [`ClaimQuery::walk_parameter`]); the text
+/// has no other braces.
+const CLAIM_SQL: &str = "
+existing AS (
+    SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k
+    WHERE k.account_id = {account} AND k.idempotency_key = {key}
+), expired AS (
+    SELECT m.id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
+    FROM made_by_keys m
+    WHERE m.account_id = {account} AND m.idempotency_key = {key}
+      AND (NOT EXISTS (SELECT FROM existing) OR EXISTS (SELECT FROM existing WHERE expired))
+), inserted AS (
+    INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
+                                  request_fingerprint, request_params, locked_until, lock_token)
+    SELECT {key_id}, {account}, {key}, {method}, {path}, {fingerprint}, {params},
+           now() + {lease_ms} * interval '1 millisecond', {token}
+    WHERE NOT EXISTS (SELECT FROM existing) AND NOT EXISTS (SELECT FROM expired)
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    RETURNING account_id, id, recovery_point
+), taken AS (
+    UPDATE idempotency_keys k
+    SET locked_until = now() + {lease_ms} * interval '1 millisecond', lock_token = {token}, last_run_at = now()
+    WHERE k.account_id = {account} AND k.idempotency_key = {key}
+      AND EXISTS (SELECT FROM existing WHERE recovery_point <> 'finished')
+      AND k.request_fingerprint = {fingerprint} AND k.request_method = {method} AND k.request_path = {path}
+      AND k.recovery_point <> 'finished'
+      AND (k.locked_until IS NULL OR k.locked_until < now())
+    RETURNING k.id, k.recovery_point
+), key_audited AS (
+    INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+    SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, 'api', jsonb_build_object(), {request_id}
+    FROM inserted n
+    UNION ALL
+    SELECT {account},
+           CASE WHEN e.locked_until IS NULL THEN 'idempotency_key.resumed' ELSE 'idempotency_key.taken_over' END,
+           'idempotency_key', t.id, 'api', jsonb_build_object('recovery_point', t.recovery_point), {request_id}
+    FROM taken t, existing e
+    RETURNING id
+), claimed (claim_acquired, claim_fresh, claim_key_id, claim_same_request, claim_recovery_point,
+            claim_response_status, claim_response_body, claim_made_id, claim_expires_in_ms) AS (
+    SELECT true, true, id, true, recovery_point, NULL::smallint, NULL::bytea, NULL::uuid, NULL::bigint
+    FROM inserted
+    UNION ALL
+    SELECT true, false, id, true, recovery_point, NULL, NULL, NULL, NULL
+    FROM taken
+    UNION ALL
+    SELECT false, false, e.id,
+           e.request_fingerprint = {fingerprint} AND e.request_method = {method} AND e.request_path = {path},
+           e.recovery_point, e.response_status, e.response_body, NULL,
+           (extract(epoch FROM e.expires_at - now()) * 1000)::bigint
+    FROM existing e
+    WHERE NOT EXISTS (SELECT FROM taken) AND NOT (e.expired AND EXISTS (SELECT FROM expired))
+    UNION ALL
+    SELECT false, false, x.id, x.same_endpoint, 'finished', NULL, NULL, CASE WHEN x.same_endpoint THEN x.id END, NULL
+    FROM expired x
+)";
+
+impl<W> ClaimQuery<'_, W> {
+    /// Walks `template`, binding each `{name}` in it.
+    fn walk_template<'b>(&'b self, template: &'static str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        let mut rest = template;
+        while let Some((before, after)) = rest.split_once('{') {
+            let (name, after) = after
+                .split_once('}')
+                .ok_or_else(|| diesel::result::Error::QueryBuilderError("an unclosed `{` in the claim".into()))?;
+            out.push_sql(before);
+            self.walk_parameter(name, out.reborrow())?;
+            rest = after;
+        }
+        out.push_sql(rest);
+        Ok(())
+    }
+
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        let new = self.new;
+        match name {
+            "account" => out.push_bind_param::<SqlUuid, _>(&new.account_id),
+            "key" => out.push_bind_param::<Text, _>(new.key.as_str()),
+            "key_id" => out.push_bind_param::<SqlUuid, _>(&self.key_id),
+            "method" => out.push_bind_param::<Text, _>(new.endpoint.method),
+            "path" => out.push_bind_param::<Text, _>(new.endpoint.path),
+            "fingerprint" => out.push_bind_param::<Bytea, _>(new.fingerprint.as_bytes()),
+            "params" => out.push_bind_param::<Jsonb, _>(new.params),
+            "token" => out.push_bind_param::<SqlUuid, _>(&self.token),
+            "lease_ms" => out.push_bind_param::<BigInt, _>(&self.lease_ms),
+            "request_id" => out.push_bind_param::<Text, _>(new.request_id.as_str()),
+            other => Err(diesel::result::Error::QueryBuilderError(format!("no claim parameter `{other}`").into())),
+        }
+    }
+}
+
+impl<W: PhaseWrites> QueryFragment<Pg> for ClaimQuery<'_, W> {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("WITH ");
+        self.walk_template(CLAIM_SQL, out.reborrow())?;
+        let Some(first) = self.first else {
+            out.push_sql(" SELECT *, NULL::boolean AS claim_started FROM claimed");
+            return Ok(());
+        };
+        // The first phase's fence: the row `inserted` made, once the claim's record is written.
+        out.push_sql(", fence AS (SELECT account_id, id FROM inserted WHERE EXISTS (SELECT FROM key_audited)");
+        first.walk_requirement(out.reborrow())?;
+        out.push_sql("), ");
+        first.walk_writes(out.reborrow())?;
+        out.push_sql(" SELECT c.*, f.* FROM claimed c LEFT JOIN (SELECT true AS claim_started, r.* FROM (");
+        first.walk_result(out.reborrow())?;
+        out.push_sql(") r) f ON c.claim_fresh");
+        Ok(())
+    }
+}
+
+impl<W> QueryId for ClaimQuery<'_, W> {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl<W> Query for ClaimQuery<'_, W> {
+    type SqlType = Untyped;
+}

@@ -1,0 +1,136 @@
+//! Every statement of a payment's and a refund's requests finds the rows of each distributed table
+//! by the account, given as a parameter: what Citus needs to send it (each step of it, for a
+//! statement with `INSERT` CTEs) to the account's shard alone. Read off PostgreSQL's generic plan of
+//! each statement the service ran, where a parameter shows as `$n`: every scan of a table
+//! distributed by `account_id` must carry `account_id = $n`, not a value joined from elsewhere.
+
+use std::collections::{BTreeMap, HashMap};
+
+use diesel::QueryableByName;
+use diesel::sql_types::{Array, BigInt, Text};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use regex::Regex;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{TestApp, explain, new_key, payment_body, record_statements, sql_of, statements};
+
+/// The tables a Citus deployment distributes by `account_id` (see README, Spread by account on
+/// Citus); `accounts` is a reference table.
+const DISTRIBUTED: [&str; 7] =
+    ["idempotency_keys", "payments", "refunds", "audit_records", "staged_jobs", "key_request_counts", "gateway_events"];
+
+#[tokio::test]
+async fn every_statement_of_a_payment_and_a_refund_finds_its_rows_by_the_account_as_a_parameter() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    // Every path: a process's first payment (the claim alone, then `started`), a later one (with
+    // `started` in the claim), one the gateway left unknown and its retry (released, resumed), a
+    // refund, a refused one, a reused key, and the look-ups.
+    let payment = app.paid(1000, "tok_visa").await;
+    app.paid(1000, "tok_visa").await;
+    app.gateway.fault("error_before", 1).await;
+    let key = new_key();
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+    let refund = json!({ "payment": payment["id"], "amount": 600 });
+    assert_eq!(app.post_refund(&new_key(), &refund).await.status(), StatusCode::CREATED);
+    assert_eq!(app.post_refund(&new_key(), &refund).await.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(app.post_refund(&key, &refund).await.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let id = payment["id"].as_str().unwrap();
+    for path in [format!("/v1/payments/{id}"), "/v1/payments".into(), format!("/v1/refunds?payment={id}")] {
+        assert_eq!(app.get(&path).await.status(), StatusCode::OK, "{path}");
+    }
+    assert_eq!(app.key_story(&key).await.status(), StatusCode::OK);
+
+    let types = parameter_types(&app).await;
+    let mut ran: Vec<String> =
+        statements(&app.database.name).executed.iter().map(|sql| sql_of(sql).to_owned()).collect();
+    ran.retain(|sql| DISTRIBUTED.iter().any(|table| sql.contains(table)));
+    ran.sort();
+    ran.dedup();
+    let account = Regex::new(r"\baccount_id = \$\d+\b").unwrap();
+    let mut conn = app.db().await;
+    diesel::sql_query("SET plan_cache_mode = force_generic_plan").execute(&mut conn).await.unwrap();
+    let mut checked = BTreeMap::new();
+    for sql in ran {
+        let plan = generic_plan(&mut conn, &sql, types.get(&sql)).await;
+        let mut unrouted = Vec::new();
+        scans_without_the_account(&plan, &account, &mut unrouted);
+        checked.insert(sql, unrouted);
+    }
+
+    let ran = |part: &str| checked.keys().filter(|sql| sql.contains(part)).count();
+    assert!(ran("INSERT INTO payments") >= 2, "the claim with `started`, and `started` alone: {checked:#?}");
+    assert!(ran("INSERT INTO refunds") >= 1 && ran("UPDATE payments") >= 3, "{checked:#?}");
+    assert!(ran("idempotency_key.released") == 1, "{checked:#?}");
+    let unrouted: Vec<_> = checked.iter().filter(|(_, scans)| !scans.is_empty()).collect();
+    assert!(unrouted.is_empty(), "scans of distributed tables without `account_id = $n`: {unrouted:#?}");
+}
+
+#[derive(QueryableByName)]
+struct Prepared {
+    #[diesel(sql_type = Text)]
+    statement: String,
+    #[diesel(sql_type = Array<Text>)]
+    types: Vec<String>,
+}
+
+/// The parameters' types of each statement the service keeps prepared, by its SQL text (what it
+/// runs with `sql_query` is not kept, and PostgreSQL infers its types).
+async fn parameter_types(app: &TestApp) -> HashMap<String, Vec<String>> {
+    let mut types = HashMap::new();
+    for mut conn in app.idle_service_connections().await {
+        let prepared: Vec<Prepared> =
+            diesel::sql_query("SELECT statement, parameter_types::text[] AS types FROM pg_prepared_statements")
+                .load(&mut *conn)
+                .await
+                .unwrap();
+        types.extend(prepared.into_iter().map(|Prepared { statement, types }| (statement, types)));
+    }
+    types
+}
+
+#[derive(QueryableByName)]
+struct Parameters {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
+}
+
+/// The generic plan of `sql` (`plan_cache_mode` is `force_generic_plan` on `conn`), prepared with
+/// `types` if given.
+async fn generic_plan(conn: &mut AsyncPgConnection, sql: &str, types: Option<&Vec<String>>) -> Value {
+    let prepare = match types {
+        Some(types) if !types.is_empty() => format!("PREPARE routed ({}) AS {sql}", types.join(", ")),
+        _ => format!("PREPARE routed AS {sql}"),
+    };
+    diesel::sql_query(&prepare).execute(conn).await.unwrap_or_else(|e| panic!("{prepare}: {e}"));
+    let count =
+        "SELECT cardinality(parameter_types)::bigint AS count FROM pg_prepared_statements WHERE name = 'routed'";
+    let Parameters { count } = diesel::sql_query(count).get_result(conn).await.unwrap();
+    let execute = match count {
+        0 => "EXECUTE routed".to_owned(),
+        _ => format!("EXECUTE routed({})", vec!["NULL"; count as usize].join(", ")),
+    };
+    let plan = explain(conn, "VERBOSE, FORMAT JSON", &execute).await;
+    diesel::sql_query("DEALLOCATE routed").execute(conn).await.unwrap();
+    plan
+}
+
+/// Each scan in `plan` of a distributed table whose conditions do not name the account as a
+/// parameter, with its conditions.
+fn scans_without_the_account(plan: &Value, account: &Regex, unrouted: &mut Vec<String>) {
+    let table = plan["Relation Name"].as_str().filter(|table| DISTRIBUTED.contains(table));
+    let node = plan["Node Type"].as_str().unwrap_or("?");
+    // A `ModifyTable`'s rows come from the scans below it (an `INSERT`'s from its `SELECT`).
+    if let (Some(table), false) = (table, node == "ModifyTable") {
+        let conditions: Vec<&str> =
+            ["Index Cond", "Recheck Cond", "Filter", "TID Cond"].iter().filter_map(|c| plan[c].as_str()).collect();
+        if !conditions.iter().any(|condition| account.is_match(condition)) {
+            unrouted.push(format!("{node} on {table}: {conditions:?}"));
+        }
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        scans_without_the_account(child, account, unrouted);
+    }
+}
