@@ -104,6 +104,37 @@ pub trait Phases: Send {
     /// phase, and at most one foreign side effect, committed through [`Run::phase`]. The driver
     /// calls it again until a phase finishes the key.
     fn advance(&mut self, run: &mut Run<'_>) -> impl Future<Output = Result<(), DriveError>> + Send;
+
+    /// The answer to `new`, a late retry whose key's record was reaped after its retention while
+    /// what its request made (`made`) remains: it names that, and does nothing again.
+    fn expired_answer(
+        &mut self,
+        new: &NewKey<'_>,
+        made: Uuid,
+    ) -> impl Future<Output = Result<StoredResponse, DriveError>> + Send;
+}
+
+/// What became of a request under its key.
+#[derive(Debug)]
+pub struct Reply {
+    pub response: StoredResponse,
+    /// True when the response is the stored answer to an earlier request with the same key.
+    pub replayed: bool,
+}
+
+/// A request from start to end, whatever its endpoint: taken in under its key, then replayed,
+/// answered for its expired key, or driven through `phases` until a phase finishes the key.
+pub async fn answer<P: Phases>(ctx: Context<'_>, new: &NewKey<'_>, mut phases: P) -> Result<Reply, DriveError> {
+    let run = match take_in(ctx, new, &mut phases).await? {
+        TakenIn::Replayed(response) => return Ok(Reply { response, replayed: true }),
+        TakenIn::Expired { id } => {
+            let response = phases.expired_answer(new, id).await?;
+            return Ok(Reply { response, replayed: false });
+        }
+        TakenIn::Acquired(run) => run,
+    };
+    let response = run.drive(phases, Some(new)).await?;
+    Ok(Reply { response, replayed: false })
 }
 
 /// How a request was taken in under its key.

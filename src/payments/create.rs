@@ -47,8 +47,8 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Run,
-    StoredResponse, TakenIn, Transition, take_in,
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
+    Run, StoredResponse, Transition, answer,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
@@ -57,14 +57,6 @@ use crate::state::AppState;
 
 /// The endpoint: a payment key is bound to it (used on another, it is a mismatch).
 pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/payments", label: KeyEndpoint::Payments };
-
-/// The answer to a create request.
-#[derive(Debug)]
-pub struct Created {
-    pub response: StoredResponse,
-    /// True when the response is the stored answer to an earlier request with the same key.
-    pub replayed: bool,
-}
 
 /// Creates a payment, or answers for the one this key already made. `request_id` names the HTTP
 /// request in the audit records it writes and in the problem it may store.
@@ -76,7 +68,7 @@ pub async fn create_payment(
     request: PaymentRequest,
     fault: Option<Fault>,
     request_id: &RequestId,
-) -> Result<Created, DriveError> {
+) -> Result<Reply, DriveError> {
     let params = request.to_params();
     let new = NewKey {
         account_id,
@@ -86,19 +78,7 @@ pub async fn create_payment(
         params: &params,
         request_id,
     };
-    let mut phases = PaymentPhases::new(state, request, fault);
-    let run = match take_in(state.keys(), &new, &mut phases).await? {
-        TakenIn::Replayed(response) => return Ok(Created { response, replayed: true }),
-        TakenIn::Expired { id } => {
-            let mut conn = db::connect(&state.db).await?;
-            let payment = db::query(Payment::find(&mut conn, account_id, id)).await?;
-            let payment = payment.ok_or_else(|| DriveError::inconsistent(format!("payment {id} vanished")))?;
-            return Ok(Created { response: expired_key_response(&payment, request_id), replayed: false });
-        }
-        TakenIn::Acquired(run) => run,
-    };
-    let response = run.drive(phases, Some(&new)).await?;
-    Ok(Created { response, replayed: false })
+    answer(state.keys(), &new, PaymentPhases::new(state, request, fault)).await
 }
 
 /// Finishes a request that a worker took over from its vanished client: the same phases, from
@@ -188,6 +168,13 @@ impl Phases for PaymentPhases<'_> {
             }
             point => Err(DriveError::inconsistent(format!("a payment's key at {point}"))),
         }
+    }
+
+    async fn expired_answer(&mut self, new: &NewKey<'_>, made: Uuid) -> Result<StoredResponse, DriveError> {
+        let mut conn = db::connect(&self.state.db).await?;
+        let payment = db::query(Payment::find(&mut conn, new.account_id, made)).await?;
+        let payment = payment.ok_or_else(|| DriveError::inconsistent(format!("payment {made} vanished")))?;
+        Ok(expired_key_response(&payment, new.request_id))
     }
 }
 

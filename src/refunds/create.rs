@@ -38,12 +38,11 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Run,
-    StoredResponse, TakenIn, Transition, take_in,
+    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
+    Run, StoredResponse, Transition, answer,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
-use crate::payments::Created;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
@@ -65,7 +64,7 @@ pub async fn create_refund(
     request: RefundRequest,
     fault: Option<Fault>,
     request_id: &RequestId,
-) -> Result<Created, DriveError> {
+) -> Result<Reply, DriveError> {
     let params = request.to_params();
     let new = NewKey {
         account_id,
@@ -75,19 +74,7 @@ pub async fn create_refund(
         params: &params,
         request_id,
     };
-    let mut phases = RefundPhases::new(state, request, fault);
-    let run = match take_in(state.keys(), &new, &mut phases).await? {
-        TakenIn::Replayed(response) => return Ok(Created { response, replayed: true }),
-        TakenIn::Expired { id } => {
-            let mut conn = db::connect(&state.db).await?;
-            let refund = db::query(Refund::find(&mut conn, account_id, id)).await?;
-            let refund = refund.ok_or_else(|| DriveError::inconsistent(format!("refund {id} vanished")))?;
-            return Ok(Created { response: expired_key_response(&refund, request_id), replayed: false });
-        }
-        TakenIn::Acquired(run) => run,
-    };
-    let response = run.drive(phases, Some(&new)).await?;
-    Ok(Created { response, replayed: false })
+    answer(state.keys(), &new, RefundPhases::new(state, request, fault)).await
 }
 
 /// Finishes a refund request that a worker took over from its vanished client.
@@ -166,6 +153,13 @@ impl Phases for RefundPhases<'_> {
             }
             point => Err(DriveError::inconsistent(format!("a refund's key at {point}"))),
         }
+    }
+
+    async fn expired_answer(&mut self, new: &NewKey<'_>, made: Uuid) -> Result<StoredResponse, DriveError> {
+        let mut conn = db::connect(&self.state.db).await?;
+        let refund = db::query(Refund::find(&mut conn, new.account_id, made)).await?;
+        let refund = refund.ok_or_else(|| DriveError::inconsistent(format!("refund {made} vanished")))?;
+        Ok(expired_key_response(&refund, new.request_id))
     }
 }
 
