@@ -36,5 +36,6 @@ mod request_id;
 mod resumption;
 mod round_trips;
 mod schema;
+mod statistics;
 mod validation;
 mod walkthrough;
