@@ -63,6 +63,12 @@ impl LeasedEvent {
 /// sees them until the lease runs out (and then they are due again, as if their delivery had
 /// failed).
 ///
+/// The lease is its own column, `leased_until`, which no index covers: taking it changes no
+/// indexed column, so it is a HOT update (a new row version on the same page, no index entry),
+/// where moving `run_at` would write an entry in each of the outbox's three indexes. An event
+/// stays where it was in the due index while leased; the walk passes over those leased by other
+/// workers, at most a batch each.
+///
 /// The lease walks the due index in order, and stops at its `batch`th event: the plan is fixed,
 /// not left to the planner. A queue's statistics are out of date by nature (mostly they say the
 /// table is empty, as it was when last analyzed), and with them the planner reads every due
@@ -84,13 +90,13 @@ pub async fn lease_due_events(
     let take = diesel::sql_query(
         "WITH due AS MATERIALIZED (
              SELECT account_id, id FROM staged_jobs
-             WHERE dead_at IS NULL AND run_at <= now()
+             WHERE dead_at IS NULL AND run_at <= now() AND (leased_until IS NULL OR leased_until <= now())
              ORDER BY run_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED
          )
          UPDATE staged_jobs j
-         SET run_at = now() + $1 * interval '1 millisecond', attempts = j.attempts + 1
+         SET leased_until = now() + $1 * interval '1 millisecond', attempts = j.attempts + 1
          FROM due
          WHERE j.account_id = due.account_id AND j.id = due.id
          RETURNING j.account_id, j.id AS job_id, j.job_args AS event, j.attempts",
@@ -146,14 +152,15 @@ pub async fn settle_failed(
 ) -> Result<(), StoreError> {
     let (change, action, error, retry_in) = match settlement {
         Settlement::Failed { error, retry_in } => (
-            "UPDATE staged_jobs SET run_at = now() + $5 * interval '1 millisecond', last_error = $4
+            "UPDATE staged_jobs SET run_at = now() + $5 * interval '1 millisecond', leased_until = NULL, last_error = $4
              WHERE account_id = $1 AND id = $2 AND attempts = $3",
             "event.delivery_failed",
             error,
             retry_in,
         ),
         Settlement::DeadLettered { error } => (
-            "UPDATE staged_jobs SET dead_at = now(), last_error = $4 WHERE account_id = $1 AND id = $2 AND attempts = $3",
+            "UPDATE staged_jobs SET dead_at = now(), leased_until = NULL, last_error = $4
+             WHERE account_id = $1 AND id = $2 AND attempts = $3",
             "event.dead_lettered",
             error,
             Duration::ZERO,

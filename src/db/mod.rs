@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod embedded;
 pub mod migrate;
 pub mod schema;
+pub mod statistics;
 mod text_enum;
 
 pub(crate) use text_enum::text_enum;

@@ -133,6 +133,7 @@ diesel::table! {
         attempts -> Int4,
         last_error -> Nullable<Text>,
         dead_at -> Nullable<Timestamptz>,
+        leased_until -> Nullable<Timestamptz>,
     }
 }
 

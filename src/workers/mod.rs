@@ -7,12 +7,15 @@
 //!   once their retention is over.
 //! - The [`Outbox`] delivers the events that finished payments and refunds staged.
 //! - The [`Settler`] settles the refunds the gateway left pending, looking them up with backoff.
+//! - The [`Analyzer`] analyzes the tables the request path probes as they grow from empty, so that
+//!   the planner picks their indexes from real statistics.
 //!
 //! Each worker has `run_once`, one unit of work, which tests call to drain it deterministically;
 //! [`Workers::run`] loops them until asked to stop. Any number of worker processes may run beside
 //! any number of `serve`s: they coordinate only through PostgreSQL row locks (`FOR UPDATE SKIP
 //! LOCKED`), so no key, no event and no pending refund is ever handled by two of them at once.
 
+mod analyzer;
 mod completer;
 mod outbox;
 mod reaper;
@@ -25,6 +28,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::sync::watch;
 
+pub use analyzer::Analyzer;
 pub use completer::Completer;
 pub use outbox::Outbox;
 pub use reaper::Reaper;
@@ -57,6 +61,7 @@ pub struct Workers {
     pub reaper: Reaper,
     pub outbox: Outbox,
     pub settler: Settler,
+    pub analyzer: Analyzer,
     interval: Duration,
 }
 
@@ -66,7 +71,8 @@ impl Workers {
             completer: Completer::new(state.clone(), settings),
             reaper: Reaper::new(state.clone(), settings),
             outbox: Outbox::new(state.clone(), settings)?,
-            settler: Settler::new(state, settings),
+            settler: Settler::new(state.clone(), settings),
+            analyzer: Analyzer::new(state),
             interval: settings.interval,
         })
     }
@@ -78,7 +84,8 @@ impl Workers {
             run_loop(self.completer, self.interval, stop.clone()),
             run_loop(self.reaper, self.interval, stop.clone()),
             run_loop(self.outbox, self.interval, stop.clone()),
-            run_loop(self.settler, self.interval, stop),
+            run_loop(self.settler, self.interval, stop.clone()),
+            run_loop(self.analyzer, self.interval, stop),
         );
     }
 }

@@ -38,5 +38,6 @@ mod resumption;
 mod round_trips;
 mod routing;
 mod schema;
+mod statistics;
 mod validation;
 mod walkthrough;

@@ -176,7 +176,7 @@ async fn a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again_with_the
     assert_eq!(app.row_counts().await.3, 1, "the event is still staged");
 
     // Its lease runs out (here: made to run out), and another worker delivers it again.
-    app.run_sql("UPDATE staged_jobs SET run_at = now()").await;
+    app.run_sql("UPDATE staged_jobs SET leased_until = now()").await;
     assert_eq!(app.workers().outbox.run_once().await.unwrap(), Outcome::Worked);
 
     let deliveries = receiver.received_requests().await.unwrap();

@@ -1,0 +1,1 @@
+ALTER TABLE staged_jobs DROP COLUMN leased_until;
