@@ -372,16 +372,7 @@ async fn with_no_retry_and_an_hours_backoff_the_gateways_event_finishes_the_paym
         ("PAYMENTS_WORKER_INTERVAL_MS", "200"),
     ];
     let serve = Process::serve_with(&["serve", "--private-mock-gateway"], &env).await;
-    let mock = serve
-        .stdout
-        .clone()
-        .wait_for(|lines| lines.iter().any(|line| line.starts_with("gateway: in-process mock at ")))
-        .await
-        .unwrap()
-        .iter()
-        .find_map(|line| line.strip_prefix("gateway: in-process mock at "))
-        .map(|rest| rest.split_whitespace().next().unwrap().to_owned())
-        .unwrap();
+    let mock = serve.mock_gateway_url().await;
     let gateway = GatewayControl::new(&mock);
     gateway.fault("error_after", 1).await;
     let key = new_key();

@@ -33,16 +33,7 @@ async fn the_readme_walkthrough_answers_as_written() {
         ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
     ];
     let serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
-    let gateway = serve
-        .stdout
-        .clone()
-        .wait_for(|lines| lines.iter().any(|line| line.starts_with("gateway: in-process mock at ")))
-        .await
-        .unwrap()
-        .iter()
-        .find_map(|line| line.strip_prefix("gateway: in-process mock at "))
-        .map(|rest| rest.split_whitespace().next().unwrap().to_owned())
-        .unwrap();
+    let gateway = serve.mock_gateway_url().await;
     let workdir = tempdir();
     // The first block defines the helpers every later block uses.
     let prelude = steps[0].commands.clone();

@@ -68,6 +68,17 @@ impl Process {
         url.unwrap_or_else(|| panic!("no metrics line before the ready line in {lines:?}")).to_owned()
     }
 
+    /// The URL of the in-process mock gateway a `serve` started, from the line it prints (which
+    /// may come after its ready line).
+    pub async fn mock_gateway_url(&self) -> String {
+        const MOCK_AT: &str = "gateway: in-process mock at ";
+        let mut stdout = self.stdout.clone();
+        let lines = stdout.wait_for(|lines| lines.iter().any(|line| line.starts_with(MOCK_AT))).await;
+        let lines = lines.expect("serve prints where its mock gateway is");
+        let line = lines.iter().find_map(|line| line.strip_prefix(MOCK_AT));
+        line.and_then(|rest| rest.split_whitespace().next()).expect("a URL after the prefix").to_owned()
+    }
+
     /// `payments serve <args>` against `database_url`, on free ports (the API's and the metrics'),
     /// with these extra variables.
     pub async fn serve(database_url: &str, gateway_url: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
