@@ -153,3 +153,29 @@ async fn the_analyzer_analyzes_a_table_once_it_has_rows_enough_and_then_leaves_i
     conn.batch_execute(&payments(10 * MIN_ROWS)).await.unwrap();
     assert!(analyze_grown_tables(&mut analyzer_conn).await.unwrap().is_empty(), "left to autovacuum");
 }
+
+#[tokio::test]
+async fn a_table_the_role_does_not_own_is_left_to_autovacuum() {
+    let app = TestApp::spawn().await;
+    let mut conn = app.db().await;
+    conn.batch_execute(&format!(
+        "ALTER TABLE payments SET (autovacuum_enabled = false);
+         INSERT INTO payments (id, account_id, idempotency_key, amount, currency, gateway)
+         SELECT gen_random_uuid(), '{}', 'key-' || i, 1000, 'usd', 'mock' FROM generate_series(1, {MIN_ROWS}) i;
+         SELECT pg_stat_force_next_flush();",
+        app.account_id
+    ))
+    .await
+    .unwrap();
+    // Roles belong to the cluster, which the tests share.
+    let mut not_owner = app.db().await;
+    not_owner
+        .batch_execute(
+            "DO $$ BEGIN CREATE ROLE payments_test_not_owner; EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+             SET ROLE payments_test_not_owner",
+        )
+        .await
+        .unwrap();
+    assert!(analyze_grown_tables(&mut not_owner).await.unwrap().is_empty(), "it could not analyze it");
+    assert_eq!(analyze_grown_tables(&mut conn).await.unwrap(), ["payments"], "its owner does");
+}
