@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::extract::{AuthenticatedAccount, FaultRequest, IdempotencyKeyHeader};
 use crate::db;
 use crate::idempotency::StoredResponse;
-use crate::payments::{self, CreatePaymentBody, Payment, PaymentList, PaymentView};
+use crate::payments::{self, CreatePaymentBody, CreateRequest, Payment, PaymentList, PaymentView};
 use crate::problem::PROBLEM_JSON;
 use crate::request_id::RequestId;
 use crate::state::AppState;
@@ -31,14 +31,21 @@ pub async fn create_payment(
     request_id: RequestId,
     body: web::Json<CreatePaymentBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = body.into_inner().validate()?;
+    let create = CreateRequest::new(account.id, key.0, body.into_inner().validate()?);
+    // A finished key's answer held in memory is the whole answer: it needs no database and leaves
+    // nothing half-done if the client hangs up, so it needs no task of its own either (spawning
+    // one moved this whole future into a new task and sent the request twice more through the
+    // worker's run queue).
+    if let Some(replayed) = create.answer_from_memory(&state, &request_id) {
+        let replayed = replayed?;
+        return Ok(stored_response(replayed.response, replayed.replayed));
+    }
     let state = state.into_inner();
     // The protocol runs in a task of its own: a client that hangs up drops this handler, and must
     // not take a half-done request down with it (its key would stay locked until the lock went
     // stale). The task finishes the request either way, and a retry gets the stored answer. It
     // logs in the request's span.
-    let create =
-        async move { payments::create_payment(&state, account.id, key.0, request, fault.0, &request_id).await };
+    let create = async move { payments::create_payment(&state, create, fault.0, &request_id).await };
     let created = tokio::spawn(create.in_current_span()).await??;
     Ok(stored_response(created.response, created.replayed))
 }
