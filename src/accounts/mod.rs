@@ -67,6 +67,12 @@ impl ApiKeyCache {
         ApiKeyCache { accounts }
     }
 
+    /// The id of the account an API key belongs to, if the key was seen within
+    /// [`API_KEY_CACHE_TTL`]: from memory alone.
+    pub fn remembered(&self, api_key: &str) -> Option<Uuid> {
+        self.accounts.get(&hash(api_key))
+    }
+
     /// The id of the account an API key belongs to, if any: from memory if the key was seen within
     /// [`API_KEY_CACHE_TTL`], else from the database (connected to only then).
     pub async fn authenticate(&self, pool: &db::Pool, api_key: &str) -> Result<Option<Uuid>, db::StoreError> {
