@@ -40,7 +40,7 @@ pub async fn create_payment(
     // nothing half-done if the client hangs up, so it needs no task of its own either (spawning
     // one moved this whole future into a new task and sent the request twice more through the
     // worker's run queue).
-    if let Some(replayed) = create.answer_from_memory(&state, &request_id) {
+    if let Some(replayed) = create.answer_from_memory(&state) {
         let replayed = replayed?;
         return Ok(stored_response(replayed.response, replayed.replayed));
     }

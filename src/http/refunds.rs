@@ -25,7 +25,7 @@ pub async fn create_refund(
 ) -> Result<HttpResponse, ApiError> {
     let create = CreateRequest::new(account.id, key.0, body.into_inner().validate()?);
     // As a payment's: a finished key's answer in memory is answered here, with no task.
-    if let Some(replayed) = create.answer_from_memory(&state, &request_id) {
+    if let Some(replayed) = create.answer_from_memory(&state) {
         let replayed = replayed?;
         return Ok(stored_response(replayed.response, replayed.replayed));
     }

@@ -15,7 +15,7 @@ use super::abandoned::Abandoned;
 use super::claim::{Claim, claim};
 use super::clock::Deadline;
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
-use super::replays::{Remembered, ReplayCache};
+use super::replays::{Asked, Remembered, ReplayCache};
 use super::store::{KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
@@ -122,14 +122,14 @@ pub struct Reply {
     pub replayed: bool,
 }
 
-/// The answer to `new` from this process's memory, if its key is a finished one held there: the
+/// The answer to `asked` from this process's memory, if its key is a finished one held there: the
 /// stored answer for the same request, or a mismatch for another, counted as the claim's would be.
 /// Such an answer is the whole request: it needs no database, and leaves nothing half-done if the
 /// client hangs up, so it is worked out where the request is, with no task of its own. `None`:
 /// the request needs [`answer`].
-pub fn from_memory(ctx: Context<'_>, new: &NewKey<'_>) -> Option<Result<Reply, DriveError>> {
-    let (metrics, account_id, endpoint) = (ctx.metrics, new.account_id, new.endpoint.label);
-    Some(match ctx.replays.recall(new)? {
+pub fn from_memory(ctx: Context<'_>, asked: &Asked<'_>) -> Option<Result<Reply, DriveError>> {
+    let (metrics, account_id, endpoint) = (ctx.metrics, asked.account_id, asked.endpoint.label);
+    Some(match ctx.replays.recall(asked)? {
         Remembered::Replay(response) => {
             metrics.key(account_id, endpoint, KeyOutcome::Replayed);
             Ok(Reply { response, replayed: true })

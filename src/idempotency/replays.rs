@@ -17,9 +17,9 @@ use std::time::Duration;
 use quick_cache::{Equivalent, Weighter, sync::Cache};
 use uuid::Uuid;
 
-use super::Fingerprint;
 use super::clock::{Deadline, since_boot};
 use super::store::{Endpoint, NewKey, StoredResponse};
+use super::{Fingerprint, IdempotencyKey};
 
 /// What an entry weighs besides its key and body, roughly: the fingerprint, the endpoint, the
 /// expiry and the cache's own bookkeeping.
@@ -60,8 +60,25 @@ impl Equivalent<Entry> for Lookup<'_> {
 }
 
 impl<'a> Lookup<'a> {
-    fn of(new: &'a NewKey<'_>) -> Lookup<'a> {
-        Lookup { account_id: new.account_id, key: new.key.as_str() }
+    fn of(asked: &Asked<'a>) -> Lookup<'a> {
+        Lookup { account_id: asked.account_id, key: asked.key.as_str() }
+    }
+}
+
+/// A request as the cache tells it from another: its account and key, and what it asks (its
+/// endpoint and fingerprint). All a replay from memory needs: not the request's stored form.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a> {
+    pub account_id: Uuid,
+    pub key: &'a IdempotencyKey,
+    pub endpoint: &'static Endpoint,
+    pub fingerprint: Fingerprint,
+}
+
+impl<'a> From<&'a NewKey<'a>> for Asked<'a> {
+    fn from(new: &'a NewKey<'a>) -> Asked<'a> {
+        let NewKey { account_id, key, endpoint, fingerprint, .. } = *new;
+        Asked { account_id, key, endpoint, fingerprint }
     }
 }
 
@@ -103,16 +120,16 @@ impl ReplayCache {
         ReplayCache { cache: Cache::with_weighter(typical_entries, max_bytes, Bytes) }
     }
 
-    /// What the claim of `new` would find, if its key is a finished one held here: its answer
+    /// What the claim of `asked` would find, if its key is a finished one held here: its answer
     /// for the same request, or a mismatch for another. `None`: ask the database.
-    pub fn recall(&self, new: &NewKey<'_>) -> Option<Remembered> {
-        self.recall_at(new, since_boot())
+    pub fn recall(&self, asked: &Asked<'_>) -> Option<Remembered> {
+        self.recall_at(asked, since_boot())
     }
 
     /// [`ReplayCache::recall`] at `now`, a reading of [`since_boot`].
-    fn recall_at(&self, new: &NewKey<'_>, now: Duration) -> Option<Remembered> {
-        let finished = self.live(&Lookup::of(new), now)?;
-        let same_request = finished.fingerprint == new.fingerprint && finished.endpoint == new.endpoint;
+    fn recall_at(&self, asked: &Asked<'_>, now: Duration) -> Option<Remembered> {
+        let finished = self.live(&Lookup::of(asked), now)?;
+        let same_request = finished.fingerprint == asked.fingerprint && finished.endpoint == asked.endpoint;
         Some(match same_request {
             true => Remembered::Replay(finished.response.clone()),
             false => Remembered::Mismatch,
@@ -179,12 +196,13 @@ mod tests {
         let answer = StoredResponse { status: 201, body: b"{\"id\":1}".to_vec() };
         cache.remember(&new(account, &body), &answer, Deadline::after(Duration::from_secs(60)));
 
-        match cache.recall(&new(account, &body)) {
+        let recall = |new: NewKey<'_>| cache.recall(&Asked::from(&new));
+        match recall(new(account, &body)) {
             Some(Remembered::Replay(response)) => assert_eq!(response, answer),
             other => panic!("a replay, not {other:?}"),
         }
-        assert!(matches!(cache.recall(&new(account, &other_body)), Some(Remembered::Mismatch)));
-        assert!(cache.recall(&new(other_account, &body)).is_none(), "another account's key is its own");
+        assert!(matches!(recall(new(account, &other_body)), Some(Remembered::Mismatch)));
+        assert!(recall(new(other_account, &body)).is_none(), "another account's key is its own");
     }
 
     #[test]
@@ -206,7 +224,7 @@ mod tests {
 
         cache.remember(&new, &answer, expired);
 
-        assert!(cache.recall(&new).is_none());
+        assert!(cache.recall(&Asked::from(&new)).is_none());
         assert!(!cache.holds(new.account_id, key.as_str()));
     }
 
@@ -229,12 +247,12 @@ mod tests {
         let expires = Deadline::counted_from(sent, Duration::from_secs(60));
         cache.remember(&new, &answer, expires);
 
-        let before = sent + Duration::from_secs(59);
-        assert!(matches!(cache.recall_at(&new, before), Some(Remembered::Replay(_))), "before the key expires");
+        let (asked, before) = (Asked::from(&new), sent + Duration::from_secs(59));
+        assert!(matches!(cache.recall_at(&asked, before), Some(Remembered::Replay(_))), "before the key expires");
         // The key expires 60 s after `sent` at the earliest, by the database's clock.
-        assert!(cache.recall_at(&new, sent + Duration::from_secs(60)).is_none(), "not once it has expired");
+        assert!(cache.recall_at(&asked, sent + Duration::from_secs(60)).is_none(), "not once it has expired");
         assert_eq!(cache.weighed_bytes(), 0, "an expired entry found is let go of");
-        assert!(cache.recall_at(&new, before).is_none(), "and is gone");
+        assert!(cache.recall_at(&asked, before).is_none(), "and is gone");
     }
 
     #[test]

@@ -38,8 +38,8 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
-    Run, StoredResponse, Transition, answer, from_memory,
+    Abandoned, Asked, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint,
+    Reply, Run, StoredResponse, Transition, answer, from_memory,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
@@ -54,28 +54,27 @@ pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/refunds", 
 /// and the settler's backoff takes over for the slower ones.
 pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// A refund request as its key judges it: the validated request, with its stored form and its
-/// fingerprint worked out once, for the replay cache and the claim alike.
+/// A refund request as its key judges it: the validated request, with its fingerprint worked out
+/// once, for the replay cache and the claim alike. Its stored form (a JSON value) is made only for
+/// the claim: a replay from memory has no use for it.
 pub struct CreateRequest {
     account_id: Uuid,
     key: IdempotencyKey,
     request: RefundRequest,
-    params: serde_json::Value,
     fingerprint: Fingerprint,
 }
 
 impl CreateRequest {
     pub fn new(account_id: Uuid, key: IdempotencyKey, request: RefundRequest) -> CreateRequest {
-        let params = request.to_params();
-        let fingerprint = Fingerprint::of(&params);
-        CreateRequest { account_id, key, request, params, fingerprint }
+        let fingerprint = Fingerprint::of(&request);
+        CreateRequest { account_id, key, request, fingerprint }
     }
 
     /// The answer if the key is a finished one whose answer this process holds in memory (see
     /// [`from_memory`]). `None`: the request needs [`create_refund`].
-    pub fn answer_from_memory(&self, state: &AppState, request_id: &RequestId) -> Option<Result<Reply, DriveError>> {
-        let CreateRequest { account_id, ref key, ref params, fingerprint, .. } = *self;
-        from_memory(state.keys(), &NewKey { account_id, key, endpoint: &ENDPOINT, fingerprint, params, request_id })
+    pub fn answer_from_memory(&self, state: &AppState) -> Option<Result<Reply, DriveError>> {
+        let CreateRequest { account_id, ref key, fingerprint, .. } = *self;
+        from_memory(state.keys(), &Asked { account_id, key, endpoint: &ENDPOINT, fingerprint })
     }
 }
 
@@ -90,7 +89,8 @@ pub async fn create_refund(
     fault: Option<Fault>,
     request_id: &RequestId,
 ) -> Result<Reply, DriveError> {
-    let CreateRequest { account_id, key, request, params, fingerprint } = create;
+    let CreateRequest { account_id, key, request, fingerprint } = create;
+    let params = request.to_params();
     let new = NewKey { account_id, key: &key, endpoint: &ENDPOINT, fingerprint, params: &params, request_id };
     answer(state.keys(), &new, RefundPhases::new(state, request, fault)).await
 }
