@@ -37,9 +37,8 @@ pub async fn create_payment(
 ) -> Result<HttpResponse, ApiError> {
     let create = CreateRequest::new(account.id, key.0, body.into_inner().validate()?);
     // A finished key's answer held in memory is the whole answer: it needs no database and leaves
-    // nothing half-done if the client hangs up, so it needs no task of its own either (spawning
-    // one moved this whole future into a new task and sent the request twice more through the
-    // worker's run queue).
+    // nothing half-done if the client hangs up, so it needs no task of its own either (README,
+    // "A replay's tail").
     if let Some(replayed) = create.answer_from_memory(&state) {
         let replayed = replayed?;
         return Ok(stored_response(replayed.response, replayed.replayed));
