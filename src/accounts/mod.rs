@@ -4,11 +4,11 @@
 //! long random strings, so a plain (unsalted) hash is enough, and it keeps authentication a single
 //! indexed look-up.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use moka::sync::Cache;
+use quick_cache::sync::Cache;
 use rand::Rng;
 use rand::distr::Alphanumeric;
 use sha2::{Digest, Sha256};
@@ -39,20 +39,22 @@ struct NewAccount<'a> {
     api_key_hash: Vec<u8>,
 }
 
-fn hash(api_key: &str) -> Vec<u8> {
-    Sha256::digest(api_key.as_bytes()).to_vec()
+fn hash(api_key: &str) -> [u8; 32] {
+    Sha256::digest(api_key.as_bytes()).into()
 }
 
 /// How long a process answers for an API key it has seen without asking the database again. So
 /// long may a key whose account is deleted (or whose hash is replaced) go on working in each
 /// process that saw it; an unknown key is asked about every time, so a new one works at once.
 pub const API_KEY_CACHE_TTL: Duration = Duration::from_secs(60);
-/// API keys a process remembers: at 48 bytes each, well under a megabyte.
-const API_KEY_CACHE_ENTRIES: u64 = 10_000;
+/// API keys a process remembers: at about 64 bytes each, well under a megabyte.
+const API_KEY_CACHE_ENTRIES: usize = 10_000;
 
-/// The accounts of API keys seen lately, by the keys' hashes (the keys themselves are not kept).
+/// The accounts of API keys seen lately, by the keys' hashes (the keys themselves are not kept),
+/// each with the instant it is to be asked about again. `quick_cache` for the reason given at
+/// [`crate::idempotency::ReplayCache`]: every authenticated request looks its key up here.
 pub struct ApiKeyCache {
-    accounts: Cache<Vec<u8>, Uuid>,
+    accounts: Cache<[u8; 32], (Uuid, Instant)>,
 }
 
 impl Default for ApiKeyCache {
@@ -63,23 +65,42 @@ impl Default for ApiKeyCache {
 
 impl ApiKeyCache {
     pub fn new() -> ApiKeyCache {
-        let accounts = Cache::builder().max_capacity(API_KEY_CACHE_ENTRIES).time_to_live(API_KEY_CACHE_TTL).build();
-        ApiKeyCache { accounts }
+        ApiKeyCache { accounts: Cache::new(API_KEY_CACHE_ENTRIES) }
+    }
+
+    /// The id of the account an API key belongs to, if the key was seen within
+    /// [`API_KEY_CACHE_TTL`]: from memory alone.
+    pub fn remembered(&self, api_key: &str) -> Option<Uuid> {
+        self.recall(&hash(api_key), Instant::now())
+    }
+
+    /// The account of a key's hash, if it is remembered and not yet to be asked about again at
+    /// `now`.
+    fn recall(&self, hash: &[u8; 32], now: Instant) -> Option<Uuid> {
+        let (account_id, ask_again_at) = self.accounts.get(hash)?;
+        (now < ask_again_at).then_some(account_id)
     }
 
     /// The id of the account an API key belongs to, if any: from memory if the key was seen within
     /// [`API_KEY_CACHE_TTL`], else from the database (connected to only then).
     pub async fn authenticate(&self, pool: &db::Pool, api_key: &str) -> Result<Option<Uuid>, db::StoreError> {
         let hash = hash(api_key);
-        if let Some(account_id) = self.accounts.get(&hash) {
+        if let Some(account_id) = self.recall(&hash, Instant::now()) {
             return Ok(Some(account_id));
         }
+        let asked = Instant::now();
         let mut conn = db::connect(pool).await?;
         let account_id = db::query(authenticate(&mut conn, &hash)).await?;
         if let Some(account_id) = account_id {
-            self.accounts.insert(hash, account_id);
+            self.remember(hash, account_id, asked);
         }
         Ok(account_id)
+    }
+
+    /// Remembers the account of a key's hash, found in the database by a look-up sent at `asked`:
+    /// its minute is counted from then (an entry is never younger than the database's answer).
+    fn remember(&self, hash: [u8; 32], account_id: Uuid, asked: Instant) {
+        self.accounts.insert(hash, (account_id, asked + API_KEY_CACHE_TTL));
     }
 }
 
@@ -98,7 +119,7 @@ async fn authenticate(conn: &mut AsyncPgConnection, api_key_hash: &[u8]) -> Quer
 pub async fn create(conn: &mut AsyncPgConnection, name: &str) -> QueryResult<(Account, String)> {
     let random: String = rand::rng().sample_iter(Alphanumeric).take(KEY_RANDOM_CHARS).map(char::from).collect();
     let api_key = format!("sk_{random}");
-    let new = NewAccount { id: Uuid::now_v7(), name, api_key_hash: hash(&api_key) };
+    let new = NewAccount { id: Uuid::now_v7(), name, api_key_hash: hash(&api_key).to_vec() };
     let account =
         diesel::insert_into(accounts::table).values(&new).returning(Account::as_returning()).get_result(conn).await?;
     Ok((account, api_key))
@@ -106,7 +127,7 @@ pub async fn create(conn: &mut AsyncPgConnection, name: &str) -> QueryResult<(Ac
 
 /// Creates the demo account (key [`DEMO_API_KEY`]) unless it exists.
 pub async fn ensure_demo(conn: &mut AsyncPgConnection) -> QueryResult<()> {
-    let new = NewAccount { id: Uuid::now_v7(), name: DEMO_ACCOUNT_NAME, api_key_hash: hash(DEMO_API_KEY) };
+    let new = NewAccount { id: Uuid::now_v7(), name: DEMO_ACCOUNT_NAME, api_key_hash: hash(DEMO_API_KEY).to_vec() };
     diesel::insert_into(accounts::table)
         .values(&new)
         .on_conflict(accounts::api_key_hash)
@@ -114,4 +135,20 @@ pub async fn ensure_demo(conn: &mut AsyncPgConnection) -> QueryResult<()> {
         .execute(conn)
         .await
         .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_remembered_key_is_asked_about_again_once_its_time_is_up() {
+        let cache = ApiKeyCache::new();
+        let (key, account_id, asked) = (hash("sk_test_remembered"), Uuid::now_v7(), Instant::now());
+        cache.remember(key, account_id, asked);
+
+        assert_eq!(cache.recall(&key, asked + API_KEY_CACHE_TTL - Duration::from_millis(1)), Some(account_id));
+        assert_eq!(cache.recall(&key, asked + API_KEY_CACHE_TTL), None);
+        assert_eq!(cache.recall(&hash("sk_test_other"), asked), None, "another key is not this one");
+    }
 }

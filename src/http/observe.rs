@@ -45,7 +45,7 @@ pub async fn observe(
         response = response.into_response(rendered);
     }
     let value = HeaderValue::from_str(id.as_str()).expect("a request id is plain ASCII");
-    response.headers_mut().insert(HeaderName::from_static(REQUEST_ID), value);
+    response.headers_mut().insert(REQUEST_ID, value);
 
     if let Some(state) = response.request().app_data::<web::Data<AppState>>() {
         let request = response.request();
@@ -58,8 +58,8 @@ pub async fn observe(
     Ok(response)
 }
 
-/// [`crate::request_id::REQUEST_ID_HEADER`] as `HeaderName::from_static` wants it.
-const REQUEST_ID: &str = "request-id";
+/// [`crate::request_id::REQUEST_ID_HEADER`], made once instead of checked again for every answer.
+const REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
 
 /// The `method` label: a client may send any method name, and a label must come from a closed set.
 fn method_label(method: &Method) -> &'static str {
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn the_header_is_written_as_named() {
-        assert!(REQUEST_ID.eq_ignore_ascii_case(crate::request_id::REQUEST_ID_HEADER));
+        assert!(REQUEST_ID.as_str().eq_ignore_ascii_case(crate::request_id::REQUEST_ID_HEADER));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::extract::{AuthenticatedAccount, FaultRequest, IdempotencyKeyHeader};
 use super::payments::{DEFAULT_PAGE, MAX_PAGE, stored_response};
 use crate::db;
 use crate::payments::Payment;
-use crate::refunds::{self, CreateRefundBody, Refund, RefundList, RefundView};
+use crate::refunds::{self, CreateRefundBody, CreateRequest, Refund, RefundList, RefundView};
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
@@ -23,10 +23,15 @@ pub async fn create_refund(
     request_id: RequestId,
     body: web::Json<CreateRefundBody>,
 ) -> Result<HttpResponse, ApiError> {
-    let request = body.into_inner().validate()?;
+    let create = CreateRequest::new(account.id, key.0, body.into_inner().validate()?);
+    // As a payment's: a finished key's answer in memory is answered here, with no task.
+    if let Some(replayed) = create.answer_from_memory(&state) {
+        let replayed = replayed?;
+        return Ok(stored_response(replayed.response, replayed.replayed));
+    }
     let state = state.into_inner();
     // In a task of its own, as a payment is: a client that hangs up must not cut the request short.
-    let create = async move { refunds::create_refund(&state, account.id, key.0, request, fault.0, &request_id).await };
+    let create = async move { refunds::create_refund(&state, create, fault.0, &request_id).await };
     let created = tokio::spawn(create.in_current_span()).await??;
     Ok(stored_response(created.response, created.replayed))
 }

@@ -46,7 +46,12 @@ impl Deadline {
 
     /// Whether it has come.
     pub fn has_passed(&self) -> bool {
-        self.time_left().is_zero()
+        self.has_passed_at(since_boot())
+    }
+
+    /// Whether it has come by `now`, a reading of [`since_boot`].
+    pub(super) fn has_passed_at(&self, now: Duration) -> bool {
+        now >= self.at
     }
 }
 

@@ -15,7 +15,7 @@ use super::abandoned::Abandoned;
 use super::claim::{Claim, claim};
 use super::clock::Deadline;
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
-use super::replays::{Remembered, ReplayCache};
+use super::replays::{Asked, Remembered, ReplayCache};
 use super::store::{KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
@@ -122,8 +122,28 @@ pub struct Reply {
     pub replayed: bool,
 }
 
-/// A request from start to end, whatever its endpoint: taken in under its key, then replayed,
-/// answered for its expired key, or driven through `phases` until a phase finishes the key.
+/// The answer to `asked` from this process's memory, if its key is a finished one held there: the
+/// stored answer for the same request, or a mismatch for another, counted as the claim's would be.
+/// Such an answer is the whole request: it needs no database, and leaves nothing half-done if the
+/// client hangs up, so it is worked out where the request is, with no task of its own. `None`:
+/// the request needs [`answer`].
+pub fn from_memory(ctx: Context<'_>, asked: &Asked<'_>) -> Option<Result<Reply, DriveError>> {
+    let (metrics, account_id, endpoint) = (ctx.metrics, asked.account_id, asked.endpoint.label);
+    Some(match ctx.replays.recall(asked)? {
+        Remembered::Replay(response) => {
+            metrics.key(account_id, endpoint, KeyOutcome::Replayed);
+            Ok(Reply { response, replayed: true })
+        }
+        Remembered::Mismatch => {
+            metrics.key(account_id, endpoint, KeyOutcome::KeyReused);
+            Err(DriveError::KeyReused)
+        }
+    })
+}
+
+/// A request from start to end, whatever its endpoint, once [`from_memory`] had no answer for it:
+/// taken in under its key, then replayed, answered for its expired key, or driven through `phases`
+/// until a phase finishes the key.
 pub async fn answer<P: Phases>(ctx: Context<'_>, new: &NewKey<'_>, mut phases: P) -> Result<Reply, DriveError> {
     let run = match take_in(ctx, new, &mut phases).await? {
         TakenIn::Replayed(response) => return Ok(Reply { response, replayed: true }),
@@ -148,26 +168,16 @@ pub enum TakenIn<'a> {
     Acquired(Box<Run<'a>>),
 }
 
-/// Takes a request in under its key: from the replay cache if its answer is there, else by the
-/// claim, which runs the first of `phases` with it if the key is new. Counts what became of it.
+/// Takes a request in under its key by the claim, which runs the first of `phases` with it if the
+/// key is new, and counts what became of it. The replay cache is not asked here: [`from_memory`]
+/// is, first, and answers most replays without a claim (which finds a finished key too, only by a
+/// round trip).
 pub async fn take_in<'a, P: Phases>(
     ctx: Context<'a>,
     new: &NewKey<'_>,
     phases: &mut P,
 ) -> Result<TakenIn<'a>, DriveError> {
     let (metrics, account_id, endpoint) = (ctx.metrics, new.account_id, new.endpoint.label);
-    // A finished key's answer may be in memory: answered from there, with no database at all.
-    match ctx.replays.recall(new) {
-        Some(Remembered::Replay(response)) => {
-            metrics.key(account_id, endpoint, KeyOutcome::Replayed);
-            return Ok(TakenIn::Replayed(response));
-        }
-        Some(Remembered::Mismatch) => {
-            metrics.key(account_id, endpoint, KeyOutcome::KeyReused);
-            return Err(DriveError::KeyReused);
-        }
-        None => {}
-    }
     let mut conn = db::connect(ctx.db).await?;
     let first = phases.first_phase(new);
     let claimed = claim::<_, P::Started>(&mut conn, new, ctx.lock_timeout, first.as_ref()).await;

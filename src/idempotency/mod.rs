@@ -42,13 +42,15 @@ pub use abandoned::{
 };
 pub use claim::{Claim, claim};
 pub use clock::Deadline;
-pub use driver::{Context, DriveError, LeaseRunningOut, Phases, Reply, Run, TakenIn, answer, release, take_in};
+pub use driver::{
+    Context, DriveError, LeaseRunningOut, Phases, Reply, Run, TakenIn, answer, from_memory, release, take_in,
+};
 pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError};
 pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, atomic_phase};
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
-pub use replays::{Remembered, ReplayCache};
+pub use replays::{Asked, Remembered, ReplayCache};
 pub use store::{
     Endpoint, GATEWAY_DISAGREEMENT, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition,
     disagreement_reason,

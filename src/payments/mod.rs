@@ -6,7 +6,7 @@ mod request;
 mod view;
 mod writes;
 
-pub use create::{ENDPOINT, complete_abandoned, create_payment};
+pub use create::{CreateRequest, ENDPOINT, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};
 pub(crate) use request::integral_number;
 pub use request::{CreatePaymentBody, MAX_AMOUNT, ValidationError, validate_metadata};

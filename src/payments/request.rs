@@ -34,7 +34,9 @@ pub struct CreatePaymentBody {
 }
 
 /// A validated payment request in canonical form: currency lower case, metadata always present
-/// (sorted). Its JSON is what the fingerprint covers and what is stored for the workers.
+/// (sorted). Its JSON is what the fingerprint covers and what is stored for the workers. Its fields
+/// are declared in alphabetical order, so that it is fingerprinted as it is, with no JSON value
+/// built, and as its JSON value would be (see `Fingerprint::of`; a test holds the two together).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PaymentRequest {
     pub amount: i64,
@@ -155,6 +157,7 @@ impl PaymentRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::Fingerprint;
 
     fn body(json: &str) -> CreatePaymentBody {
         serde_json::from_str(json).unwrap()
@@ -168,6 +171,36 @@ mod tests {
             serde_json::to_string(&request.to_params()).unwrap(),
             r#"{"amount":1000,"currency":"usd","description":null,"metadata":{},"source":"tok_visa"}"#
         );
+    }
+
+    /// A body with every field, its metadata keys out of order (and not all ASCII), its strings in
+    /// need of escapes.
+    const FULL: &str = r#"{"source": "tok_visa", "metadata": {"z": "last", "a": "first \"quoted\" \\ back",
+        "\u00c9": "accent", "Z": "upper"}, "description": "caf\u00e9\n\u2603\t\u0001 </script>", "currency": "eur",
+        "amount": 42}"#;
+    /// One with only what is required.
+    const PLAIN: &str = r#"{"amount": 1000, "currency": "USD", "source": "tok_visa"}"#;
+
+    #[test]
+    fn a_request_is_fingerprinted_as_its_json_value_would_be() {
+        for json in [FULL, PLAIN] {
+            let request = body(json).validate().unwrap();
+            let as_value = request.to_params();
+            assert_eq!(serde_json::to_string(&request).unwrap(), serde_json::to_string(&as_value).unwrap());
+            assert_eq!(Fingerprint::of(&request), Fingerprint::of(&as_value));
+        }
+    }
+
+    #[test]
+    fn stored_keys_keep_their_fingerprints() {
+        // The digests keys were stored with when a request was fingerprinted by its JSON value.
+        for (json, stored) in [
+            (PLAIN, "db0186b4b555e87e6a639627ba335ea3d344e6d6a97b746774716ab3cd781590"),
+            (FULL, "69190ccc2ed3d0536dfc70eca216bf0412c1a262ab27a318ddd07e170fef9358"),
+        ] {
+            let request = body(json).validate().unwrap();
+            assert_eq!(hex::encode(Fingerprint::of(&request).as_bytes()), stored, "{json}");
+        }
     }
 
     #[test]

@@ -38,8 +38,8 @@ use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
-    Run, StoredResponse, Transition, answer,
+    Abandoned, Asked, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint,
+    Reply, Run, StoredResponse, Transition, answer, from_memory,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
@@ -54,26 +54,44 @@ pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/refunds", 
 /// and the settler's backoff takes over for the slower ones.
 pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Refunds a payment, or answers for the refund this key already asked for. `request_id` names
-/// the HTTP request in the audit records it writes and in the answer it may store.
-#[tracing::instrument(name = "refunds.create", skip_all, fields(account.id = %account_id, idempotency_key.id, refund.id))]
-pub async fn create_refund(
-    state: &AppState,
+/// A refund request as its key judges it: the validated request, with its fingerprint worked out
+/// once, for the replay cache and the claim alike. Its stored form (a JSON value) is made only for
+/// the claim: a replay from memory has no use for it.
+pub struct CreateRequest {
     account_id: Uuid,
     key: IdempotencyKey,
     request: RefundRequest,
+    fingerprint: Fingerprint,
+}
+
+impl CreateRequest {
+    pub fn new(account_id: Uuid, key: IdempotencyKey, request: RefundRequest) -> CreateRequest {
+        let fingerprint = Fingerprint::of(&request);
+        CreateRequest { account_id, key, request, fingerprint }
+    }
+
+    /// The answer if the key is a finished one whose answer this process holds in memory (see
+    /// [`from_memory`]). `None`: the request needs [`create_refund`].
+    pub fn answer_from_memory(&self, state: &AppState) -> Option<Result<Reply, DriveError>> {
+        let CreateRequest { account_id, ref key, fingerprint, .. } = *self;
+        from_memory(state.keys(), &Asked { account_id, key, endpoint: &ENDPOINT, fingerprint })
+    }
+}
+
+/// Refunds a payment, or answers for the refund this key already asked for, by the claim: ask
+/// [`CreateRequest::answer_from_memory`] first, which answers most replays without the database.
+/// `request_id` names the HTTP request in the audit records it writes and in the answer it may
+/// store.
+#[tracing::instrument(name = "refunds.create", skip_all, fields(account.id = %create.account_id, idempotency_key.id, refund.id))]
+pub async fn create_refund(
+    state: &AppState,
+    create: CreateRequest,
     fault: Option<Fault>,
     request_id: &RequestId,
 ) -> Result<Reply, DriveError> {
+    let CreateRequest { account_id, key, request, fingerprint } = create;
     let params = request.to_params();
-    let new = NewKey {
-        account_id,
-        key: &key,
-        endpoint: &ENDPOINT,
-        fingerprint: Fingerprint::of(&params),
-        params: &params,
-        request_id,
-    };
+    let new = NewKey { account_id, key: &key, endpoint: &ENDPOINT, fingerprint, params: &params, request_id };
     answer(state.keys(), &new, RefundPhases::new(state, request, fault)).await
 }
 

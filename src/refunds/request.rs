@@ -44,13 +44,15 @@ pub struct CreateRefundBody {
 /// A validated refund request in canonical form (metadata always present, sorted): what the
 /// fingerprint covers and what is stored for the workers. The amount stays absent when the client
 /// left it out: "all that is still refundable" is decided when the refund starts, under the
-/// payment's lock, not here.
+/// payment's lock, not here. Its fields are declared in alphabetical order, so that it is
+/// fingerprinted as it is, with no JSON value built, and as its JSON value would be (see
+/// `Fingerprint::of`; a test holds the two together).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RefundRequest {
-    pub payment: Uuid,
     pub amount: Option<i64>,
-    pub reason: Option<RefundReason>,
     pub metadata: BTreeMap<String, String>,
+    pub payment: Uuid,
+    pub reason: Option<RefundReason>,
 }
 
 impl CreateRefundBody {
@@ -66,7 +68,7 @@ impl CreateRefundBody {
             )));
         }
         let metadata = validate_metadata(self.metadata)?;
-        Ok(RefundRequest { payment: self.payment, amount: self.amount, reason: self.reason, metadata })
+        Ok(RefundRequest { amount: self.amount, metadata, payment: self.payment, reason: self.reason })
     }
 }
 
@@ -86,6 +88,7 @@ fn optional_integral_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::Fingerprint;
 
     fn body(json: &str) -> Result<CreateRefundBody, serde_json::Error> {
         serde_json::from_str(json)
@@ -103,6 +106,34 @@ mod tests {
         let whole = body(&format!(r#"{{"payment": "{PAYMENT}", "reason": "duplicate", "metadata": null}}"#));
         let whole = whole.unwrap().validate().unwrap();
         assert_eq!((whole.amount, whole.reason), (None, Some(RefundReason::Duplicate)));
+    }
+
+    /// A body with every field, in another order, its metadata keys out of order; and one with only
+    /// the payment (in upper case, which names the same payment).
+    const FULL: &str = r#"{"metadata": {"order": "1", "a": "b\u00e9"}, "reason": "requested_by_customer",
+        "amount": 500.0, "payment": "01A201B1-403B-7713-8CBF-B168BB4BBBF2"}"#;
+    const PLAIN: &str = r#"{"payment": "01a201b1-403b-7713-8cbf-b168bb4bbbf2"}"#;
+
+    #[test]
+    fn a_request_is_fingerprinted_as_its_json_value_would_be() {
+        for json in [FULL, PLAIN] {
+            let request = body(json).unwrap().validate().unwrap();
+            let as_value = request.to_params();
+            assert_eq!(serde_json::to_string(&request).unwrap(), serde_json::to_string(&as_value).unwrap());
+            assert_eq!(Fingerprint::of(&request), Fingerprint::of(&as_value));
+        }
+    }
+
+    #[test]
+    fn stored_keys_keep_their_fingerprints() {
+        // The digests keys were stored with when a request was fingerprinted by its JSON value.
+        for (json, stored) in [
+            (PLAIN, "56ef6471e512a1e15a34951e60abfd0dc0194f36cc52bf95b7e5c463611ad68d"),
+            (FULL, "df1185e75c5fa08e49962292860d58ff4082be6d62fa6aff747c8df242db3737"),
+        ] {
+            let request = body(json).unwrap().validate().unwrap();
+            assert_eq!(hex::encode(Fingerprint::of(&request).as_bytes()), stored, "{json}");
+        }
     }
 
     #[test]

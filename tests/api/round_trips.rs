@@ -85,3 +85,25 @@ async fn a_replay_and_a_reused_key_are_answered_from_memory_with_no_statement() 
 
     assert_eq!(statements(&database).executed.len(), before, "neither asked the database");
 }
+
+#[tokio::test]
+async fn a_refunds_replay_and_reused_key_are_answered_from_memory_with_no_statement_too() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    let database = app.database.name.clone();
+    let payment = app.paid(1000, "tok_visa").await;
+    let (key, body) = (new_key(), json!({ "payment": payment["id"], "amount": 600 }));
+    let first = app.post_refund(&key, &body).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first = first.bytes().await.unwrap();
+    let before = statements(&database).executed.len();
+
+    let replay = app.post_refund(&key, &body).await;
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(replay.bytes().await.unwrap(), first, "byte for byte");
+    let reused = app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 1 })).await;
+    assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY, "another body is still a 422");
+
+    let after = statements(&database).executed;
+    assert_eq!(after.len(), before, "neither asked the database: {:#?}", &after[before..]);
+}
