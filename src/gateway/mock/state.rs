@@ -194,8 +194,11 @@ enum Change {
 /// All state of one gateway. Callers wrap it in a mutex.
 #[derive(Debug, Default)]
 pub(super) struct Ledger {
-    /// In creation order; a mock holds few, so look-ups just scan.
+    /// In creation order, never removed.
     charges: Vec<Charge>,
+    /// Where each charge is in `charges`, by id: every refund finds its charge, and a benchmark's
+    /// gateway holds tens of thousands, which a scan per refund made cost more CPU than the charge.
+    charge_at: HashMap<String, usize>,
     refunds: Vec<Refund>,
     /// Indices in `refunds` of the pending ones, oldest first: all take the same time to settle,
     /// so they settle in this order, and finding none due is one comparison.
@@ -366,15 +369,15 @@ impl Ledger {
             Change::ChargeDeclined(charge) => {
                 self.stats.declined += 1;
                 make_event(&mut self.events, EventType::ChargeFailed, &charge, &charge.idempotency_key);
-                self.charges.push(charge);
+                self.keep(charge);
             }
             Change::ChargeCreated(charge) => {
                 self.stats.charges += 1;
                 make_event(&mut self.events, EventType::ChargeSucceeded, &charge, &charge.idempotency_key);
-                self.charges.push(charge);
+                self.keep(charge);
             }
             Change::RefundCreated(refund) => {
-                let charge = self.charges.iter_mut().find(|charge| charge.id == refund.charge);
+                let charge = self.charge_mut(&refund.charge);
                 let charge = charge.expect("a refund is made only for a charge the ledger holds");
                 charge.amount_refunded += refund.amount;
                 charge.refunded = charge.amount_refunded == charge.amount;
@@ -400,7 +403,7 @@ impl Ledger {
                         // A failed refund took nothing back: its charge has it to refund again.
                         refund.status = RefundStatus::Failed;
                         refund.failure_reason = Some(REFUND_FAILURE_REASON);
-                        let charge = self.charges.iter_mut().find(|charge| charge.id == refund.charge);
+                        let charge = self.charge_at.get(&refund.charge).map(|&at| &mut self.charges[at]);
                         let charge = charge.expect("a refund's charge is never removed");
                         charge.amount_refunded -= refund.amount;
                         charge.refunded = false;
@@ -436,7 +439,17 @@ impl Ledger {
     }
 
     pub(super) fn charge(&self, id: &str) -> Option<&Charge> {
-        self.charges.iter().find(|c| c.id == id)
+        self.charge_at.get(id).map(|&at| &self.charges[at])
+    }
+
+    fn charge_mut(&mut self, id: &str) -> Option<&mut Charge> {
+        self.charge_at.get(id).map(|&at| &mut self.charges[at])
+    }
+
+    /// Keeps a charge made, where [`Ledger::charge`] finds it.
+    fn keep(&mut self, charge: Charge) {
+        self.charge_at.insert(charge.id.clone(), self.charges.len());
+        self.charges.push(charge);
     }
 
     /// Charges made with this key, oldest first. Normally at most one; more
