@@ -1,16 +1,16 @@
 #!/bin/bash
 # WAL per new payment, and where it goes (README, "WAL per payment").
 #
-#   tests/perf/wal.sh BINARY [SCENARIO]      # as root; SCENARIO: new (default) or refund
+#   tests/perf/wal.sh BINARY      # as root
 #
 # A throwaway durable cluster with PostgreSQL's defaults, migrated by BINARY, with its own
 # `payments gateway` and `payments serve` (workers in-process, events delivered to the log); a
-# warm-up and ANALYZE; then `payments bench --url ... --scenarios SCENARIO` (10 s, 32 clients) and
-# the outbox's drain. Prints the LSN difference over that range per request made, and pg_waldump's
+# warm-up and ANALYZE; then `payments bench --url ... --scenarios new` (10 s, 32 clients) and the
+# outbox's drain. Prints the LSN difference over that range per payment made, and pg_waldump's
 # records over the same range by relation and kind. Nothing needs to be running; ports 55432,
 # 18080 and 18081 must be free.
 set -euo pipefail
-BIN=$(realpath "$1"); SCENARIO=${2:-new}
+BIN=$(realpath "$1")
 HERE=$(dirname "$(realpath "$0")")
 PG=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 DIR=$(mktemp -d /tmp/payments-wal.XXXXXX); chmod 755 "$DIR"; chown postgres "$DIR"
@@ -35,14 +35,14 @@ GATEWAY_URL=http://127.0.0.1:18081 PAYMENTS_BIND=127.0.0.1:18080 PAYMENTS_METRIC
     "$BIN" serve >"$DIR/serve.log" 2>&1 & SERVE=$!
 until curl -sf http://127.0.0.1:18080/readyz >/dev/null; do sleep 0.2; done
 
-bench() { "$BIN" bench --url http://127.0.0.1:18080 --api-key "$KEY" --scenarios "$SCENARIO" --duration "$1" >/dev/null 2>&1; }
-drained() { until [ "$(sql 'SELECT count(*) FROM staged_jobs')" = 0 ]; do sleep 0.5; done; }
-made() { sql "SELECT (SELECT count(*) FROM payments) + (SELECT count(*) FROM refunds)"; }
+bench() { "$BIN" bench --url http://127.0.0.1:18080 --api-key "$KEY" --scenarios new --duration "$1" >/dev/null 2>&1; }
+drained() { until [ "$(sql 'SELECT count(*) FROM staged_jobs WHERE dead_at IS NULL')" = 0 ]; do sleep 0.5; done; }
+made() { sql "SELECT count(*) FROM payments"; }
 bench 2s; drained; sql "ANALYZE"
 FROM=$(sql "SELECT pg_current_wal_lsn()"); BEFORE=$(made)
 bench 10s; drained
 TO=$(sql "SELECT pg_current_wal_lsn()"); MADE=$(( $(made) - BEFORE ))
-echo "$SCENARIO: $MADE made, $(( $(sql "SELECT pg_wal_lsn_diff('$TO', '$FROM')::bigint") / MADE )) WAL bytes each by LSN"
+echo "$MADE payments made, $(( $(sql "SELECT pg_wal_lsn_diff('$TO', '$FROM')::bigint") / MADE )) WAL bytes each by LSN"
 sql "SELECT pg_relation_filenode(oid) || ' ' || relname FROM pg_class WHERE pg_relation_filenode(oid) IS NOT NULL" >"$DIR/relations"
 as_postgres "$PG/pg_waldump -p $DIR/data/pg_wal -s $FROM -e $TO" 2>/dev/null >"$DIR/records" || true
 python3 "$HERE/wal_by_relation.py" "$DIR/records" "$DIR/relations" "$MADE"

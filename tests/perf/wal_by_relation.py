@@ -1,8 +1,8 @@
-"""pg_waldump's records per request made, by table (its indexes with it) and by relation and kind.
+"""pg_waldump's records per payment made, by table (its indexes with it) and by relation and kind.
 
     wal_by_relation.py RECORDS RELATIONS MADE
 
-RECORDS: pg_waldump's plain output; RELATIONS: lines of `filenode relname`; MADE: requests made.
+RECORDS: pg_waldump's plain output; RELATIONS: lines of `filenode relname`; MADE: payments made.
 """
 import collections
 import re
@@ -36,10 +36,10 @@ def table(key):
 by_table = collections.Counter()
 for key, size in bytes_by.items():
     by_table[table(key)] += size
-print(f"by records: {sum(bytes_by.values()) / made:.0f} bytes per request")
+print(f"by records: {sum(bytes_by.values()) / made:.0f} bytes per payment")
 for name, size in by_table.most_common():
     print(f"  {size / made:7.0f}  {name}")
-print("by relation and kind (at least 5 bytes per request): bytes, records per request")
+print("by relation and kind (at least 5 bytes per payment): bytes, records per payment")
 for key, size in bytes_by.most_common():
     if size / made >= 5:
         print(f"  {size / made:7.0f}  {count_by[key] / made:5.2f}  {key}")
