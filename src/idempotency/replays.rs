@@ -14,10 +14,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use quick_cache::{Equivalent, Weighter, sync::Cache};
+use quick_cache::sync::{Cache, DefaultLifecycle};
+use quick_cache::{DefaultHashBuilder, Equivalent, OptionsBuilder, Weighter};
 use uuid::Uuid;
 
 use super::clock::{Deadline, since_boot};
+use super::key::MAX_KEY_LENGTH;
 use super::store::{Endpoint, NewKey, StoredResponse};
 use super::{Fingerprint, IdempotencyKey};
 
@@ -27,6 +29,13 @@ const ENTRY_OVERHEAD_BYTES: usize = 160;
 
 /// What an entry weighs in all, about, for sizing the cache's table: a payment's answer and key.
 const TYPICAL_ENTRY_BYTES: u64 = 512;
+
+/// The largest answer the database stores (the `stored_body` domain's limit): a payment with many
+/// long metadata values, escaped, comes close.
+const MAX_STORED_BODY_BYTES: usize = 64 * 1024;
+
+/// What the heaviest entry weighs: the longest key and the largest answer.
+const HEAVIEST_ENTRY_BYTES: u64 = (MAX_KEY_LENGTH + MAX_STORED_BODY_BYTES + ENTRY_OVERHEAD_BYTES) as u64;
 
 /// A finished key, as its claim would find it.
 #[derive(Debug)]
@@ -105,8 +114,8 @@ pub enum Remembered {
 ///
 /// `quick_cache`, not `moka`: a look-up here is the whole of most replays, and moka records every
 /// read for housekeeping (recency, a frequency sketch, a timer wheel) that the reading thread runs
-/// every 64 reads, and needed an owned key to look one up; its look-up was 7.6% of the API's CPU
-/// under replays, this one 2.8%. Nothing here expires by itself: each read checks the entry's
+/// every 64 reads, and needed an owned key to look one up; its look-up was 6.3% of the API's CPU
+/// under replays, this one 2.9% (README, "A replay's tail"). Nothing here expires by itself: each read checks the entry's
 /// expiry, on [`since_boot`] (a clock that counts while the machine sleeps, as the database's
 /// does), so an expired entry is never served, and is let go of when it is found.
 pub struct ReplayCache {
@@ -116,8 +125,26 @@ pub struct ReplayCache {
 impl ReplayCache {
     /// A cache of at most about `max_bytes` of keys and answers; the least useful go first.
     pub fn new(max_bytes: u64) -> ReplayCache {
-        let typical_entries = usize::try_from(max_bytes / TYPICAL_ENTRY_BYTES).unwrap_or(usize::MAX).max(1);
-        ReplayCache { cache: Cache::with_weighter(typical_entries, max_bytes, Bytes) }
+        ReplayCache::for_cores(max_bytes, std::thread::available_parallelism().map_or(1, usize::from))
+    }
+
+    /// [`ReplayCache::new`] on a machine of `cores`. quick_cache splits the bytes into shards, four
+    /// per core unless told otherwise, and refuses an entry heavier than about one shard: 4 MiB on
+    /// 32 cores would hold no answer over 32 KiB, and every replay of a larger one would go to the
+    /// database. So there are only as many shards as leave each room for two of the heaviest.
+    fn for_cores(max_bytes: u64, cores: usize) -> ReplayCache {
+        let roomy = usize::try_from(max_bytes / (2 * HEAVIEST_ENTRY_BYTES)).unwrap_or(usize::MAX);
+        let shards = cores.saturating_mul(4).min(roomy).max(1);
+        // quick_cache rounds a count of shards up to a power of two: round it down here instead.
+        let shards = if shards.is_power_of_two() { shards } else { shards.next_power_of_two() / 2 };
+        let options = OptionsBuilder::new()
+            .shards(shards)
+            .estimated_items_capacity(usize::try_from(max_bytes / TYPICAL_ENTRY_BYTES).unwrap_or(usize::MAX).max(1))
+            .weight_capacity(max_bytes)
+            .build()
+            .expect("every option is set");
+        let cache = Cache::with_options(options, Bytes, DefaultHashBuilder::default(), DefaultLifecycle::default());
+        ReplayCache { cache }
     }
 
     /// What the claim of `asked` would find, if its key is a finished one held here: its answer
@@ -253,6 +280,39 @@ mod tests {
         assert!(cache.recall_at(&asked, sent + Duration::from_secs(60)).is_none(), "not once it has expired");
         assert_eq!(cache.weighed_bytes(), 0, "an expired entry found is let go of");
         assert!(cache.recall_at(&asked, before).is_none(), "and is gone");
+    }
+
+    #[test]
+    fn the_largest_answer_is_held_however_many_cores_there_are() {
+        let key = IdempotencyKey::parse("k".repeat(MAX_KEY_LENGTH).as_bytes()).unwrap();
+        let body = serde_json::json!({});
+        let request_id = RequestId::generate();
+        let new = NewKey {
+            account_id: Uuid::nil(),
+            key: &key,
+            endpoint: &ENDPOINT,
+            fingerprint: Fingerprint::of(&body),
+            params: &body,
+            request_id: &request_id,
+        };
+        let answer = StoredResponse { status: 201, body: vec![b'x'; MAX_STORED_BODY_BYTES] };
+        for cores in [1, 2, 16, 64, 1024] {
+            let cache = ReplayCache::for_cores(4 << 20, cores);
+            cache.remember(&new, &answer, Deadline::after(Duration::from_secs(60)));
+            assert!(cache.holds(Uuid::nil(), key.as_str()), "on {cores} cores");
+        }
+    }
+
+    #[test]
+    fn a_lookup_hashes_as_the_entry_it_finds() {
+        // quick_cache finds an entry by a `Lookup`'s hash: it must be the `Entry`'s.
+        let hasher = DefaultHashBuilder::default();
+        let account_id = Uuid::now_v7();
+        let (entry, lookup) = (Entry { account_id, key: "order-1".into() }, Lookup { account_id, key: "order-1" });
+        assert_eq!(hasher.hash_one(&entry), hasher.hash_one(&lookup));
+        assert!(lookup.equivalent(&entry));
+        let other = Lookup { account_id, key: "order-2" };
+        assert!(!other.equivalent(&entry));
     }
 
     #[test]
