@@ -69,9 +69,11 @@ impl ApiKeyCache {
     }
 
     /// The id of the account an API key belongs to, if the key was seen within
-    /// [`API_KEY_CACHE_TTL`]: from memory alone.
-    pub fn remembered(&self, api_key: &str) -> Option<Uuid> {
-        self.recall(&hash(api_key), Instant::now())
+    /// [`API_KEY_CACHE_TTL`]: from memory alone. If not, the key as [`ApiKeyCache::authenticate`]
+    /// asks the database about it (by its hash, worked out once).
+    pub fn remembered(&self, api_key: &str) -> Result<Uuid, Unremembered> {
+        let hash = hash(api_key);
+        self.recall(&hash, Instant::now()).ok_or(Unremembered(hash))
     }
 
     /// The account of a key's hash, if it is remembered and not yet to be asked about again at
@@ -81,18 +83,17 @@ impl ApiKeyCache {
         (now < ask_again_at).then_some(account_id)
     }
 
-    /// The id of the account an API key belongs to, if any: from memory if the key was seen within
-    /// [`API_KEY_CACHE_TTL`], else from the database (connected to only then).
-    pub async fn authenticate(&self, pool: &db::Pool, api_key: &str) -> Result<Option<Uuid>, db::StoreError> {
-        let hash = hash(api_key);
-        if let Some(account_id) = self.recall(&hash, Instant::now()) {
-            return Ok(Some(account_id));
-        }
+    /// The id of the account an API key this process does not remember belongs to, if any, from
+    /// the database (connected to only now); remembered for [`API_KEY_CACHE_TTL`] from then on. A
+    /// key the database no longer knows is forgotten here too.
+    pub async fn authenticate(&self, pool: &db::Pool, key: Unremembered) -> Result<Option<Uuid>, db::StoreError> {
+        let Unremembered(hash) = key;
         let asked = Instant::now();
         let mut conn = db::connect(pool).await?;
         let account_id = db::query(authenticate(&mut conn, &hash)).await?;
-        if let Some(account_id) = account_id {
-            self.remember(hash, account_id, asked);
+        match account_id {
+            Some(account_id) => self.remember(hash, account_id, asked),
+            None => drop(self.accounts.remove(&hash)),
         }
         Ok(account_id)
     }
@@ -103,6 +104,9 @@ impl ApiKeyCache {
         self.accounts.insert(hash, (account_id, asked + API_KEY_CACHE_TTL));
     }
 }
+
+/// An API key this process does not remember (or no longer may answer for), by its hash.
+pub struct Unremembered([u8; 32]);
 
 /// The id of the account whose API key has this hash, if any.
 async fn authenticate(conn: &mut AsyncPgConnection, api_key_hash: &[u8]) -> QueryResult<Option<Uuid>> {

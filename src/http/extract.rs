@@ -39,12 +39,13 @@ impl FromRequest for AuthenticatedAccount {
         };
         // A key seen lately is known at once: nearly every request's is, and boxing the database
         // look-up's future for it (a large allocation) cost more than the look-up in memory.
-        if let Some(id) = state.api_keys.remembered(api_key) {
-            return Either::Left(ready(Ok(AuthenticatedAccount { id })));
-        }
-        let (state, api_key) = (state.clone(), api_key.to_owned());
+        let unremembered = match state.api_keys.remembered(api_key) {
+            Ok(id) => return Either::Left(ready(Ok(AuthenticatedAccount { id }))),
+            Err(unremembered) => unremembered,
+        };
+        let state = state.clone();
         Either::Right(Box::pin(async move {
-            let id = state.api_keys.authenticate(&state.db, &api_key).await?.ok_or(ApiError::Unauthorized)?;
+            let id = state.api_keys.authenticate(&state.db, unremembered).await?.ok_or(ApiError::Unauthorized)?;
             Ok(AuthenticatedAccount { id })
         }))
     }
