@@ -11,10 +11,17 @@ use sha2::{Digest, Sha256};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fingerprint([u8; 32]);
 
+/// A request in canonical form: a JSON value, or a type that serialises as its JSON value would
+/// (see [`canonical_json`]). Only such a type can be fingerprinted: a struct whose fields are out
+/// of order, or one holding a `HashMap`, would give one request two fingerprints. Each type but
+/// `Value` that says it is one has a test beside it holding it to its value's bytes.
+pub trait Canonical: Serialize {}
+
+impl Canonical for serde_json::Value {}
+
 impl Fingerprint {
-    /// The fingerprint of a request in canonical form: a JSON value, or a type that serialises as
-    /// one would (see [`canonical_json`]).
-    pub fn of(canonical: &impl Serialize) -> Fingerprint {
+    /// The fingerprint of a request in canonical form.
+    pub fn of(canonical: &impl Canonical) -> Fingerprint {
         Fingerprint(Sha256::digest(canonical_json(canonical)).into())
     }
 
@@ -31,7 +38,7 @@ impl Fingerprint {
 /// no JSON value built first, and has the fingerprint its JSON value has, which is what keys
 /// stored before were fingerprinted by (a test beside each such type holds the two to the same
 /// bytes, and to the digests stored keys have).
-fn canonical_json(value: &impl Serialize) -> Vec<u8> {
+fn canonical_json(value: &impl Canonical) -> Vec<u8> {
     serde_json::to_vec(value).expect("a request always serialises")
 }
 

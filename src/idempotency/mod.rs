@@ -45,7 +45,7 @@ pub use clock::Deadline;
 pub use driver::{
     Context, DriveError, LeaseRunningOut, Phases, Reply, Run, TakenIn, answer, from_memory, release, take_in,
 };
-pub use fingerprint::Fingerprint;
+pub use fingerprint::{Canonical, Fingerprint};
 pub use key::{IdempotencyKey, KeyError};
 pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, atomic_phase};
 pub use reap::reap_finished;

@@ -6,6 +6,8 @@ use iso_currency::Currency;
 use serde::de::{Deserializer, Error as _, Unexpected};
 use serde::{Deserialize, Serialize};
 
+use crate::idempotency::Canonical;
+
 /// The largest amount in any currency, in minor units (99,999,999 cents is just under a million
 /// dollars).
 pub const MAX_AMOUNT: i64 = 99_999_999;
@@ -45,6 +47,10 @@ pub struct PaymentRequest {
     pub metadata: BTreeMap<String, String>,
     pub source: String,
 }
+
+// Its fields are declared sorted and its maps are `BTreeMap`s; the tests below hold it to its
+// JSON value's bytes.
+impl Canonical for PaymentRequest {}
 
 /// A body that parsed as JSON but breaks a rule; the message says which, for the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::idempotency::Canonical;
 use crate::payments::{MAX_AMOUNT, ValidationError, integral_number, validate_metadata};
 
 /// Why a refund is made, as Stripe names the reasons.
@@ -54,6 +55,10 @@ pub struct RefundRequest {
     pub payment: Uuid,
     pub reason: Option<RefundReason>,
 }
+
+// Its fields are declared sorted and its maps are `BTreeMap`s; the tests below hold it to its
+// JSON value's bytes.
+impl Canonical for RefundRequest {}
 
 impl CreateRefundBody {
     /// Checks every rule and returns the canonical request, or the first rule broken. Whether the
