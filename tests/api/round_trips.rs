@@ -107,3 +107,20 @@ async fn a_refunds_replay_and_reused_key_are_answered_from_memory_with_no_statem
     let after = statements(&database).executed;
     assert_eq!(after.len(), before, "neither asked the database: {:#?}", &after[before..]);
 }
+
+#[tokio::test]
+async fn a_payments_key_sent_to_refunds_is_refused_from_memory_with_no_statement() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    let database = app.database.name.clone();
+    let key = new_key();
+    let paid = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(paid.status(), StatusCode::CREATED);
+    let payment: serde_json::Value = paid.json().await.unwrap();
+    let before = statements(&database).executed.len();
+
+    let refund = app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 600 })).await;
+    assert_eq!(refund.status(), StatusCode::UNPROCESSABLE_ENTITY, "a key belongs to the endpoint it was first sent to");
+    let after = statements(&database).executed;
+    assert_eq!(after.len(), before, "the database was not asked: {:#?}", &after[before..]);
+}
