@@ -20,6 +20,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::client::RetryPolicy;
+
 /// A payment any gateway of ours charges.
 pub const PAYMENT: &str = r#"{"amount": 1000, "currency": "usd", "source": "tok_visa"}"#;
 
@@ -129,6 +131,30 @@ impl Driver {
         }
     }
 
+    /// A payment with `key`, sent until it is answered `201` as a client would send it: again with
+    /// the same key after an answer that is no outcome (none, `409` in flight, `503`), after the
+    /// client's wait ([`RetryPolicy`]). On a machine the load itself starves, a payment made
+    /// beforehand now and then waits too long for the gateway or a connection, and one such
+    /// answer must not end the run.
+    async fn paid(&self, key: &str) -> anyhow::Result<Answer> {
+        let policy = RetryPolicy::default();
+        let mut attempt = 1;
+        loop {
+            let answer = self.post(key).await;
+            match answer.status {
+                Some(StatusCode::CREATED) => return Ok(answer),
+                None | Some(StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE)
+                    if attempt < policy.max_attempts =>
+                {
+                    let wait = policy.delay(attempt, None, &mut rand::rng());
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                status => anyhow::bail!("making a payment to replay: answered {status:?} ({attempt} attempts)"),
+            }
+        }
+    }
+
     /// Makes `count` finished payments, `clients` at a time, for the `replay` and `refund`
     /// scenarios.
     pub async fn finished_payments(&self, count: usize, clients: usize) -> anyhow::Result<Finished> {
@@ -140,12 +166,7 @@ impl Driver {
                 let mut made = Vec::new();
                 while next.fetch_add(1, Ordering::Relaxed) < count as u64 {
                     let key = Uuid::new_v4().to_string();
-                    let answer = driver.post(&key).await;
-                    anyhow::ensure!(
-                        answer.status == Some(StatusCode::CREATED),
-                        "making a payment to replay: answered {:?}",
-                        answer.status
-                    );
+                    let answer = driver.paid(&key).await?;
                     made.push((key, answer.body));
                 }
                 Ok(made)
@@ -359,5 +380,40 @@ impl Tally {
             violations: self.violations,
             groups: self.groups,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_payment_made_beforehand_is_sent_again_with_its_key_until_it_is_made() {
+        let service = MockServer::start().await;
+        let payments = || Mock::given(method("POST")).and(path("/v1/payments"));
+        payments().respond_with(ResponseTemplate::new(503)).up_to_n_times(1).expect(1).mount(&service).await;
+        payments().respond_with(ResponseTemplate::new(201).set_body_string("{}")).expect(1).mount(&service).await;
+        let driver = Driver::new(&Url::parse(&service.uri()).unwrap(), "sk_test", 1).unwrap();
+
+        let made = driver.finished_payments(1, 1).await.unwrap();
+
+        assert_eq!(made.len(), 1);
+        let sent = service.received_requests().await.unwrap();
+        let keys: Vec<&str> = sent.iter().map(|request| request.headers["Idempotency-Key"].to_str().unwrap()).collect();
+        assert_eq!(keys, [made[0].0.as_str(); 2], "one key, twice");
+    }
+
+    #[tokio::test]
+    async fn a_payment_refused_ends_the_run_at_once() {
+        let service = MockServer::start().await;
+        Mock::given(method("POST")).respond_with(ResponseTemplate::new(422)).expect(1).mount(&service).await;
+        let driver = Driver::new(&Url::parse(&service.uri()).unwrap(), "sk_test", 1).unwrap();
+
+        let refused = driver.finished_payments(1, 1).await.map(drop).unwrap_err();
+
+        assert!(refused.to_string().contains("422"), "{refused}");
     }
 }
