@@ -4,6 +4,12 @@ use clap::Parser;
 use payments::cli::{AccountsCommand, AttentionCommand, Cli, Command};
 use payments::commands;
 
+/// mimalloc rather than the C library's allocator: the API allocates and frees many small buffers
+/// per request (each statement's bound values, the gateway call's), and glibc's `malloc` and
+/// `free`, merging freed chunks back together, took about a fifth of its CPU under new payments.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
