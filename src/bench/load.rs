@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use uuid::Uuid;
 
-use crate::client::RetryPolicy;
+use crate::client::{RetryPolicy, parse_retry_after};
 
 /// A payment any gateway of ours charges.
 pub const PAYMENT: &str = r#"{"amount": 1000, "currency": "usd", "source": "tok_visa"}"#;
@@ -87,6 +87,8 @@ pub struct Driver {
 /// One answer.
 struct Answer {
     status: Option<StatusCode>,
+    /// The wait the service asked for (`Retry-After`), if any.
+    retry_after: Option<Duration>,
     replayed: bool,
     body: Bytes,
 }
@@ -122,36 +124,44 @@ impl Driver {
             .body(body)
             .send()
             .await;
-        let Ok(response) = sent else { return Answer { status: None, replayed: false, body: Bytes::new() } };
+        let Ok(response) = sent else {
+            return Answer { status: None, retry_after: None, replayed: false, body: Bytes::new() };
+        };
         let status = response.status();
         let replayed = response.headers().get("Idempotent-Replayed").is_some_and(|value| value == "true");
+        let retry_after = response
+            .headers()
+            .get("Retry-After")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| parse_retry_after(value, SystemTime::now()));
         match response.bytes().await {
-            Ok(body) => Answer { status: Some(status), replayed, body },
-            Err(_) => Answer { status: None, replayed: false, body: Bytes::new() },
+            Ok(body) => Answer { status: Some(status), retry_after, replayed, body },
+            Err(_) => Answer { status: None, retry_after: None, replayed: false, body: Bytes::new() },
         }
     }
 
     /// A payment with `key`, sent until it is answered `201` as a client would send it: again with
     /// the same key after an answer that is no outcome (none, `409` in flight, `503`), after the
-    /// client's wait ([`RetryPolicy`]). On a machine the load itself starves, a payment made
+    /// client's wait ([`RetryPolicy`]: at least the `Retry-After` asked for, and no attempt after its
+    /// deadline). On a machine the load itself starves, a payment made
     /// beforehand now and then waits too long for the gateway or a connection, and one such
     /// answer must not end the run.
     async fn paid(&self, key: &str) -> anyhow::Result<Answer> {
-        let policy = RetryPolicy::default();
+        let (policy, started) = (RetryPolicy::default(), Instant::now());
         let mut attempt = 1;
         loop {
             let answer = self.post(key).await;
-            match answer.status {
-                Some(StatusCode::CREATED) => return Ok(answer),
-                None | Some(StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE)
-                    if attempt < policy.max_attempts =>
-                {
-                    let wait = policy.delay(attempt, None, &mut rand::rng());
-                    tokio::time::sleep(wait).await;
-                    attempt += 1;
-                }
-                status => anyhow::bail!("making a payment to replay: answered {status:?} ({attempt} attempts)"),
+            let no_outcome =
+                matches!(answer.status, None | Some(StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE));
+            let wait = (no_outcome && attempt < policy.max_attempts)
+                .then(|| policy.next_wait(attempt, started.elapsed(), answer.retry_after, &mut rand::rng()))
+                .flatten();
+            match (answer.status, wait) {
+                (Some(StatusCode::CREATED), _) => return Ok(answer),
+                (_, Some(wait)) => tokio::time::sleep(wait).await,
+                (status, None) => anyhow::bail!("making a payment to replay: answered {status:?} ({attempt} attempts)"),
             }
+            attempt += 1;
         }
     }
 

@@ -159,7 +159,7 @@ async fn every_text_column_is_bounded_by_a_check() {
 }
 
 #[tokio::test]
-async fn no_check_counts_a_repetition() {
+async fn no_check_counts_a_range_of_repetitions() {
     // PostgreSQL runs `{m,n}` as an automaton with states for every count: checking a 40-character
     // idempotency key by `^[ -~]{1,255}$` took about 90 µs, twice per payment; the same rule as a
     // length and an uncounted class takes a microsecond or two (000027).
