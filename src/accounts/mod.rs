@@ -85,7 +85,7 @@ impl ApiKeyCache {
 
     /// The id of the account an API key this process does not remember belongs to, if any, from
     /// the database (connected to only now); remembered for [`API_KEY_CACHE_TTL`] from then on. A
-    /// key the database no longer knows is forgotten here too.
+    /// key the database no longer knows is forgotten here too (see [`ApiKeyCache::forget`]).
     pub async fn authenticate(&self, pool: &db::Pool, key: Unremembered) -> Result<Option<Uuid>, db::StoreError> {
         let Unremembered(hash) = key;
         let asked = Instant::now();
@@ -93,7 +93,7 @@ impl ApiKeyCache {
         let account_id = db::query(authenticate(&mut conn, &hash)).await?;
         match account_id {
             Some(account_id) => self.remember(hash, account_id, asked),
-            None => drop(self.accounts.remove(&hash)),
+            None => self.forget(&hash, asked),
         }
         Ok(account_id)
     }
@@ -102,6 +102,12 @@ impl ApiKeyCache {
     /// its minute is counted from then (an entry is never younger than the database's answer).
     fn remember(&self, hash: [u8; 32], account_id: Uuid, asked: Instant) {
         self.accounts.insert(hash, (account_id, asked + API_KEY_CACHE_TTL));
+    }
+
+    /// Forgets a key's hash the database, asked at `asked`, did not know: unless a concurrent
+    /// request asked later and found it (a key created in between), whose newer answer stands.
+    fn forget(&self, hash: &[u8; 32], asked: Instant) {
+        self.accounts.remove_if(hash, |&(_, ask_again_at)| ask_again_at <= asked + API_KEY_CACHE_TTL);
     }
 }
 
@@ -154,5 +160,19 @@ mod tests {
         assert_eq!(cache.recall(&key, asked + API_KEY_CACHE_TTL - Duration::from_millis(1)), Some(account_id));
         assert_eq!(cache.recall(&key, asked + API_KEY_CACHE_TTL), None);
         assert_eq!(cache.recall(&hash("sk_test_other"), asked), None, "another key is not this one");
+    }
+
+    #[test]
+    fn an_unknown_key_is_forgotten_unless_a_later_answer_found_it() {
+        let cache = ApiKeyCache::new();
+        let (key, account_id, earlier) = (hash("sk_test_created_meanwhile"), Uuid::now_v7(), Instant::now());
+        let later = earlier + Duration::from_millis(5);
+        cache.remember(key, account_id, later);
+
+        cache.forget(&key, earlier);
+        assert_eq!(cache.recall(&key, later), Some(account_id), "an older 'unknown' does not undo a newer answer");
+
+        cache.forget(&key, later);
+        assert_eq!(cache.recall(&key, later), None, "an answer as new as the entry's forgets it");
     }
 }

@@ -210,3 +210,68 @@ async fn a_key_and_a_request_id_are_held_to_the_same_rules_as_ever() {
         }
     }
 }
+
+#[derive(QueryableByName)]
+struct DomainCheck {
+    #[diesel(sql_type = Text)]
+    expression: String,
+}
+
+#[tokio::test]
+async fn each_restated_check_agrees_with_its_old_expression_on_every_generated_value() {
+    // The cases above are edges picked by hand. Here each domain's check, as the database holds
+    // it, is evaluated beside the expression 000027 replaced, over every one- and two-byte
+    // character (U+0001 to U+07FF) and a sample of the rest up to U+D7FF, each alone, between two
+    // letters and after a word, and runs of characters at every length around the limits.
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    for (domain, old) in [("client_idempotency_key", "^[ -~]{1,255}$"), ("request_id", "^[A-Za-z0-9._:+/=-]{1,128}$")] {
+        let DomainCheck { expression } = diesel::sql_query(
+            r"SELECT regexp_replace(pg_get_constraintdef(c.oid), '^CHECK (.*?)( NOT VALID)?$', '\1') AS expression
+              FROM pg_constraint c JOIN pg_type t ON t.oid = c.contypid
+              WHERE t.typname = $1",
+        )
+        .bind::<Text, _>(domain)
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        let now = expression.replace("VALUE", "v");
+        let counts: Agreement = diesel::sql_query(format!(
+            r"WITH codes (code) AS (SELECT generate_series(1, 2047) UNION ALL SELECT generate_series(2048, 55295, 61)),
+                   chars AS (SELECT chr(code) AS c FROM codes),
+                   generated (v) AS (
+                     SELECT c FROM chars
+                     UNION ALL SELECT 'a' || c || 'b' FROM chars
+                     UNION ALL SELECT 'key' || c FROM chars
+                     UNION ALL SELECT repeat(c, n)
+                       FROM unnest(ARRAY['k', ' ', '~', '-', '=', 'é', E'\n', '']) AS c,
+                            unnest(ARRAY[0, 1, 2, 127, 128, 129, 254, 255, 256, 1000]) AS n)
+              SELECT count(*) AS generated, count(*) FILTER (WHERE v ~ $1) AS accepted,
+                     count(*) FILTER (WHERE (v ~ $1) IS DISTINCT FROM ({now})) AS disagreeing,
+                     coalesce(array_to_string((array_agg(quote_literal(left(v, 20)))
+                       FILTER (WHERE (v ~ $1) IS DISTINCT FROM ({now})))[1:5], ', '), '') AS examples
+              FROM generated"
+        ))
+        .bind::<Text, _>(old)
+        .get_result(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(counts.disagreeing, 0, "{domain}: {now} differs from {old} on {}", counts.examples);
+        assert!(
+            (90..counts.generated - 1000).contains(&counts.accepted),
+            "{domain}: the generated values fall on both sides of the rule"
+        );
+    }
+}
+
+#[derive(QueryableByName)]
+struct Agreement {
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    generated: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    accepted: i64,
+    #[diesel(sql_type = diesel::sql_types::BigInt)]
+    disagreeing: i64,
+    #[diesel(sql_type = Text)]
+    examples: String,
+}
