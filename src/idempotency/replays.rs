@@ -296,10 +296,20 @@ mod tests {
             request_id: &request_id,
         };
         let answer = StoredResponse { status: 201, body: vec![b'x'; MAX_STORED_BODY_BYTES] };
-        for cores in [1, 2, 16, 64, 1024] {
-            let cache = ReplayCache::for_cores(4 << 20, cores);
+        // The last: room for 65 shards of two. Rounded up to 128, each shard would be short of one
+        // answer (quick_cache admits an entry up to 97 % of its shard).
+        let sizes = [
+            (4 << 20, 1),
+            (4 << 20, 2),
+            (4 << 20, 16),
+            (4 << 20, 64),
+            (4 << 20, 1024),
+            (65 * 2 * HEAVIEST_ENTRY_BYTES, 64),
+        ];
+        for (max_bytes, cores) in sizes {
+            let cache = ReplayCache::for_cores(max_bytes, cores);
             cache.remember(&new, &answer, Deadline::after(Duration::from_secs(60)));
-            assert!(cache.holds(Uuid::nil(), key.as_str()), "on {cores} cores");
+            assert!(cache.holds(Uuid::nil(), key.as_str()), "{max_bytes} bytes on {cores} cores");
         }
     }
 
