@@ -108,11 +108,15 @@ impl PhaseWrites for Start<'_> {
     }
 
     fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        // The statement's snapshot predates it: a refund found in `earlier` is an earlier run's.
+        // The statement's snapshot predates it, and may predate the payment's `charge_created`: a
+        // refund made now takes the charge from the row it decided on (`FOR UPDATE` reads the
+        // newest), never from a read of `payments`, which could still see the payment pending and
+        // chargeless. A refund found in `earlier` is an earlier run's, whose decision committed
+        // after the charge did, so the snapshot holds that charge.
         out.push_sql(
-            "SELECT r.id AS refund_id, r.amount, r.gateway, p.gateway_charge_id AS charge_id, NULL::text AS \
-             refusal, NULL::bigint AS refundable FROM (SELECT * FROM created UNION ALL SELECT * FROM earlier) r \
-             JOIN payments p ON p.account_id = ",
+            "SELECT c.id AS refund_id, c.amount, c.gateway, d.gateway_charge_id AS charge_id, NULL::text AS \
+             refusal, NULL::bigint AS refundable FROM created c, decided d UNION ALL SELECT r.id, r.amount, \
+             r.gateway, p.gateway_charge_id, NULL, NULL FROM earlier r JOIN payments p ON p.account_id = ",
         );
         out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
         out.push_sql(

@@ -230,6 +230,43 @@ async fn a_refund_decides_on_the_payment_as_a_concurrent_refund_left_it_never_on
 }
 
 #[tokio::test]
+async fn a_refund_decided_as_the_payments_charge_is_recorded_calls_the_gateway_with_that_charge() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let (id, charge) = (payment["id"].as_str().unwrap(), payment["gateway_charge_id"].as_str().unwrap());
+    // The payment as its `charge_created` finds it: pending, no charge recorded yet.
+    let pending = format!("UPDATE payments SET status = 'pending', gateway_charge_id = NULL WHERE id = '{id}'");
+    diesel::sql_query(&pending).execute(&mut app.db().await).await.unwrap();
+    // That phase's transaction: the charge recorded, not committed yet.
+    let mut phase = app.db().await;
+    let record = format!("UPDATE payments SET status = 'succeeded', gateway_charge_id = '{charge}' WHERE id = '{id}'");
+    for sql in ["BEGIN", record.as_str()] {
+        diesel::sql_query(sql).execute(&mut phase).await.unwrap();
+    }
+
+    // The refund's statement began while the payment was pending, waits for its row, and then
+    // decides on what the phase committed: a succeeded payment, with its charge.
+    let (key, body) = (new_key(), json!({ "payment": id, "amount": 400 }));
+    let refund = app.post_refund(&key, &body);
+    let commit_once_it_waits = async {
+        wait_until(std::time::Duration::from_secs(10), "the refund waits for the payment's row", || {
+            app.database_says("SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        })
+        .await;
+        diesel::sql_query("COMMIT").execute(&mut phase).await.unwrap();
+    };
+    let (refund, ()) = tokio::join!(refund, commit_once_it_waits);
+
+    let (status, refund) = problem(refund).await;
+    assert_eq!(status, StatusCode::CREATED, "{refund}");
+    assert_eq!((refund["status"].as_str(), refund["amount"].as_i64()), (Some("succeeded"), Some(400)));
+    let now: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    assert_eq!(now["amount_refunded"].as_i64(), Some(400));
+    let settled = format!("SELECT amount_refund_pending = 0 FROM payments WHERE id = '{id}'");
+    assert!(app.database_says(&settled).await, "nothing stays reserved");
+}
+
+#[tokio::test]
 async fn the_database_refuses_refund_totals_beyond_the_payment() {
     let app = TestApp::spawn().await;
     let payment = app.paid(500, "tok_visa").await;
