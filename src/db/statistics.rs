@@ -16,7 +16,8 @@
 //!
 //! So the workers analyze a probed table once, as soon as it holds [`MIN_ROWS`] rows while its
 //! statistics were taken from fewer (or never): in the first second or so of a fresh database,
-//! and at once in one restored without statistics. Statistics taken from real rows tell the
+//! and at once in one restored without statistics. (Once more only if a `VACUUM` finds it below
+//! that again, emptied, and it then grows back.) Statistics taken from real rows tell the
 //! planner how many rows an account has, relative to the table: as the table grows, the planner
 //! scales them by its size, so the plans made again from them stay right. After that, autovacuum
 //! keeps them up to date. (Analyzing again at each doubling would only make every connection plan
@@ -28,7 +29,7 @@
 use std::time::Duration;
 
 use diesel::QueryableByName;
-use diesel::sql_types::{Array, BigInt, Text};
+use diesel::sql_types::{Array, BigInt, Bool, Text};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use super::StoreError;
@@ -51,12 +52,18 @@ struct Grown {
     table_name: String,
 }
 
-/// Analyzes each of the [`PROBED`] tables that holds [`MIN_ROWS`] rows (by the live rows the
-/// statistics collector counts) but whose statistics were taken from fewer, and returns their
-/// names. Tables this role does not
-/// own (which it could not analyze) are left to autovacuum, and one that another process is
-/// analyzing right now is skipped.
-pub async fn analyze_grown_tables(conn: &mut AsyncPgConnection) -> Result<Vec<String>, StoreError> {
+#[derive(QueryableByName)]
+struct Taken {
+    #[diesel(sql_type = Bool)]
+    taken: bool,
+}
+
+/// The [`PROBED`] tables that hold [`MIN_ROWS`] rows (by the live rows the statistics collector
+/// counts) but whose statistics were taken from fewer, among those this role has the owner's
+/// rights on: `USAGE`, not `MEMBER`, since `ANALYZE` needs the owner's privileges, which a member
+/// that does not inherit them lacks (it would be skipped with a warning, run after run). The
+/// others are left to autovacuum.
+pub async fn grown_tables(conn: &mut AsyncPgConnection) -> Result<Vec<String>, StoreError> {
     let grown: Vec<Grown> = super::query(
         diesel::sql_query(
             "SELECT t.name AS table_name
@@ -64,26 +71,45 @@ pub async fn analyze_grown_tables(conn: &mut AsyncPgConnection) -> Result<Vec<St
              JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
              JOIN pg_class c ON c.oid = s.relid
              WHERE s.n_live_tup >= $2 AND c.reltuples < $2
-               AND pg_has_role(c.relowner, 'MEMBER')",
+               AND pg_has_role(c.relowner, 'USAGE')",
         )
         .bind::<Array<Text>, _>(&PROBED[..])
         .bind::<BigInt, _>(MIN_ROWS)
         .load(conn),
     )
     .await?;
+    Ok(grown.into_iter().map(|grown| grown.table_name).collect())
+}
+
+/// Analyzes the [`grown_tables`], and returns the names of those it analyzed. One that another
+/// session holds a conflicting lock on (another process's `ANALYZE`, a `VACUUM`, an index built
+/// concurrently) is skipped, and not reported: `ANALYZE (SKIP_LOCKED)` only warns of it, so
+/// whether statistics were taken is read back from them, and the next run tries again.
+pub async fn analyze_grown_tables(conn: &mut AsyncPgConnection) -> Result<Vec<String>, StoreError> {
+    let grown = grown_tables(conn).await?;
     let mut analyzed = Vec::new();
-    for Grown { table_name } in grown {
+    for table_name in grown {
         // Only names from `PROBED` get here. Within a transaction, so that the longer statement
-        // timeout lasts for this statement only.
+        // timeout lasts for this statement only. `ANALYZE` writes the row count in place, so the
+        // transaction's next statement reads it.
         let timeout = format!("SET LOCAL statement_timeout = {}", ANALYZE_TIMEOUT.as_millis());
         let analyze = format!("ANALYZE (SKIP_LOCKED) {table_name}");
-        conn.transaction(async |conn| -> Result<(), diesel::result::Error> {
-            diesel::sql_query(&timeout).execute(conn).await?;
-            diesel::sql_query(&analyze).execute(conn).await?;
-            Ok(())
-        })
-        .await?;
-        analyzed.push(table_name);
+        let taken = conn
+            .transaction(async |conn| -> Result<bool, diesel::result::Error> {
+                diesel::sql_query(&timeout).execute(conn).await?;
+                diesel::sql_query(&analyze).execute(conn).await?;
+                let taken =
+                    diesel::sql_query("SELECT reltuples >= $2 AS taken FROM pg_class WHERE oid = to_regclass($1)")
+                        .bind::<Text, _>(&table_name)
+                        .bind::<BigInt, _>(MIN_ROWS)
+                        .get_result::<Taken>(conn)
+                        .await?;
+                Ok(taken.taken)
+            })
+            .await?;
+        if taken {
+            analyzed.push(table_name);
+        }
     }
     Ok(analyzed)
 }

@@ -5,7 +5,7 @@
 use diesel::QueryableByName;
 use diesel::sql_types::Text;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use payments::db::statistics::{MIN_ROWS, analyze_grown_tables};
+use payments::db::statistics::{MIN_ROWS, analyze_grown_tables, grown_tables};
 use payments::workers::{Outcome, Worker};
 
 use crate::helpers::{TestApp, plan_nodes};
@@ -157,16 +157,8 @@ async fn the_analyzer_analyzes_a_table_once_it_has_rows_enough_and_then_leaves_i
 #[tokio::test]
 async fn a_table_the_role_does_not_own_is_left_to_autovacuum() {
     let app = TestApp::spawn().await;
+    hundred_payments(&app).await;
     let mut conn = app.db().await;
-    conn.batch_execute(&format!(
-        "ALTER TABLE payments SET (autovacuum_enabled = false);
-         INSERT INTO payments (id, account_id, idempotency_key, amount, currency, gateway)
-         SELECT gen_random_uuid(), '{}', 'key-' || i, 1000, 'usd', 'mock' FROM generate_series(1, {MIN_ROWS}) i;
-         SELECT pg_stat_force_next_flush();",
-        app.account_id
-    ))
-    .await
-    .unwrap();
     // Roles belong to the cluster, which the tests share.
     let mut not_owner = app.db().await;
     not_owner
@@ -178,4 +170,61 @@ async fn a_table_the_role_does_not_own_is_left_to_autovacuum() {
         .unwrap();
     assert!(analyze_grown_tables(&mut not_owner).await.unwrap().is_empty(), "it could not analyze it");
     assert_eq!(analyze_grown_tables(&mut conn).await.unwrap(), ["payments"], "its owner does");
+}
+
+/// A hundred payments in a table autovacuum leaves alone, counted by the statistics collector.
+async fn hundred_payments(app: &TestApp) {
+    app.db()
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE payments SET (autovacuum_enabled = false);
+             INSERT INTO payments (id, account_id, idempotency_key, amount, currency, gateway)
+             SELECT gen_random_uuid(), '{}', 'key-' || i, 1000, 'usd', 'mock' FROM generate_series(1, {MIN_ROWS}) i;
+             SELECT pg_stat_force_next_flush();",
+            app.account_id
+        ))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_table_another_session_holds_is_not_reported_analyzed_and_is_analyzed_once_let_go() {
+    let app = TestApp::spawn().await;
+    hundred_payments(&app).await;
+    // What another process's ANALYZE, a VACUUM or an index built concurrently holds.
+    let mut holder = app.db().await;
+    holder.batch_execute("BEGIN; LOCK TABLE payments IN SHARE UPDATE EXCLUSIVE MODE").await.unwrap();
+    let mut conn = app.db().await;
+
+    assert!(analyze_grown_tables(&mut conn).await.unwrap().is_empty(), "skipped, so not analyzed");
+    assert_eq!(analyzed(&app).await, Vec::<String>::new());
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(analyze_grown_tables(&mut conn).await.unwrap(), ["payments"], "the next run");
+    assert_eq!(analyzed(&app).await, ["payments"]);
+}
+
+#[tokio::test]
+async fn a_member_of_the_owner_that_does_not_inherit_its_rights_leaves_the_table_to_autovacuum() {
+    let app = TestApp::spawn().await;
+    hundred_payments(&app).await;
+    // Roles belong to the cluster, which the tests share.
+    let mut conn = app.db().await;
+    conn.batch_execute(
+        "DO $$ BEGIN
+             CREATE ROLE payments_test_owner;
+             CREATE ROLE payments_test_inheriting IN ROLE payments_test_owner;
+             CREATE ROLE payments_test_noinherit NOINHERIT IN ROLE payments_test_owner;
+         EXCEPTION WHEN duplicate_object THEN NULL; END $$;
+         ALTER TABLE payments OWNER TO payments_test_owner",
+    )
+    .await
+    .unwrap();
+    let grown_for = async |role: &str| {
+        let mut conn = app.db().await;
+        conn.batch_execute(&format!("SET ROLE {role}")).await.unwrap();
+        grown_tables(&mut conn).await.unwrap()
+    };
+    // ANALYZE would only warn that it skipped it, run after run.
+    assert!(grown_for("payments_test_noinherit").await.is_empty(), "it could not analyze it");
+    assert_eq!(grown_for("payments_test_inheriting").await, ["payments"], "it has the owner's rights");
 }
