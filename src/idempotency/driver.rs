@@ -183,6 +183,11 @@ pub async fn take_in<'a, P: Phases>(
     let claimed = claim::<_, P::Started>(&mut conn, new, ctx.lock_timeout, first.as_ref()).await;
     // The first phase's writes borrow `phases`, which takes what they returned below.
     drop(first);
+    if claimed.is_err() {
+        // As after a phase that failed (`Run::release`): the connection may be broken, or still
+        // busy with a claim that ran out of time, and the next request must not wait behind it.
+        db::discard(&mut conn);
+    }
     let lock = match claimed? {
         Claim::Mismatch => {
             metrics.key(account_id, endpoint, KeyOutcome::KeyReused);

@@ -125,6 +125,34 @@ async fn cut_off_while_waiting_on<T>(app: &TestApp, lock: &str, request: impl Fu
     answer
 }
 
+#[tokio::test]
+async fn a_claim_that_fails_gives_up_its_connection_instead_of_lending_it_to_the_next_request() {
+    let app = TestApp::spawn().await;
+    let mut holder = app.db().await;
+    holder.batch_execute("BEGIN; LOCK TABLE idempotency_keys IN EXCLUSIVE MODE").await.unwrap();
+    let database = app.database.name.clone();
+
+    // The claim waits on the table until its statement times out.
+    let (key, body) = (new_key(), payment_body());
+    let response = app.post_payment(&key, &body);
+    let its_backend = async {
+        wait_until(Duration::from_secs(10), "the claim waits on the lock", || async {
+            !waiting_on_a_lock(&app, &database).await.is_empty()
+        })
+        .await;
+        waiting_on_a_lock(&app, &database).await
+    };
+    let (response, claimed_on) = tokio::join!(response, its_backend);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // Its connection, which could as well be still busy or broken, is closed, not pooled.
+    let [pid] = claimed_on[..] else { panic!("one claim waited: {claimed_on:?}") };
+    let gone = format!("NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = {pid})");
+    wait_until(Duration::from_secs(10), "the claim's backend is gone", || app.database_says(&gone)).await;
+    assert_eq!(app.post_payment(&new_key(), &payment_body()).await.status(), StatusCode::CREATED);
+}
+
 #[derive(diesel::QueryableByName)]
 struct Backend {
     #[diesel(sql_type = diesel::sql_types::Integer)]
