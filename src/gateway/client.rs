@@ -221,23 +221,35 @@ impl GatewayClient {
     }
 
     /// Sends a request, and returns the answer's status and body with the identity that gave it,
-    /// which this process then takes for the gateway's at this address.
+    /// which this process then takes for the gateway's at this address (but for an answer that
+    /// says nothing of who is behind it, see [`GatewayClient::identity_of`]).
     async fn send(&self, request: RequestBuilder) -> Result<Answered<(u16, bytes::Bytes)>, GatewayError> {
         let response = request.send().await.map_err(from_transport)?;
-        let by = self.identity_of(&response)?;
-        self.remember(by.clone());
+        let by = match self.identity_of(&response)? {
+            Some(named) => {
+                self.remember(named.clone());
+                named
+            }
+            None => self.known_id().unwrap_or_else(|| self.url_identity.clone()),
+        };
         let status = response.status().as_u16();
         Ok(Answered { by, answer: (status, response.bytes().await.map_err(from_transport)?) })
     }
 
     /// The identity of an answer: what it names in [`IDENTITY_HEADER`], checked to be something a
-    /// payment can record, or the URL's if it names none.
-    fn identity_of(&self, response: &reqwest::Response) -> Result<Arc<str>, GatewayError> {
+    /// payment can record, or the URL's if it names none; or none at all for a server error that
+    /// names none. Such an answer (an outcome unknown) comes as often from a proxy or a load
+    /// balancer in front of the gateway (a `502` of its own) as from a gateway whose answers
+    /// name nothing: it is taken as from the gateway this process knows at the address, and
+    /// teaches it nothing. Taken as the URL's, one proxy's `502` in front of a gateway that names
+    /// itself would move the payment to a "gateway" that holds nothing, where no look-up could
+    /// ever settle it.
+    fn identity_of(&self, response: &reqwest::Response) -> Result<Option<Arc<str>>, GatewayError> {
         let Some(named) = response.headers().get(IDENTITY_HEADER) else {
-            return Ok(self.url_identity.clone());
+            return Ok((!response.status().is_server_error()).then(|| self.url_identity.clone()));
         };
         match named.to_str() {
-            Ok(named) if recordable(named) => Ok(named.into()),
+            Ok(named) if recordable(named) => Ok(Some(named.into())),
             _ => Err(GatewayError::Unavailable(format!(
                 "an answer names a gateway identity that cannot be recorded ({} bytes)",
                 named.len()

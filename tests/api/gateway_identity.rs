@@ -220,3 +220,44 @@ async fn an_identity_a_payment_cannot_record_makes_the_answer_unreadable() {
         assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
     }
 }
+
+#[tokio::test]
+async fn a_proxys_own_502_in_front_of_a_gateway_that_names_itself_moves_no_payment() {
+    let gateway = MockServer::start().await;
+    let named = |status: u16| ResponseTemplate::new(status).insert_header("Gateway-Account", "acct_behind_a_proxy");
+    Mock::given(method("GET"))
+        .and(path("/v1/account"))
+        .respond_with(named(200).set_body_json(json!({ "id": "acct_behind_a_proxy" })))
+        .mount(&gateway)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(named(200).set_body_json(json!({ "object": "list", "data": [] })))
+        .mount(&gateway)
+        .await;
+    // The proxy's own answer: the charge request never reached the gateway.
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(502).set_body_string("Bad Gateway"))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&gateway)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(named(200).set_body_json(json!({ "id": "ch_after_the_502", "status": "succeeded" })))
+        .mount(&gateway)
+        .await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+
+    let first = app.post_payment(&key, &payment_body()).await;
+
+    assert_eq!(first.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy", "the 502 named no gateway");
+    // The retry looks the charge up where the payment says, finds none, and charges there.
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
+    let trail = app.audit_trail().await;
+    assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+}
