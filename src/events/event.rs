@@ -43,6 +43,11 @@ struct EventRequest {
     idempotency_key: Option<String>,
 }
 
+/// The `created` times an event may carry, in Unix seconds: 1970 to the end of 9999. Wider ones
+/// (chrono reads years to ±262,000) would fail to insert into a `timestamptz` (4713 BC to
+/// 294276 AD), every time the gateway sent the event again: an answer of 400 ends that.
+const CREATED: std::ops::RangeInclusive<i64> = 0..=253_402_300_799;
+
 /// Why an event that verified cannot be read.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -57,6 +62,9 @@ impl GatewayEvent {
         let fits = |text: &str| (1..=255).contains(&text.chars().count()) && !text.chars().any(char::is_control);
         if !fits(&event.id) || !fits(&event.data.object.id) {
             return Err(Unreadable("an event or object id that is empty, too long or not text".into()));
+        }
+        if !CREATED.contains(&event.created) {
+            return Err(Unreadable("a created time before 1970 or after 9999".into()));
         }
         Ok(event)
     }
@@ -76,6 +84,7 @@ impl GatewayEvent {
         &self.data.object
     }
 
+    /// When the gateway stamped the event (within [`CREATED`], checked by [`GatewayEvent::parse`]).
     pub fn created(&self) -> DateTime<Utc> {
         DateTime::from_timestamp(self.created, 0).unwrap_or_default()
     }

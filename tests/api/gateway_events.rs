@@ -102,6 +102,16 @@ async fn only_a_whole_signature_over_the_exact_bytes_within_the_tolerance_is_acc
     let not_an_event = br#"{"hello":"world"}"#;
     let response = app.post_event(not_an_event, Some(&signed(not_an_event, &[SECRET], now()))).await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    // Nor one stamped when no timestamp column can hold (a 503 would have had it sent forever).
+    for created in [-300_000_000_000_i64, -1, 253_402_300_800, 9_000_000_000_000_000] {
+        let mut stamped: Value = serde_json::from_slice(&body).unwrap();
+        stamped["created"] = json!(created);
+        let stamped = serde_json::to_vec(&stamped).unwrap();
+        let response = app.post_event(&stamped, Some(&signed(&stamped, &[SECRET], now()))).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "created {created}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], "https://payments.example/problems/malformed-body", "created {created}");
+    }
     assert!(app.database_says("SELECT count(*) = 3 FROM gateway_events").await);
 }
 
