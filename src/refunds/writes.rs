@@ -228,7 +228,11 @@ impl PhaseWrites for Finish<'_> {
 
 /// `finished` of a refund: [`Finish`], and a refund the gateway left pending handed to the settler
 /// (due in `settle_in_ms`), which looks it up until it settles. Only now: before its key is
-/// finished, a refund is its key's driver's alone.
+/// finished, a refund is its key's driver's alone. A refund the gateway sent an event about
+/// meanwhile (the inbox holds one for the key: it only woke the key, which was not finished) is
+/// due at once: the gateway has settled it, and the settler's look-up records that, as the
+/// completer's does for a payment's key an event woke. (An event this statement's snapshot
+/// misses, committed while it ran, leaves the refund to its first backoff, as without one.)
 pub struct FinishRefund<'a> {
     pub account_id: Uuid,
     pub refund_id: Uuid,
@@ -239,9 +243,14 @@ pub struct FinishRefund<'a> {
 
 impl PhaseWrites for FinishRefund<'_> {
     fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("settling AS (UPDATE refunds SET settle_at = now() + ");
+        out.push_sql(
+            "settling AS (UPDATE refunds SET settle_at = now() + CASE WHEN EXISTS (SELECT FROM gateway_events WHERE \
+             account_id = ",
+        );
+        out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
+        out.push_sql(" AND idempotency_key_id = (SELECT id FROM fence)) THEN interval '0' ELSE ");
         out.push_bind_param::<BigInt, _>(&self.settle_in_ms)?;
-        out.push_sql(" * interval '1 millisecond'");
+        out.push_sql(" * interval '1 millisecond' END");
         walk_this_pending_refund(&self.account_id, &self.refund_id, out.reborrow())?;
         out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING id), ");
         self.finish.walk_writes(out)

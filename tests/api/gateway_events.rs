@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use diesel::prelude::*;
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use payments::db::schema::refunds;
 use payments::gateway::signature::{WebhookSecret, sign};
 use payments::idempotency::needing_attention;
@@ -313,6 +313,44 @@ async fn refund_events_out_of_order_settle_forward_only() {
         .map(|entry| entry["data"]["outcome"].as_str().unwrap())
         .collect();
     assert_eq!(received, ["nudged", "stale", "stale"]);
+}
+
+/// A refund event that comes while the refund's key is not finished, the gateway's answer
+/// recorded as `pending`, only wakes the key: the key's `finished` then hands the refund to the
+/// settler due at once (not after its first backoff), whose look-up records what the event said.
+#[tokio::test]
+async fn a_refund_event_before_its_key_finishes_makes_the_refund_due_for_the_settler_at_once() {
+    let app = app().await;
+    let payment = app.paid(1000, "tok_refundPending").await;
+    let (key, body) = (new_key(), json!({ "payment": payment["id"], "amount": 400 }));
+    // The refund's `finished` (which stages its event) cannot commit: the key stays at
+    // `refund_created`, the gateway's `pending` recorded.
+    let mut holder = app.db().await;
+    holder.batch_execute("BEGIN; LOCK TABLE staged_jobs IN EXCLUSIVE MODE").await.unwrap();
+    assert_eq!(app.post_refund(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "refund_created");
+
+    // The gateway settles the refund, and says so.
+    app.gateway.settle_refunds().await;
+    let downstream = app.downstream_key(app.key_row(&key).await.unwrap().id);
+    let settled = app.gateway.refunds_for(&downstream).await.remove(0);
+    assert_eq!(settled["status"], "succeeded");
+    let early = event("refund.succeeded", settled, &downstream);
+    let response = app.post_event(&early, Some(&signed(&early, &[SECRET], now()))).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "nudged");
+
+    let refund: Value = app.post_refund(&key, &body).await.json().await.unwrap();
+    assert_eq!(refund["status"], "pending", "finished with what its key recorded");
+    let id = refund["id"].as_str().unwrap();
+    assert!(app.database_says(&format!("SELECT settle_at <= now() FROM refunds WHERE id = '{id}'")).await);
+    assert_eq!(app.workers().settler.run_once().await.unwrap(), Outcome::Worked);
+    let now_refund: Value = app.get(&format!("/v1/refunds/{id}")).await.json().await.unwrap();
+    assert_eq!(now_refund["status"], "succeeded");
+    let paid = payment["id"].as_str().unwrap();
+    let totals =
+        format!("SELECT amount_refunded = 400 AND amount_refund_pending = 0 FROM payments WHERE id = '{paid}'");
+    assert!(app.database_says(&totals).await);
 }
 
 /// A disagreement flagged while the key is not finished yet outlives its finish: the client's
