@@ -10,7 +10,7 @@ diesel::table! {
 }
 
 diesel::table! {
-    audit_records (account_id, id) {
+    audit_records (account_id, resource_type, resource_id, id) {
         id -> Int8,
         account_id -> Uuid,
         action -> Text,

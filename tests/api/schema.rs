@@ -67,12 +67,52 @@ fn declared_columns() -> Vec<Column> {
     declared
 }
 
+#[derive(QueryableByName, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PrimaryKey {
+    #[diesel(sql_type = Text)]
+    table_name: String,
+    /// Its columns in order, as `schema.rs` writes them: `a, b`.
+    #[diesel(sql_type = Text)]
+    columns: String,
+}
+
+async fn primary_keys(conn: &mut AsyncPgConnection) -> Vec<PrimaryKey> {
+    diesel::sql_query(
+        "SELECT c.conrelid::regclass::text AS table_name,
+                string_agg(a.attname, ', ' ORDER BY k.position) AS columns
+         FROM pg_constraint c
+         CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k (attnum, position)
+         JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum
+         WHERE c.contype = 'p' AND c.connamespace = 'public'::regnamespace
+           AND c.conrelid::regclass::text <> '__diesel_schema_migrations'
+         GROUP BY c.conrelid
+         ORDER BY 1",
+    )
+    .load(conn)
+    .await
+    .unwrap()
+}
+
+/// The primary keys `schema.rs` declares, read from the heads of its `table!` blocks.
+fn declared_primary_keys() -> Vec<PrimaryKey> {
+    let mut declared: Vec<PrimaryKey> = SCHEMA_RS
+        .lines()
+        .map(str::trim)
+        .filter_map(|line| line.strip_suffix(") {")?.split_once(" ("))
+        .map(|(table, columns)| PrimaryKey { table_name: table.to_owned(), columns: columns.to_owned() })
+        .collect();
+    declared.sort();
+    declared
+}
+
 #[tokio::test]
 async fn schema_rs_matches_the_migrated_database() {
     let database = TestDatabase::create().await;
-    let mut actual = columns(&mut AsyncPgConnection::establish(&database.url).await.unwrap()).await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let mut actual = columns(&mut conn).await;
     actual.sort();
     assert_eq!(declared_columns(), actual);
+    assert_eq!(declared_primary_keys(), primary_keys(&mut conn).await, "the primary keys, column by column");
 }
 
 #[tokio::test]
@@ -113,13 +153,23 @@ async fn assert_none(sql: &str) {
 
 #[tokio::test]
 async fn every_table_but_accounts_carries_account_id_in_every_unique_key() {
+    // Unique indexes, not only constraints: an index made unique by `CREATE UNIQUE INDEX` (as a
+    // concurrent build makes it) constrains rows as much, and a distributed table needs its
+    // distribution column in it too.
     assert_none(
-        "SELECT format('%s.%s does not include account_id', c.conrelid::regclass, c.conname) AS finding
-         FROM pg_constraint c
-         WHERE c.contype IN ('p', 'u') AND c.connamespace = 'public'::regnamespace
-           AND c.conrelid::regclass::text NOT IN ('accounts', '__diesel_schema_migrations')
+        "SELECT format('%s has no account_id', c.oid::regclass) AS finding
+         FROM pg_class c
+         WHERE c.relkind IN ('r', 'p') AND c.relnamespace = 'public'::regnamespace
+           AND c.relname NOT IN ('accounts', '__diesel_schema_migrations')
+           AND NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'account_id')
+         UNION ALL
+         SELECT format('%s does not include account_id', i.indexrelid::regclass)
+         FROM pg_index i
+         JOIN pg_class c ON c.oid = i.indrelid
+         WHERE i.indisunique AND c.relnamespace = 'public'::regnamespace
+           AND c.relname NOT IN ('accounts', '__diesel_schema_migrations')
            AND NOT EXISTS (SELECT FROM pg_attribute a
-                           WHERE a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) AND a.attname = 'account_id')",
+                           WHERE a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey) AND a.attname = 'account_id')",
     )
     .await;
 }
