@@ -59,9 +59,11 @@ impl FromRequest for IdempotencyKeyHeader {
     type Future = Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let key = match req.headers().get("Idempotency-Key") {
-            None => Err(KeyError::Missing),
-            Some(value) => IdempotencyKey::parse(value.as_bytes()),
+        let mut sent = req.headers().get_all("Idempotency-Key");
+        let key = match (sent.next(), sent.next()) {
+            (None, _) => Err(KeyError::Missing),
+            (Some(value), None) => IdempotencyKey::parse(value.as_bytes()),
+            (Some(_), Some(_)) => Err(KeyError::Repeated),
         };
         ready(key.map(IdempotencyKeyHeader).map_err(ApiError::from))
     }
@@ -78,11 +80,11 @@ impl FromRequest for FaultRequest {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let enabled = req.app_data::<web::Data<AppState>>().is_some_and(|state| state.settings.fault_injection);
-        let requested = req
-            .headers()
-            .get(FAULT_HEADER)
-            .map(|value| value.to_str().map_err(|e| e.to_string()).and_then(str::parse))
-            .transpose();
+        let mut sent = req.headers().get_all(FAULT_HEADER);
+        let requested = match (sent.next(), sent.next()) {
+            (Some(_), Some(_)) => Err(format!("{FAULT_HEADER} is sent more than once; ask for one fault")),
+            (value, _) => value.map(|value| value.to_str().map_err(|e| e.to_string()).and_then(str::parse)).transpose(),
+        };
         ready(requested.map(|fault| FaultRequest(fault.filter(|_| enabled))).map_err(ApiError::InvalidRequest))
     }
 }

@@ -29,6 +29,10 @@ pub enum KeyError {
     SurroundingSpace,
     #[error("the Idempotency-Key starts with a quote but is not a valid RFC 8941 string")]
     MalformedQuotedString,
+    /// Sent twice: HTTP reads two header lines as one list, which is no single key; taking either
+    /// one would let a retry that carries only the other make the payment again.
+    #[error("the Idempotency-Key header is sent more than once; send one key")]
+    Repeated,
 }
 
 impl IdempotencyKey {

@@ -35,6 +35,11 @@ async fn a_missing_or_invalid_idempotency_key_is_400() {
         let response = app.post_payment_raw(Some(&app.api_key), &[json, ("Idempotency-Key", key)], body.clone()).await;
         assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-idempotency-key").await;
     }
+    // Two keys are none: a retry that carried only the second would otherwise pay again.
+    let twice = [json, ("Idempotency-Key", "first"), ("Idempotency-Key", "second")];
+    let response = app.post_payment_raw(Some(&app.api_key), &twice, body.clone()).await;
+    let problem = assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-idempotency-key").await;
+    assert!(problem["detail"].as_str().unwrap().contains("more than once"), "{problem}");
     let non_ascii = reqwest::header::HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap();
     let response = app
         .http
@@ -190,6 +195,10 @@ async fn a_malformed_fault_header_is_400_whether_or_not_fault_injection_is_on() 
                 app.post_payment_with(&new_key(), payment_body().to_string(), &[("X-Fault-Inject", value)]).await;
             assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
         }
+        // Nor two faults, a valid one first.
+        let twice = [("X-Fault-Inject", "crash=after_started"), ("X-Fault-Inject", "AAA")];
+        let response = app.post_payment_with(&new_key(), payment_body().to_string(), &twice).await;
+        assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
     }
 }
 
