@@ -208,7 +208,7 @@ impl From<actix_web::Error> for ApiError {
     fn from(error: actix_web::Error) -> Self {
         match error.as_error::<actix_web::error::PayloadError>() {
             Some(actix_web::error::PayloadError::Overflow) => {
-                ApiError::PayloadTooLarge { limit: super::extract::MAX_BODY_BYTES }
+                ApiError::PayloadTooLarge { limit: super::extract::MAX_EVENT_BYTES }
             }
             _ => ApiError::MalformedBody(format!("The body could not be read: {error}.")),
         }

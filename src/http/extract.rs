@@ -16,6 +16,12 @@ use crate::state::AppState;
 /// about 12 KiB of JSON.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
+/// The largest raw body accepted: a gateway event's. An event carries the charge or refund as the
+/// gateway shows it, with the description and metadata of a request that was itself up to
+/// [`MAX_BODY_BYTES`], and its own fields around them: an event refused for its size would be
+/// sent again for ever. Four times the request's bound leaves room for any the gateway can make.
+pub const MAX_EVENT_BYTES: usize = 4 * MAX_BODY_BYTES;
+
 /// The account whose API key the request carries (`Authorization: Bearer <key>`).
 pub struct AuthenticatedAccount {
     pub id: Uuid,
@@ -95,8 +101,8 @@ pub fn extractor_configs(cfg: &mut web::ServiceConfig) {
         web::JsonConfig::default().limit(MAX_BODY_BYTES).error_handler(|error, _| ApiError::from(error).into()),
     )
     .app_data(web::QueryConfig::default().error_handler(|error, _| ApiError::from(error).into()))
-    // Raw bodies (a gateway event's, verified before it is read) are held to the same bound: an
-    // unsigned megabyte costs nothing to send and a signature check to refuse.
-    .app_data(web::PayloadConfig::new(MAX_BODY_BYTES))
+    // Raw bodies (a gateway event's, verified before it is read) are bounded too: an unsigned
+    // megabyte costs nothing to send and a signature check to refuse.
+    .app_data(web::PayloadConfig::new(MAX_EVENT_BYTES))
     .app_data(web::PathConfig::default().error_handler(|error, _| ApiError::from(error).into()));
 }

@@ -82,7 +82,7 @@ async fn only_a_whole_signature_over_the_exact_bytes_within_the_tolerance_is_acc
         assert_eq!(problem["type"], "https://payments.example/problems/invalid-signature", "{case}");
     }
     assert_eq!(written(&app).await, before, "a refused event writes nothing");
-    let huge = vec![b' '; 20 * 1024];
+    let huge = vec![b' '; 64 * 1024 + 1];
     let response = app.post_event(&huge, Some(&signed(&huge, &[SECRET], now()))).await;
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(response.headers()["content-type"], "application/problem+json");
@@ -459,4 +459,28 @@ async fn with_no_retry_and_an_hours_backoff_the_gateways_event_finishes_the_paym
 struct InboxRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
     outcome: String,
+}
+
+#[tokio::test]
+async fn the_event_of_a_payment_made_with_the_largest_body_is_received() {
+    let app = TestApp::builder().gateway_events().spawn().await;
+    // Near the request's own bound, in characters of two bytes each; the event adds the charge's
+    // and its own fields around them.
+    let metadata: serde_json::Map<String, Value> =
+        (0..20).map(|i| (format!("k{i:02}"), json!("é".repeat(385)))).collect();
+    let body = json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "description": "é".repeat(200),
+                       "metadata": metadata });
+    let bytes = serde_json::to_vec(&body).unwrap();
+    assert!((15 * 1024..16 * 1024).contains(&bytes.len()), "{} bytes", bytes.len());
+    let key = new_key();
+    assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::CREATED);
+
+    wait_until(Duration::from_secs(10), "the gateway hears its event acknowledged", || async {
+        app.gateway.event_stats().await.3 == 1
+    })
+    .await;
+    assert_eq!(app.gateway.event_stats().await.2, 1, "at its first delivery");
+    let key_id = app.key_row(&key).await.unwrap().id;
+    let received = format!("SELECT count(*) = 1 FROM gateway_events WHERE idempotency_key_id = '{key_id}'");
+    assert!(app.database_says(&received).await);
 }
