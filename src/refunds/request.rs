@@ -154,6 +154,7 @@ mod tests {
             r#"{"amount": 100}"#.to_owned(),
             r#"{"payment": "not-a-uuid"}"#.to_owned(),
             format!(r#"{{"payment": "{PAYMENT}", "amount": 10.5}}"#),
+            format!(r#"{{"payment": "{PAYMENT}", "amount": 0.99999999999999999}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "reason": "bored"}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "charge": "ch_1"}}"#),
         ] {
