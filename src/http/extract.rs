@@ -4,7 +4,8 @@ use std::future::{Ready, ready};
 
 use actix_web::http::header::AUTHORIZATION;
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
-use futures_util::future::{Either, LocalBoxFuture};
+use futures_util::TryFutureExt;
+use futures_util::future::{Either, LocalBoxFuture, MapErr, MapOk, TryJoin, try_join};
 use uuid::Uuid;
 
 use super::error::ApiError;
@@ -22,16 +23,31 @@ pub const MAX_BODY_BYTES: usize = 16 * 1024;
 /// sent again for ever. Four times the request's bound leaves room for any the gateway can make.
 pub const MAX_EVENT_BYTES: usize = 4 * MAX_BODY_BYTES;
 
-/// The account whose API key the request carries (`Authorization: Bearer <key>`).
-pub struct AuthenticatedAccount {
-    pub id: Uuid,
-}
+/// The account whose API key the request carries (`Authorization: Bearer <key>`), and then `T`,
+/// the rest of what the handler reads from the request: nothing else is read until the key is
+/// known, so a request without a valid key is a `401` whatever else is wrong with it (a body, a
+/// header, a query or an id that would be a `400`, `404` or `415` to its account). Extracted side
+/// by side, the first error ready would win, and a key that needs a database look-up is never
+/// the first.
+pub struct Authenticated<T>(pub Uuid, pub T);
 
-impl FromRequest for AuthenticatedAccount {
-    type Error = ApiError;
-    type Future = Either<Ready<Result<Self, ApiError>>, LocalBoxFuture<'static, Result<Self, ApiError>>>;
+/// `T`'s extraction once the account is known at once: no allocation of its own.
+type Known<T> = MapOk<
+    TryJoin<
+        Ready<Result<Uuid, actix_web::Error>>,
+        MapErr<<T as FromRequest>::Future, fn(<T as FromRequest>::Error) -> actix_web::Error>,
+    >,
+    fn((Uuid, T)) -> Authenticated<T>,
+>;
 
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+impl<T: FromRequest + 'static> FromRequest for Authenticated<T>
+where
+    T::Error: Into<actix_web::Error>,
+{
+    type Error = actix_web::Error;
+    type Future = Either<Known<T>, LocalBoxFuture<'static, Result<Self, actix_web::Error>>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>();
         let api_key = req
             .headers()
@@ -41,18 +57,24 @@ impl FromRequest for AuthenticatedAccount {
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, key)| key.trim());
         let (Some(state), Some(api_key)) = (state, api_key) else {
-            return Either::Left(ready(Err(ApiError::Unauthorized)));
+            return Either::Right(Box::pin(ready(Err(ApiError::Unauthorized.into()))));
         };
         // A key seen lately is known at once: nearly every request's is, and boxing the database
         // look-up's future for it (a large allocation) cost more than the look-up in memory.
         let unremembered = match state.api_keys.remembered(api_key) {
-            Ok(id) => return Either::Left(ready(Ok(AuthenticatedAccount { id }))),
+            Ok(id) => {
+                let rest = T::from_request(req, payload).map_err(Into::into as fn(T::Error) -> actix_web::Error);
+                let both = try_join(ready(Ok(id)), rest);
+                return Either::Left(both.map_ok((|(id, rest)| Authenticated(id, rest)) as fn((Uuid, T)) -> Self));
+            }
             Err(unremembered) => unremembered,
         };
-        let state = state.clone();
+        let (state, req, mut payload) = (state.clone(), req.clone(), payload.take());
         Either::Right(Box::pin(async move {
-            let id = state.api_keys.authenticate(&state.db, unremembered).await?.ok_or(ApiError::Unauthorized)?;
-            Ok(AuthenticatedAccount { id })
+            let id = state.api_keys.authenticate(&state.db, unremembered).await.map_err(ApiError::from)?;
+            let id = id.ok_or(ApiError::Unauthorized)?;
+            let rest = T::from_request(&req, &mut payload).await.map_err(Into::into)?;
+            Ok(Authenticated(id, rest))
         }))
     }
 }

@@ -4,7 +4,7 @@ use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::extract::AuthenticatedAccount;
+use super::extract::Authenticated;
 use crate::db;
 use crate::idempotency::IdempotencyKey;
 use crate::state::AppState;
@@ -24,12 +24,11 @@ pub struct KeyQuery {
 /// it made, and its audit trail, a page at a time.
 pub async fn key_story(
     state: web::Data<AppState>,
-    account: AuthenticatedAccount,
-    query: web::Query<KeyQuery>,
+    Authenticated(account, query): Authenticated<web::Query<KeyQuery>>,
 ) -> Result<HttpResponse, ApiError> {
     let key = IdempotencyKey::named(&query.key)?;
     let mut conn = db::connect(&state.db).await?;
-    let story = KeyStory::find(&mut conn, account.id, &key, query.trail_after).await?;
+    let story = KeyStory::find(&mut conn, account, &key, query.trail_after).await?;
     let story = story.ok_or(ApiError::IdempotencyKeyNotFound)?;
     Ok(HttpResponse::Ok().json(story))
 }

@@ -8,7 +8,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{AuthenticatedAccount, FaultRequest, IdempotencyKeyHeader};
+use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader};
 use crate::db;
 use crate::idempotency::StoredResponse;
 use crate::payments::{self, CreatePaymentBody, CreateRequest, Payment, PaymentList, PaymentView};
@@ -29,13 +29,14 @@ pub(super) const MAX_PAGE: i64 = 100;
 /// `POST /v1/payments`
 pub async fn create_payment(
     state: web::Data<AppState>,
-    account: AuthenticatedAccount,
-    key: IdempotencyKeyHeader,
-    fault: FaultRequest,
     request_id: RequestId,
-    body: web::Json<CreatePaymentBody>,
+    Authenticated(account, (key, fault, body)): Authenticated<(
+        IdempotencyKeyHeader,
+        FaultRequest,
+        web::Json<CreatePaymentBody>,
+    )>,
 ) -> Result<HttpResponse, ApiError> {
-    let create = CreateRequest::new(account.id, key.0, body.into_inner().validate()?);
+    let create = CreateRequest::new(account, key.0, body.into_inner().validate()?);
     // A finished key's answer held in memory is the whole answer: it needs no database and leaves
     // nothing half-done if the client hangs up, so it needs no task of its own either (README,
     // "A replay's tail").
@@ -56,11 +57,10 @@ pub async fn create_payment(
 /// `GET /v1/payments/{id}`
 pub async fn get_payment(
     state: web::Data<AppState>,
-    account: AuthenticatedAccount,
-    id: web::Path<Uuid>,
+    Authenticated(account, id): Authenticated<web::Path<Uuid>>,
 ) -> Result<HttpResponse, ApiError> {
     let mut conn = db::connect(&state.db).await?;
-    let payment = db::query(Payment::find(&mut conn, account.id, id.into_inner())).await?;
+    let payment = db::query(Payment::find(&mut conn, account, id.into_inner())).await?;
     let payment = payment.ok_or(ApiError::PaymentNotFound)?;
     Ok(HttpResponse::Ok().json(PaymentView::from(&payment)))
 }
@@ -76,8 +76,7 @@ pub struct ListQuery {
 /// `GET /v1/payments?limit=N&starting_after=ID`: newest first, cursor-paginated.
 pub async fn list_payments(
     state: web::Data<AppState>,
-    account: AuthenticatedAccount,
-    query: web::Query<ListQuery>,
+    Authenticated(account, query): Authenticated<web::Query<ListQuery>>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
@@ -86,13 +85,13 @@ pub async fn list_payments(
     let mut conn = db::connect(&state.db).await?;
     let before = match query.starting_after {
         None => None,
-        Some(cursor) => match db::query(Payment::position(&mut conn, account.id, cursor)).await? {
+        Some(cursor) => match db::query(Payment::position(&mut conn, account, cursor)).await? {
             Some(position) => Some(position),
             // The cursor names nothing that exists, as an unknown id does on its own path.
             None => return Err(ApiError::PaymentNotFound),
         },
     };
-    let mut page = db::query(Payment::list(&mut conn, account.id, before, limit)).await?;
+    let mut page = db::query(Payment::list(&mut conn, account, before, limit)).await?;
     let has_more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     Ok(HttpResponse::Ok().json(PaymentList::new(&page, has_more)))

@@ -6,7 +6,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{AuthenticatedAccount, FaultRequest, IdempotencyKeyHeader};
+use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader};
 use super::payments::{DEFAULT_PAGE, MAX_PAGE, stored_response};
 use crate::db;
 use crate::payments::Payment;
@@ -17,13 +17,14 @@ use crate::state::AppState;
 /// `POST /v1/refunds`
 pub async fn create_refund(
     state: web::Data<AppState>,
-    account: AuthenticatedAccount,
-    key: IdempotencyKeyHeader,
-    fault: FaultRequest,
     request_id: RequestId,
-    body: web::Json<CreateRefundBody>,
+    Authenticated(account, (key, fault, body)): Authenticated<(
+        IdempotencyKeyHeader,
+        FaultRequest,
+        web::Json<CreateRefundBody>,
+    )>,
 ) -> Result<HttpResponse, ApiError> {
-    let create = CreateRequest::new(account.id, key.0, body.into_inner().validate()?);
+    let create = CreateRequest::new(account, key.0, body.into_inner().validate()?);
     // As a payment's: a finished key's answer in memory is answered here, with no task.
     if let Some(replayed) = create.answer_from_memory(&state) {
         let replayed = replayed?;
@@ -39,12 +40,11 @@ pub async fn create_refund(
 /// `GET /v1/refunds/{id}`. An id that is not one names no refund.
 pub async fn get_refund(
     state: web::Data<AppState>,
-    account: AuthenticatedAccount,
-    id: web::Path<String>,
+    Authenticated(account, id): Authenticated<web::Path<String>>,
 ) -> Result<HttpResponse, ApiError> {
     let id = Uuid::parse_str(&id).map_err(|_| ApiError::RefundNotFound)?;
     let mut conn = db::connect(&state.db).await?;
-    let refund = db::query(Refund::find(&mut conn, account.id, id)).await?;
+    let refund = db::query(Refund::find(&mut conn, account, id)).await?;
     let refund = refund.ok_or(ApiError::RefundNotFound)?;
     Ok(HttpResponse::Ok().json(RefundView::from(&refund)))
 }
@@ -61,25 +61,24 @@ pub struct ListQuery {
 /// `GET /v1/refunds?payment=ID&limit=N&starting_after=ID`: a payment's refunds, newest first.
 pub async fn list_refunds(
     state: web::Data<AppState>,
-    account: AuthenticatedAccount,
-    query: web::Query<ListQuery>,
+    Authenticated(account, query): Authenticated<web::Query<ListQuery>>,
 ) -> Result<HttpResponse, ApiError> {
     let limit = query.limit.unwrap_or(DEFAULT_PAGE);
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::InvalidRequest(format!("limit must be from 1 to {MAX_PAGE}.")));
     }
     let mut conn = db::connect(&state.db).await?;
-    if db::query(Payment::find(&mut conn, account.id, query.payment)).await?.is_none() {
+    if db::query(Payment::find(&mut conn, account, query.payment)).await?.is_none() {
         return Err(ApiError::PaymentNotFound);
     }
     let before = match query.starting_after {
         None => None,
-        Some(cursor) => match db::query(Refund::position(&mut conn, account.id, query.payment, cursor)).await? {
+        Some(cursor) => match db::query(Refund::position(&mut conn, account, query.payment, cursor)).await? {
             Some(position) => Some(position),
             None => return Err(ApiError::RefundNotFound),
         },
     };
-    let mut page = db::query(Refund::list(&mut conn, account.id, query.payment, before, limit)).await?;
+    let mut page = db::query(Refund::list(&mut conn, account, query.payment, before, limit)).await?;
     let has_more = page.len() as i64 > limit;
     page.truncate(limit as usize);
     Ok(HttpResponse::Ok().json(RefundList::new(&page, has_more)))

@@ -138,6 +138,31 @@ async fn a_request_without_a_valid_api_key_is_401() {
     assert_rejected(&app, basic, StatusCode::UNAUTHORIZED, "unauthorized").await;
     let list = app.get_as("sk_nope", "/v1/payments").await;
     assert_eq!(list.status(), StatusCode::UNAUTHORIZED);
+
+    // Whatever else is wrong with the request: the key is asked about first (an unknown one needs
+    // the database, and must not lose to a check that answers at once).
+    let json = ("Content-Type", "application/json");
+    let wrong_otherwise: [(&[(&str, &str)], &str); 5] = [
+        (&[json], "{\"amount\": 1000}"),
+        (&[json, ("Idempotency-Key", "k")], "{"),
+        (&[("Content-Type", "text/plain"), ("Idempotency-Key", "k")], "{}"),
+        (&[json, ("Idempotency-Key", "k"), ("X-Fault-Inject", "boom")], "{}"),
+        (&[json, ("Idempotency-Key", "")], "{}"),
+    ];
+    for (headers, body) in wrong_otherwise {
+        let response = app.post_payment_raw(Some("sk_nope"), headers, body.to_owned()).await;
+        assert_rejected(&app, response, StatusCode::UNAUTHORIZED, "unauthorized").await;
+    }
+    for path in [
+        "/v1/payments/not-a-uuid",
+        "/v1/payments?limit=0",
+        "/v1/payments?unknown=1",
+        "/v1/refunds",
+        "/v1/refunds/not-a-uuid",
+        "/v1/idempotency_keys",
+    ] {
+        assert_eq!(app.get_as("sk_nope", path).await.status(), StatusCode::UNAUTHORIZED, "{path}");
+    }
 }
 
 #[tokio::test]
