@@ -78,4 +78,7 @@ async fn a_phase_that_keeps_conflicting_gives_up_as_a_conflict_not_an_internal_e
     let response = actix_web::ResponseError::error_response(&payments::http::ApiError::from(error));
     assert_eq!(response.status().as_u16(), 503, "transient, so never a 500");
     assert!(response.headers().contains_key("retry-after"));
+    let body = actix_web::body::to_bytes(response.into_body()).await.unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/transaction-conflict", "{problem}");
 }
