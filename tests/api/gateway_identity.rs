@@ -261,3 +261,27 @@ async fn a_proxys_own_502_in_front_of_a_gateway_that_names_itself_moves_no_payme
     let trail = app.audit_trail().await;
     assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
 }
+
+#[tokio::test]
+async fn a_refund_is_never_made_or_believed_at_another_gateway_than_the_payments() {
+    let mut gateway = Process::gateway().await;
+    let app = TestApp::builder().gateway_url(&gateway.url).spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let charged_at = app.gateway_id().await;
+
+    // The mock restarts on the same address, its charges gone: another gateway answers there.
+    let restarted = replace(&mut gateway).await;
+    let response = app.post_refund(&new_key(), &json!({ "payment": payment["id"], "amount": 400 })).await;
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "its answer is not the charge's gateway's");
+    assert_eq!(response.headers()["retry-after"], "2");
+    let id = payment["id"].as_str().unwrap();
+    let reserved = format!(
+        "SELECT p.amount_refund_pending = 400 AND p.amount_refunded = 0 AND r.status = 'pending'
+         FROM payments p JOIN refunds r ON r.payment_id = p.id WHERE p.id = '{id}'"
+    );
+    assert!(app.database_says(&reserved).await, "nothing final: pending, its amount reserved");
+    assert_ne!(*app.gateway_id().await, *charged_at, "the process now knows the other gateway");
+    let refunds = GatewayControl::new(&restarted.url).all_stats().await["refunds"].as_u64();
+    assert_eq!(refunds, Some(0), "nothing refunded at the other gateway");
+}
