@@ -118,3 +118,21 @@ async fn a_driver_paused_past_its_lease_makes_no_gateway_call_when_it_wakes() {
     assert_eq!(woken.status(), StatusCode::SERVICE_UNAVAILABLE, "it stops without calling");
     assert_eq!(control.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 1, faults: 0 });
 }
+
+#[tokio::test]
+async fn each_phase_renews_the_lease_for_the_owners_lock_timeout() {
+    let app = TestApp::builder().lock_timeout(Duration::from_secs(60)).spawn().await;
+    let mut conn = app.db().await;
+    let request = app.key_request();
+    let mut lock = request.claim(&app).await;
+    // The lease is nearly over when the phase commits.
+    app.run_sql("UPDATE idempotency_keys SET locked_until = now() + interval '1 second'").await;
+
+    let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
+    let _: KeyRowId = atomic_phase(&mut conn, &mut lock, transition, audited_phase("", "")).await.unwrap();
+
+    let renewed = "SELECT locked_until > now() + interval '50 seconds' FROM idempotency_keys";
+    assert!(app.database_says(renewed).await, "the phase renewed it by its lock timeout, from the database's now()");
+    let row = app.key_row(request.key.as_str()).await.unwrap();
+    assert_eq!((row.recovery_point.as_str(), row.lock_token.is_some()), ("charge_created", true), "still held");
+}

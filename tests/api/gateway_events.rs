@@ -484,3 +484,50 @@ async fn the_event_of_a_payment_made_with_the_largest_body_is_received() {
     let received = format!("SELECT count(*) = 1 FROM gateway_events WHERE idempotency_key_id = '{key_id}'");
     assert!(app.database_says(&received).await);
 }
+
+#[tokio::test]
+async fn an_event_about_no_request_of_ours_is_acknowledged_and_left() {
+    let app = app().await;
+    let before = written(&app).await;
+    for caused_by in [json!({ "idempotency_key": "someone-elses-key" }), json!(null)] {
+        let mut body: Value = serde_json::from_slice(&event("charge.succeeded", json!({ "id": "ch_1" }), "x")).unwrap();
+        body["request"] = caused_by.clone();
+        let body = serde_json::to_vec(&body).unwrap();
+        let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+        assert_eq!(response.status(), StatusCode::OK, "{caused_by}");
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "unknown", "{caused_by}");
+    }
+    assert_eq!(written(&app).await, before, "nothing recorded");
+}
+
+#[tokio::test]
+async fn with_no_secret_configured_every_event_is_refused() {
+    let app = TestApp::spawn().await;
+    let (payment, downstream) = charged(&app).await;
+    let body = event("charge.succeeded", json!({ "id": payment["gateway_charge_id"] }), &downstream);
+    for secret in [SECRET, ""] {
+        let response = app.post_event(&body, Some(&signed(&body, &[secret], now()))).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "signed with {secret:?}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], "https://payments.example/problems/invalid-signature");
+    }
+    assert!(app.database_says("SELECT count(*) = 0 FROM gateway_events").await);
+}
+
+#[tokio::test]
+async fn a_failure_of_ours_rolls_the_event_back_and_answers_5xx_so_the_gateway_sends_it_again() {
+    let app = app().await;
+    let (payment, downstream) = charged(&app).await;
+    let body = event("charge.succeeded", json!({ "id": payment["gateway_charge_id"] }), &downstream);
+    let before = written(&app).await;
+    // The inbox cannot be written: the event's transaction times out waiting for it.
+    let mut holder = app.db().await;
+    holder.batch_execute("BEGIN; LOCK TABLE gateway_events IN EXCLUSIVE MODE").await.unwrap();
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+
+    assert!(response.status().is_server_error(), "{}", response.status());
+    assert_eq!(written(&app).await, before, "nothing of it committed");
+    let again = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    assert_eq!(again.json::<Value>().await.unwrap()["outcome"], "applied", "sent again, it is applied once");
+}

@@ -119,6 +119,10 @@ async fn a_pending_refund_settles_to_succeeded_with_its_event_once() {
     let payment = app.paid(1000, "tok_refundPending").await;
     let refund = pending_refund(&app, &payment, Some(400)).await;
     assert_eq!(totals(&app, &payment).await, (0, 400), "reserved while pending");
+    let created = events(&app, "refund.created").await;
+    assert_eq!(created.len(), 1, "a refund left pending is announced as created");
+    let announced = &created[0]["data"]["object"];
+    assert_eq!((&announced["id"], announced["status"].as_str()), (&refund["id"], Some("pending")));
     let scrape = app.metrics().await;
     for outcome in SettlerOutcome::ALL {
         assert_eq!(scrape.get("settler_runs_total", &[("outcome", outcome.as_str())]), Some(0.0), "{outcome:?}");

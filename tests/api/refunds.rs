@@ -63,6 +63,8 @@ async fn refusals_are_answers_stored_under_the_key() {
     assert_eq!(refused["type"], "https://payments.example/problems/payment-not-refundable");
     let replay = app.post_refund(&key, &body).await;
     assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+    let refusals = app.audit_trail().await.into_iter().filter(|(action, _)| action == "refund.refused").count();
+    assert_eq!(refusals, 1, "the refusal is in the audit trail, once");
 
     let other = app.create_account("other").await;
     let theirs = app.paid(100, "tok_visa").await;
@@ -77,6 +79,23 @@ async fn refusals_are_answers_stored_under_the_key() {
     let (status, missing) = problem(response).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(missing["type"], "https://payments.example/problems/payment-not-found");
+}
+
+#[tokio::test]
+async fn a_refused_refund_made_nothing_so_its_key_is_new_again_once_reaped() {
+    let app = TestApp::builder().key_retention(std::time::Duration::from_secs(1)).spawn().await;
+    let payment = app.paid(1000, "tok_visa").await;
+    let key = new_key();
+    let (status, _) = problem(app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 5000 })).await).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "more than the payment");
+    wait_until(std::time::Duration::from_secs(10), "the key expired", || app.key_has_expired(&key)).await;
+    app.workers().reaper.run_once().await.unwrap();
+    assert!(app.key_row(&key).await.is_none(), "reaped");
+
+    let again = app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 300 })).await;
+
+    assert_eq!(again.status(), StatusCode::CREATED, "a new request under the key");
+    assert_eq!(again.json::<Value>().await.unwrap()["amount"], 300);
 }
 
 #[tokio::test]
