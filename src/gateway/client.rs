@@ -9,6 +9,7 @@ use super::charge::{Charge, ChargeRequest, GatewayError};
 use super::refund::{Refund, RefundRequest, RefundStatus};
 use crate::metrics::{GatewayOperation, GatewayOutcome, Metrics};
 use reqwest::{RequestBuilder, Url};
+use tracing::Instrument;
 
 /// The header in which a gateway that knows who it is names itself on every answer (the mock
 /// does). See [`GatewayClient`] for the one rule that makes an answer's identity.
@@ -48,6 +49,9 @@ pub struct GatewayClient {
     id: Arc<Mutex<Option<Arc<str>>>>,
     /// Where its calls are counted, once the client belongs to an application.
     metrics: Option<Arc<Metrics>>,
+    /// The runtime it was made on (the process's own), where every call runs: see
+    /// [`GatewayClient::send`].
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl GatewayClient {
@@ -77,6 +81,7 @@ impl GatewayClient {
             url_identity: identity.as_str().into(),
             id: Arc::default(),
             metrics: None,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -223,17 +228,33 @@ impl GatewayClient {
     /// Sends a request, and returns the answer's status and body with the identity that gave it,
     /// which this process then takes for the gateway's at this address (but for an answer that
     /// says nothing of who is behind it, see [`GatewayClient::identity_of`]).
+    ///
+    /// The call runs on the runtime the client was made on, not on the caller's. A connection is
+    /// driven by a task on the runtime that opened it, and kept for later calls from anywhere:
+    /// opened on an HTTP worker's runtime, it would die when that worker stops, which at a clean
+    /// stop an idle worker does at once, cutting off the gateway calls of the requests other
+    /// workers are still draining.
     async fn send(&self, request: RequestBuilder) -> Result<Answered<(u16, bytes::Bytes)>, GatewayError> {
-        let response = request.send().await.map_err(from_transport)?;
-        let by = match self.identity_of(&response)? {
-            Some(named) => {
-                self.remember(named.clone());
-                named
-            }
-            None => self.known_id().unwrap_or_else(|| self.url_identity.clone()),
+        let client = self.clone();
+        let call = async move {
+            let response = request.send().await.map_err(from_transport)?;
+            let by = match client.identity_of(&response)? {
+                Some(named) => {
+                    client.remember(named.clone());
+                    named
+                }
+                None => client.known_id().unwrap_or_else(|| client.url_identity.clone()),
+            };
+            let status = response.status().as_u16();
+            Ok(Answered { by, answer: (status, response.bytes().await.map_err(from_transport)?) })
         };
-        let status = response.status().as_u16();
-        Ok(Answered { by, answer: (status, response.bytes().await.map_err(from_transport)?) })
+        match &self.runtime {
+            Some(runtime) => runtime
+                .spawn(call.in_current_span())
+                .await
+                .map_err(|error| GatewayError::Unavailable(format!("the gateway call was cut off: {error}")))?,
+            None => call.await,
+        }
     }
 
     /// The identity of an answer: what it names in [`IDENTITY_HEADER`], checked to be something a

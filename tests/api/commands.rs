@@ -1,9 +1,15 @@
 //! The binary's commands, as an operator runs them.
 
+use std::time::Duration;
+
+use diesel_async::AsyncConnection;
 use payments::idempotency::needing_attention;
 use tokio::process::Command;
 
-use crate::helpers::{Lock, TestApp, new_key, payment_body, plan_nodes, record_statements, sql_of, statements};
+use crate::helpers::{
+    HeldProxy, Lock, Process, TestApp, TestDatabase, new_key, payment_body, plan_nodes, record_statements, sql_of,
+    statements, wait_until,
+};
 
 async fn payments(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
@@ -219,4 +225,61 @@ async fn stats_read_only_the_hours_asked_for_through_the_index_on_hour() {
         plan.iter().any(|node| node.index.as_deref() == Some("key_request_counts_hour_idx")),
         "the hours read through their index: {plan:#?}"
     );
+}
+
+/// `serve` on a fresh database, its gateway behind a proxy that holds every call until let through
+/// (the identity look-up and a first payment's charge are let through), and an API key.
+async fn serve_with_a_held_gateway() -> (Process, HeldProxy, String, Process, TestDatabase) {
+    let database = TestDatabase::create().await;
+    let mut conn = diesel_async::AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments::accounts::create(&mut conn, "stopping").await.unwrap();
+    let gateway = Process::gateway().await;
+    let proxy = HeldProxy::start(&gateway.url);
+    let env = [("DATABASE_URL", database.url.as_str()), ("GATEWAY_URL", proxy.url.as_str())];
+    let serve = Process::serve_with(&["serve"], &env).await;
+    proxy.release(2);
+    let first = pay(&serve.url, &api_key).await.unwrap();
+    assert_eq!(first.status(), reqwest::StatusCode::CREATED);
+    (serve, proxy, api_key, gateway, database)
+}
+
+async fn pay(url: &str, api_key: &str) -> reqwest::Result<reqwest::Response> {
+    reqwest::Client::new()
+        .post(format!("{url}/v1/payments"))
+        .bearer_auth(api_key)
+        .header("Idempotency-Key", new_key())
+        .json(&payment_body())
+        .send()
+        .await
+}
+
+#[tokio::test]
+async fn a_stop_signal_drains_the_request_under_way_and_a_second_one_stops_at_once() {
+    use nix::sys::signal::Signal::SIGTERM;
+    // One signal: the payment whose charge is under way is answered, then the process exits cleanly.
+    let (mut serve, proxy, api_key, _gateway, _database) = serve_with_a_held_gateway().await;
+    let url = serve.url.clone();
+    let paying = pay(&url, &api_key);
+    let stop_while_charging = async {
+        wait_until(Duration::from_secs(10), "the charge is under way", || async { proxy.received() == 3 }).await;
+        serve.signal(SIGTERM);
+        proxy.release(1);
+    };
+    let (answer, ()) = tokio::join!(paying, stop_while_charging);
+    assert_eq!(answer.unwrap().status(), reqwest::StatusCode::CREATED, "drained, not cut off");
+    assert!(serve.exited().await.success());
+
+    // Two: the process exits without waiting for the charge, which is never let through.
+    let (mut serve, proxy, api_key, _gateway, _database) = serve_with_a_held_gateway().await;
+    let url = serve.url.clone();
+    let paying = pay(&url, &api_key);
+    let stop_twice = async {
+        wait_until(Duration::from_secs(10), "the charge is under way", || async { proxy.received() == 3 }).await;
+        serve.signal(SIGTERM);
+        serve.signal(SIGTERM);
+        serve.exited().await
+    };
+    let (answer, exited) = tokio::join!(paying, stop_twice);
+    assert_eq!(exited.code(), Some(1), "exited at once, unclean");
+    assert!(answer.is_err(), "the request was cut off with the process: {answer:?}");
 }

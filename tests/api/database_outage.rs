@@ -193,3 +193,25 @@ async fn a_503_after_the_claim_says_the_request_may_still_complete_and_it_does()
     .await;
     assert_eq!(app.gateway.stats().await.charges, 1);
 }
+
+/// An HTTP worker's runtime stops on its own at a clean stop (at once, if it is idle), while the
+/// others drain their requests and the workers finish their unit of work: a connection it happened
+/// to open for the pool must not die with it.
+#[test]
+fn a_connection_opened_from_a_runtime_that_stopped_since_still_serves() {
+    let process = tokio::runtime::Runtime::new().unwrap();
+    let database = process.block_on(TestDatabase::create());
+    let pool = process.block_on(async { payments::db::pool(&database.url, 1) });
+    let http_worker = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    http_worker.block_on(async {
+        let mut conn = payments::db::connect(&pool).await.unwrap();
+        diesel::sql_query("SELECT 1").execute(&mut conn).await.unwrap();
+    });
+    // A request elsewhere holds that connection (across its phases) as the worker stops.
+    let mut held = process.block_on(payments::db::connect(&pool)).unwrap();
+    drop(http_worker);
+
+    process.block_on(async {
+        diesel::sql_query("SELECT 1").execute(&mut *held).await.expect("the connection still works");
+    });
+}
