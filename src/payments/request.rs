@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use iso_currency::Currency;
-use serde::de::{Deserializer, Error as _, Unexpected};
+use serde::de::{Deserializer, Error as _, MapAccess, Unexpected, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::idempotency::Canonical;
@@ -31,7 +31,7 @@ pub struct CreatePaymentBody {
     pub source: String,
     #[serde(default)]
     pub description: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "metadata_sent_once")]
     pub metadata: Option<BTreeMap<String, String>>,
 }
 
@@ -101,6 +101,38 @@ impl CreatePaymentBody {
             source: self.source,
         })
     }
+}
+
+/// Metadata as sent (a payment's or a refund's), each key once: a key sent twice is refused, as a
+/// field sent twice is, never silently kept as its last value, which would make two different
+/// bodies one request.
+pub(crate) fn metadata_sent_once<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    struct SentOnce(BTreeMap<String, String>);
+    impl<'de> Deserialize<'de> for SentOnce {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer.deserialize_map(SentOnceVisitor)
+        }
+    }
+    struct SentOnceVisitor;
+    impl<'de> Visitor<'de> for SentOnceVisitor {
+        type Value = SentOnce;
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            formatter.write_str("an object of strings")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SentOnce, A::Error> {
+            let mut metadata = BTreeMap::new();
+            while let Some((key, value)) = map.next_entry::<String, String>()? {
+                if metadata.contains_key(&key) {
+                    return Err(A::Error::custom(format_args!("the metadata key {key:?} is sent twice")));
+                }
+                metadata.insert(key, value);
+            }
+            Ok(SentOnce(metadata))
+        }
+    }
+    Ok(Option::<SentOnce>::deserialize(deserializer)?.map(|SentOnce(metadata)| metadata))
 }
 
 /// Checks the rules of `metadata` (a payment's or a refund's): at most [`MAX_METADATA_KEYS`] keys of
@@ -360,6 +392,7 @@ mod tests {
             r#"{"amount": "100", "currency": "usd", "source": "tok_visa"}"#,
             r#"{"amount": null, "currency": "usd", "source": "tok_visa"}"#,
             r#"{"amount": [1], "currency": "usd", "source": "tok_visa"}"#,
+            r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {"k": "1", "k": "2"}}"#,
             r#"{"amount": 100, "currency": "usd", "source": "tok_visa", "metadata": {"k": 1}}"#,
         ] {
             assert!(serde_json::from_str::<CreatePaymentBody>(case).is_err(), "{case}");

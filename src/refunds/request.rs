@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::idempotency::Canonical;
-use crate::payments::{MAX_AMOUNT, ValidationError, integral_number, validate_metadata};
+use crate::payments::{MAX_AMOUNT, ValidationError, integral_number, metadata_sent_once, validate_metadata};
 
 /// Why a refund is made, as Stripe names the reasons.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,7 +38,7 @@ pub struct CreateRefundBody {
     pub amount: Option<i64>,
     #[serde(default)]
     pub reason: Option<RefundReason>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "metadata_sent_once")]
     pub metadata: Option<BTreeMap<String, String>>,
 }
 
@@ -155,6 +155,7 @@ mod tests {
             r#"{"payment": "not-a-uuid"}"#.to_owned(),
             format!(r#"{{"payment": "{PAYMENT}", "amount": 10.5}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "amount": 0.99999999999999999}}"#),
+            format!(r#"{{"payment": "{PAYMENT}", "metadata": {{"k": "1", "k": "1"}}}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "reason": "bored"}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "charge": "ch_1"}}"#),
         ] {

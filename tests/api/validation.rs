@@ -68,6 +68,8 @@ async fn a_malformed_body_is_400_and_leaves_the_key_unspent() {
         // A fraction too small for an f64 to keep is a fraction all the same.
         r#"{"amount": 0.99999999999999999, "currency": "usd", "source": "tok_visa"}"#.to_string(),
         r#"{"amount": 99999998.999999999, "currency": "usd", "source": "tok_visa"}"#.to_string(),
+        // A metadata key sent twice, as a field sent twice: which one was meant?
+        r#"{"amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": {"a": "1", "a": "2"}}"#.to_string(),
         json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "metadata": { "k": 1 } }).to_string(),
     ];
     for body in malformed {
