@@ -146,6 +146,7 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = &'static str>> 
 /// exits at once, and what was in flight is left as after a crash (and recovered like one).
 pub fn exit_on_second_signal() -> std::io::Result<()> {
     let second = shutdown_signal()?;
+    tracing::info!("draining; a second stop signal exits at once");
     tokio::spawn(async move {
         let signal = second.await;
         tracing::warn!(signal, "second stop signal: exiting at once");

@@ -253,33 +253,39 @@ async fn pay(url: &str, api_key: &str) -> reqwest::Result<reqwest::Response> {
         .await
 }
 
-#[tokio::test]
-async fn a_stop_signal_drains_the_request_under_way_and_a_second_one_stops_at_once() {
-    use nix::sys::signal::Signal::SIGTERM;
-    // One signal: the payment whose charge is under way is answered, then the process exits cleanly.
+/// Sends `serve` a stop signal (`signals` is 1 or 2) while a payment's charge is held at the proxy
+/// (and lets the charge through after one): the payment's answer, and how the process exited.
+async fn stopped_while_charging(signals: usize) -> (reqwest::Result<reqwest::Response>, std::process::ExitStatus) {
     let (mut serve, proxy, api_key, _gateway, _database) = serve_with_a_held_gateway().await;
     let url = serve.url.clone();
     let paying = pay(&url, &api_key);
-    let stop_while_charging = async {
+    let stop = async {
         wait_until(Duration::from_secs(10), "the charge is under way", || async { proxy.received() == 3 }).await;
-        serve.signal(SIGTERM);
-        proxy.release(1);
-    };
-    let (answer, ()) = tokio::join!(paying, stop_while_charging);
-    assert_eq!(answer.unwrap().status(), reqwest::StatusCode::CREATED, "drained, not cut off");
-    assert!(serve.exited().await.success());
-
-    // Two: the process exits without waiting for the charge, which is never let through.
-    let (mut serve, proxy, api_key, _gateway, _database) = serve_with_a_held_gateway().await;
-    let url = serve.url.clone();
-    let paying = pay(&url, &api_key);
-    let stop_twice = async {
-        wait_until(Duration::from_secs(10), "the charge is under way", || async { proxy.received() == 3 }).await;
-        serve.signal(SIGTERM);
-        serve.signal(SIGTERM);
+        serve.signal(nix::sys::signal::Signal::SIGTERM);
+        match signals {
+            1 => proxy.release(1),
+            _ => {
+                // The second once the first is taken, as a person's second Ctrl-C comes.
+                let mut logs = serve.stderr.clone();
+                logs.wait_for(|lines| lines.iter().any(|line| line.contains("a second stop signal exits at once")))
+                    .await
+                    .unwrap();
+                serve.signal(nix::sys::signal::Signal::SIGTERM);
+            }
+        }
         serve.exited().await
     };
-    let (answer, exited) = tokio::join!(paying, stop_twice);
+    tokio::join!(paying, stop)
+}
+
+#[tokio::test]
+async fn a_stop_signal_drains_the_request_under_way_and_a_second_one_stops_at_once() {
+    let (answer, exited) = stopped_while_charging(1).await;
+    assert_eq!(answer.unwrap().status(), reqwest::StatusCode::CREATED, "drained, not cut off");
+    assert!(exited.success());
+
+    // The process exits without waiting for the charge, which is never let through.
+    let (answer, exited) = stopped_while_charging(2).await;
     assert_eq!(exited.code(), Some(1), "exited at once, unclean");
     assert!(answer.is_err(), "the request was cut off with the process: {answer:?}");
 }

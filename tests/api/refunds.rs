@@ -216,20 +216,14 @@ async fn an_expired_refund_key_answers_410_naming_its_refund_and_refunds_nothing
     assert_eq!(as_payment.status(), StatusCode::UNPROCESSABLE_ENTITY);
 }
 
-#[tokio::test]
-async fn a_refund_decides_on_the_payment_as_a_concurrent_refund_left_it_never_on_an_older_read() {
-    let app = TestApp::spawn().await;
-    let payment = app.paid(999, "tok_visa").await;
-    let id = payment["id"].as_str().unwrap().to_owned();
-    // Another refund's transaction holds the payment's row, having reserved 700, not committed yet.
+/// A refund of `body` sent while another transaction holds `update` of the payment's row, not
+/// committed yet; committed once the refund waits for the row.
+async fn refund_behind(app: &TestApp, update: &str, body: Value) -> reqwest::Response {
     let mut other = app.db().await;
-    let reserve = format!("UPDATE payments SET amount_refund_pending = amount_refund_pending + 700 WHERE id = '{id}'");
-    for sql in ["BEGIN", reserve.as_str()] {
+    for sql in ["BEGIN", update] {
         diesel::sql_query(sql).execute(&mut other).await.unwrap();
     }
-
-    // This refund's `started` waits for that row, and then sees what the other left: 299.
-    let (key, body) = (new_key(), json!({ "payment": id, "amount": 333 }));
+    let key = new_key();
     let refund = app.post_refund(&key, &body);
     let commit_once_it_waits = async {
         wait_until(std::time::Duration::from_secs(10), "the refund waits for the payment's row", || {
@@ -238,7 +232,18 @@ async fn a_refund_decides_on_the_payment_as_a_concurrent_refund_left_it_never_on
         .await;
         diesel::sql_query("COMMIT").execute(&mut other).await.unwrap();
     };
-    let (refund, ()) = tokio::join!(refund, commit_once_it_waits);
+    tokio::join!(refund, commit_once_it_waits).0
+}
+
+#[tokio::test]
+async fn a_refund_decides_on_the_payment_as_a_concurrent_refund_left_it_never_on_an_older_read() {
+    let app = TestApp::spawn().await;
+    let payment = app.paid(999, "tok_visa").await;
+    let id = payment["id"].as_str().unwrap().to_owned();
+    // Another refund's transaction holds the payment's row, having reserved 700, not committed yet;
+    // this refund's `started` waits for that row, and then sees what the other left: 299.
+    let reserve = format!("UPDATE payments SET amount_refund_pending = amount_refund_pending + 700 WHERE id = '{id}'");
+    let refund = refund_behind(&app, &reserve, json!({ "payment": id, "amount": 333 })).await;
 
     let (status, refused) = problem(refund).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
@@ -256,25 +261,11 @@ async fn a_refund_decided_as_the_payments_charge_is_recorded_calls_the_gateway_w
     // The payment as its `charge_created` finds it: pending, no charge recorded yet.
     let pending = format!("UPDATE payments SET status = 'pending', gateway_charge_id = NULL WHERE id = '{id}'");
     diesel::sql_query(&pending).execute(&mut app.db().await).await.unwrap();
-    // That phase's transaction: the charge recorded, not committed yet.
-    let mut phase = app.db().await;
+    // That phase's transaction, the charge recorded, not committed yet: the refund's statement
+    // begins while the payment is pending, waits for its row, and then decides on what the phase
+    // committed: a succeeded payment, with its charge.
     let record = format!("UPDATE payments SET status = 'succeeded', gateway_charge_id = '{charge}' WHERE id = '{id}'");
-    for sql in ["BEGIN", record.as_str()] {
-        diesel::sql_query(sql).execute(&mut phase).await.unwrap();
-    }
-
-    // The refund's statement began while the payment was pending, waits for its row, and then
-    // decides on what the phase committed: a succeeded payment, with its charge.
-    let (key, body) = (new_key(), json!({ "payment": id, "amount": 400 }));
-    let refund = app.post_refund(&key, &body);
-    let commit_once_it_waits = async {
-        wait_until(std::time::Duration::from_secs(10), "the refund waits for the payment's row", || {
-            app.database_says("SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-        })
-        .await;
-        diesel::sql_query("COMMIT").execute(&mut phase).await.unwrap();
-    };
-    let (refund, ()) = tokio::join!(refund, commit_once_it_waits);
+    let refund = refund_behind(&app, &record, json!({ "payment": id, "amount": 400 })).await;
 
     let (status, refund) = problem(refund).await;
     assert_eq!(status, StatusCode::CREATED, "{refund}");
