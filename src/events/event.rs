@@ -45,7 +45,9 @@ struct EventRequest {
 
 /// The `created` times an event may carry, in Unix seconds: 1970 to the end of 9999. Wider ones
 /// (chrono reads years to ±262,000) would fail to insert into a `timestamptz` (4713 BC to
-/// 294276 AD), every time the gateway sent the event again: an answer of 400 ends that.
+/// 294276 AD): the sender's error, answered `400` as any event that does not read is, rather than
+/// a `503` that blames our database (the gateway sends it again either way, as it does any event
+/// not answered `2xx`).
 const CREATED: std::ops::RangeInclusive<i64> = 0..=253_402_300_799;
 
 /// Why an event that verified cannot be read.

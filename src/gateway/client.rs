@@ -243,7 +243,14 @@ impl GatewayClient {
                     client.remember(named.clone());
                     named
                 }
-                None => client.known_id().unwrap_or_else(|| client.url_identity.clone()),
+                // Before any answer named the gateway, such an answer is from nobody known: no
+                // answer at all, so that nothing records the URL's identity for it.
+                None => client.known_id().ok_or_else(|| {
+                    GatewayError::Unavailable(format!(
+                        "a server error ({}) that names no gateway, before any answer did",
+                        response.status()
+                    ))
+                })?,
             };
             let status = response.status().as_u16();
             Ok(Answered { by, answer: (status, response.bytes().await.map_err(from_transport)?) })
@@ -262,9 +269,9 @@ impl GatewayClient {
     /// names none. Such an answer (an outcome unknown) comes as often from a proxy or a load
     /// balancer in front of the gateway (a `502` of its own) as from a gateway whose answers
     /// name nothing: it is taken as from the gateway this process knows at the address, and
-    /// teaches it nothing. Taken as the URL's, one proxy's `502` in front of a gateway that names
-    /// itself would move the payment to a "gateway" that holds nothing, where no look-up could
-    /// ever settle it.
+    /// teaches it nothing (before the process knows one, it is no answer). Taken as the URL's,
+    /// one proxy's `502` in front of a gateway that names itself would move the payment to a
+    /// "gateway" that holds nothing, where no look-up could ever settle it.
     fn identity_of(&self, response: &reqwest::Response) -> Result<Option<Arc<str>>, GatewayError> {
         let Some(named) = response.headers().get(IDENTITY_HEADER) else {
             return Ok((!response.status().is_server_error()).then(|| self.url_identity.clone()));

@@ -49,13 +49,15 @@ where
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>();
-        let api_key = req
-            .headers()
-            .get(AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.split_once(' '))
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, key)| key.trim());
+        // Sent twice, it names no one key: as a repeated `Idempotency-Key`, refused.
+        let mut sent = req.headers().get_all(AUTHORIZATION);
+        let api_key = match (sent.next(), sent.next()) {
+            (Some(value), None) => value.to_str().ok(),
+            _ => None,
+        }
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, key)| key.trim());
         let (Some(state), Some(api_key)) = (state, api_key) else {
             return Either::Right(Box::pin(ready(Err(ApiError::Unauthorized.into()))));
         };

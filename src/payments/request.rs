@@ -179,10 +179,12 @@ fn max_amount(currency: Currency) -> Option<i64> {
 pub(crate) fn integral_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
     let written = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
     let literal = written.get();
+    // The error names what was sent by its kind, never by its text, which may be kilobytes long.
     if !literal.starts_with(['-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9']) {
-        return Err(D::Error::invalid_type(Unexpected::Other(literal), &"an integer"));
+        return Err(D::Error::invalid_type(Unexpected::Other("a value that is not a number"), &"an integer"));
     }
-    integer_written(literal).ok_or_else(|| D::Error::invalid_value(Unexpected::Other(literal), &"an integer"))
+    integer_written(literal)
+        .ok_or_else(|| D::Error::invalid_value(Unexpected::Other("a number with a fraction"), &"an integer"))
 }
 
 /// The integer a JSON number literal writes, if it writes one (saturated to `i64`): `51803`,

@@ -76,6 +76,16 @@ async fn a_malformed_body_is_400_and_leaves_the_key_unspent() {
         let response = app.post_payment_with(&key, body, &[]).await;
         assert_rejected(&app, response, StatusCode::BAD_REQUEST, "malformed-body").await;
     }
+    // What was sent is named by its kind, not echoed back.
+    let large = json!({ "amount": { "x": "A".repeat(5000) }, "currency": "usd", "source": "tok_visa" });
+    let problem = assert_rejected(
+        &app,
+        app.post_payment_with(&key, large.to_string(), &[]).await,
+        StatusCode::BAD_REQUEST,
+        "malformed-body",
+    )
+    .await;
+    assert!(problem["detail"].as_str().unwrap().len() < 300, "{problem}");
     let breaking_a_rule = [
         json!({ "amount": 0, "currency": "usd", "source": "tok_visa" }).to_string(),
         json!({ "amount": 100_000_000, "currency": "usd", "source": "tok_visa" }).to_string(),
@@ -155,6 +165,16 @@ async fn a_request_without_a_valid_api_key_is_401() {
         let response = app.post_payment_raw(Some("sk_nope"), headers, body.to_owned()).await;
         assert_rejected(&app, response, StatusCode::UNAUTHORIZED, "unauthorized").await;
     }
+    // Two keys, the valid one first, are no one key.
+    let twice = app
+        .http
+        .get(format!("{}/v1/payments", app.address))
+        .header("Authorization", format!("Bearer {}", app.api_key))
+        .header("Authorization", "Bearer sk_nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), StatusCode::UNAUTHORIZED);
     for path in [
         "/v1/payments/not-a-uuid",
         "/v1/payments?limit=0",
