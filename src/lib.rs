@@ -28,6 +28,7 @@ pub mod payments;
 pub mod problem;
 pub mod refunds;
 pub mod request_id;
+pub mod runtime;
 pub mod startup;
 pub mod state;
 pub mod story;

@@ -26,6 +26,8 @@ use diesel_async::pooled_connection::{
 };
 use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 
+use crate::runtime::ProcessRuntime;
+
 /// The connection pool shared by every request and worker of a process.
 pub type Pool = bb8::Pool<AsyncDieselConnectionManager<AsyncPgConnection>>;
 
@@ -64,21 +66,15 @@ pub fn pool(database_url: &str, max_size: u32) -> Pool {
             }
         })
     }));
-    // A connection is driven by a task on the runtime that opens it. A checkout from an HTTP
-    // worker's runtime would open it there, and it would die with that worker, which at a clean
-    // stop an idle worker does at once, under the requests other workers are still draining and
-    // the workers still finishing their unit of work. So every connection is opened on the
-    // runtime that built the pool: the process's own, which outlives them all.
-    let runtime = tokio::runtime::Handle::try_current().ok();
+    // Opened on the runtime that built the pool, whichever task checks one out (see
+    // `crate::runtime`): a connection an HTTP worker opened would die with that worker.
+    let runtime = ProcessRuntime::current();
     config.custom_setup = Box::new(move |url| {
         let (runtime, url) = (runtime.clone(), url.to_owned());
         Box::pin(async move {
-            match runtime {
-                Some(runtime) => runtime.spawn(async move { establish(&url).await }).await.unwrap_or_else(|error| {
-                    Err(diesel::ConnectionError::BadConnection(format!("the connection was not opened: {error}")))
-                }),
-                None => establish(&url).await,
-            }
+            runtime.run(async move { establish(&url).await }).await.unwrap_or_else(|error| {
+                Err(diesel::ConnectionError::BadConnection(format!("the connection was not opened: {error}")))
+            })
         })
     });
     let manager = AsyncDieselConnectionManager::new_with_config(database_url, config);

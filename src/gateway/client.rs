@@ -8,6 +8,7 @@ use super::answers::{charge_look_up, charge_outcome, recordable, refund_look_up,
 use super::charge::{Charge, ChargeRequest, GatewayError};
 use super::refund::{Refund, RefundRequest, RefundStatus};
 use crate::metrics::{GatewayOperation, GatewayOutcome, Metrics};
+use crate::runtime::ProcessRuntime;
 use reqwest::{RequestBuilder, Url};
 use tracing::Instrument;
 
@@ -51,7 +52,7 @@ pub struct GatewayClient {
     metrics: Option<Arc<Metrics>>,
     /// The runtime it was made on (the process's own), where every call runs: see
     /// [`GatewayClient::send`].
-    runtime: Option<tokio::runtime::Handle>,
+    runtime: ProcessRuntime,
 }
 
 impl GatewayClient {
@@ -81,7 +82,7 @@ impl GatewayClient {
             url_identity: identity.as_str().into(),
             id: Arc::default(),
             metrics: None,
-            runtime: tokio::runtime::Handle::try_current().ok(),
+            runtime: ProcessRuntime::current(),
         })
     }
 
@@ -229,11 +230,8 @@ impl GatewayClient {
     /// which this process then takes for the gateway's at this address (but for an answer that
     /// says nothing of who is behind it, see [`GatewayClient::identity_of`]).
     ///
-    /// The call runs on the runtime the client was made on, not on the caller's. A connection is
-    /// driven by a task on the runtime that opened it, and kept for later calls from anywhere:
-    /// opened on an HTTP worker's runtime, it would die when that worker stops, which at a clean
-    /// stop an idle worker does at once, cutting off the gateway calls of the requests other
-    /// workers are still draining.
+    /// The call runs on the runtime the client was made on, not on the caller's, so that the
+    /// connection it may open outlives an HTTP worker that stops (see `crate::runtime`).
     async fn send(&self, request: RequestBuilder) -> Result<Answered<(u16, bytes::Bytes)>, GatewayError> {
         let client = self.clone();
         let call = async move {
@@ -255,13 +253,10 @@ impl GatewayClient {
             let status = response.status().as_u16();
             Ok(Answered { by, answer: (status, response.bytes().await.map_err(from_transport)?) })
         };
-        match &self.runtime {
-            Some(runtime) => runtime
-                .spawn(call.in_current_span())
-                .await
-                .map_err(|error| GatewayError::Unavailable(format!("the gateway call was cut off: {error}")))?,
-            None => call.await,
-        }
+        self.runtime
+            .run(call.in_current_span())
+            .await
+            .map_err(|error| GatewayError::Unavailable(format!("the gateway call was cut off: {error}")))?
     }
 
     /// The identity of an answer: what it names in [`IDENTITY_HEADER`], checked to be something a

@@ -2,7 +2,7 @@
 
 use std::future::{Ready, ready};
 
-use actix_web::http::header::AUTHORIZATION;
+use actix_web::http::header::{AUTHORIZATION, HeaderValue};
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 use futures_util::TryFutureExt;
 use futures_util::future::{Either, LocalBoxFuture, MapErr, MapOk, TryJoin, try_join};
@@ -49,15 +49,13 @@ where
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         let state = req.app_data::<web::Data<AppState>>();
-        // Sent twice, it names no one key: as a repeated `Idempotency-Key`, refused.
-        let mut sent = req.headers().get_all(AUTHORIZATION);
-        let api_key = match (sent.next(), sent.next()) {
-            (Some(value), None) => value.to_str().ok(),
-            _ => None,
-        }
-        .and_then(|value| value.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, key)| key.trim());
+        let api_key = sent_once(req, AUTHORIZATION.as_str())
+            .ok()
+            .flatten()
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, key)| key.trim());
         let (Some(state), Some(api_key)) = (state, api_key) else {
             return Either::Right(Box::pin(ready(Err(ApiError::Unauthorized.into()))));
         };
@@ -81,6 +79,20 @@ where
     }
 }
 
+/// A header sent more than once.
+struct Repeated;
+
+/// The one value of the header `name`, if it was sent. Sent twice, a header that names one thing
+/// (an API key, an idempotency key, a fault) names none: HTTP reads the two lines as one list, and
+/// taking either would let a request that carried only the other mean something else.
+fn sent_once<'r>(req: &'r HttpRequest, name: &str) -> Result<Option<&'r HeaderValue>, Repeated> {
+    let mut sent = req.headers().get_all(name);
+    match (sent.next(), sent.next()) {
+        (value, None) => Ok(value),
+        (_, Some(_)) => Err(Repeated),
+    }
+}
+
 /// The request's `Idempotency-Key`, required and valid.
 pub struct IdempotencyKeyHeader(pub IdempotencyKey);
 
@@ -89,11 +101,10 @@ impl FromRequest for IdempotencyKeyHeader {
     type Future = Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let mut sent = req.headers().get_all("Idempotency-Key");
-        let key = match (sent.next(), sent.next()) {
-            (None, _) => Err(KeyError::Missing),
-            (Some(value), None) => IdempotencyKey::parse(value.as_bytes()),
-            (Some(_), Some(_)) => Err(KeyError::Repeated),
+        let key = match sent_once(req, "Idempotency-Key") {
+            Ok(None) => Err(KeyError::Missing),
+            Ok(Some(value)) => IdempotencyKey::parse(value.as_bytes()),
+            Err(Repeated) => Err(KeyError::Repeated),
         };
         ready(key.map(IdempotencyKeyHeader).map_err(ApiError::from))
     }
@@ -110,10 +121,9 @@ impl FromRequest for FaultRequest {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let enabled = req.app_data::<web::Data<AppState>>().is_some_and(|state| state.settings.fault_injection);
-        let mut sent = req.headers().get_all(FAULT_HEADER);
-        let requested = match (sent.next(), sent.next()) {
-            (Some(_), Some(_)) => Err(format!("{FAULT_HEADER} is sent more than once; ask for one fault")),
-            (value, _) => value.map(|value| value.to_str().map_err(|e| e.to_string()).and_then(str::parse)).transpose(),
+        let requested = match sent_once(req, FAULT_HEADER) {
+            Err(Repeated) => Err(format!("{FAULT_HEADER} is sent more than once; ask for one fault")),
+            Ok(value) => value.map(|value| value.to_str().map_err(|e| e.to_string()).and_then(str::parse)).transpose(),
         };
         ready(requested.map(|fault| FaultRequest(fault.filter(|_| enabled))).map_err(ApiError::InvalidRequest))
     }
