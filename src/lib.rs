@@ -18,6 +18,7 @@ pub mod config;
 pub mod db;
 pub mod events;
 pub mod faults;
+pub mod fields;
 pub mod gateway;
 pub mod http;
 pub mod idempotency;

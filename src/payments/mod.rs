@@ -9,5 +9,4 @@ mod writes;
 pub use create::{CreateRequest, ENDPOINT, complete_abandoned, create_payment};
 pub use model::{ChargeOutcome, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, MAX_AMOUNT, ValidationError, validate_metadata};
-pub(crate) use request::{integral_number, metadata_sent_once};
 pub use view::{PaymentList, PaymentView};

@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use iso_currency::Currency;
-use serde::de::{Deserializer, Error as _, MapAccess, Unexpected, Visitor};
 use serde::{Deserialize, Serialize};
 
+use crate::fields::{integral_number, metadata_sent_once};
 use crate::idempotency::Canonical;
 
 /// The largest amount in any currency, in minor units (99,999,999 cents is just under a million
@@ -103,38 +103,6 @@ impl CreatePaymentBody {
     }
 }
 
-/// Metadata as sent (a payment's or a refund's), each key once: a key sent twice is refused, as a
-/// field sent twice is, never silently kept as its last value, which would make two different
-/// bodies one request.
-pub(crate) fn metadata_sent_once<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-    struct SentOnce(BTreeMap<String, String>);
-    impl<'de> Deserialize<'de> for SentOnce {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_map(SentOnceVisitor)
-        }
-    }
-    struct SentOnceVisitor;
-    impl<'de> Visitor<'de> for SentOnceVisitor {
-        type Value = SentOnce;
-        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
-            formatter.write_str("an object of strings")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SentOnce, A::Error> {
-            let mut metadata = BTreeMap::new();
-            while let Some((key, value)) = map.next_entry::<String, String>()? {
-                if metadata.contains_key(&key) {
-                    return Err(A::Error::custom(format_args!("the metadata key {key:?} is sent twice")));
-                }
-                metadata.insert(key, value);
-            }
-            Ok(SentOnce(metadata))
-        }
-    }
-    Ok(Option::<SentOnce>::deserialize(deserializer)?.map(|SentOnce(metadata)| metadata))
-}
-
 /// Checks the rules of `metadata` (a payment's or a refund's): at most [`MAX_METADATA_KEYS`] keys of
 /// 1 to [`MAX_METADATA_KEY_CHARS`] characters, values of at most [`MAX_METADATA_VALUE_CHARS`], no
 /// NUL anywhere. None is the same as empty.
@@ -170,57 +138,6 @@ fn has_nul(text: &str) -> bool {
 fn max_amount(currency: Currency) -> Option<i64> {
     let exponent = u32::from(currency.exponent()?);
     Some((10_i64.saturating_pow(MAX_MAJOR_UNIT_DIGITS + exponent) - 1).min(MAX_AMOUNT))
-}
-
-/// JSON has one kind of number, and JSON Schema counts `51803.0` as an integer, so an integral
-/// number is accepted however it is written; `10.5` is not an amount of minor units. A number
-/// too large for `i64` saturates, and is then refused by the amount's range. The number is read
-/// as written, not through an `f64`, which would round `0.99999999999999999` to 1 and charge it.
-pub(crate) fn integral_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
-    let written = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
-    let literal = written.get();
-    // The error names what was sent by its kind, never by its text, which may be kilobytes long.
-    if !literal.starts_with(['-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9']) {
-        return Err(D::Error::invalid_type(Unexpected::Other("a value that is not a number"), &"an integer"));
-    }
-    integer_written(literal)
-        .ok_or_else(|| D::Error::invalid_value(Unexpected::Other("a number with a fraction"), &"an integer"))
-}
-
-/// The integer a JSON number literal writes, if it writes one (saturated to `i64`): `51803`,
-/// `51803.0`, `5.1803e4`, `-0` do; `10.5` and `0.99999999999999999` do not.
-fn integer_written(literal: &str) -> Option<i64> {
-    let (negative, unsigned) = match literal.strip_prefix('-') {
-        Some(unsigned) => (true, unsigned),
-        None => (false, literal),
-    };
-    let (mantissa, exponent) = match unsigned.split_once(['e', 'E']) {
-        // An exponent beyond any `i64` is as good as a huge one of its sign.
-        Some((mantissa, exponent)) => {
-            let huge = if exponent.starts_with('-') { -(1 << 40) } else { 1 << 40 };
-            (mantissa, exponent.parse::<i64>().unwrap_or(huge).clamp(-(1 << 40), 1 << 40))
-        }
-        None => (unsigned, 0),
-    };
-    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
-    // The number is `digits` × 10^`scale`.
-    let digits = format!("{whole}{fraction}");
-    let digits = digits.trim_start_matches('0');
-    let significant = digits.trim_end_matches('0');
-    if significant.is_empty() {
-        return Some(0);
-    }
-    let scale = exponent - fraction.len() as i64 + (digits.len() - significant.len()) as i64;
-    if scale < 0 {
-        return None;
-    }
-    let magnitude = match significant.len() as i64 + scale {
-        // 19 digits or fewer with room for the zeros: within i128, and saturated below.
-        length if length <= 19 => significant.parse::<i128>().ok()? * 10_i128.pow(scale as u32),
-        _ => i128::MAX,
-    };
-    let value = if negative { -magnitude } else { magnitude };
-    Some(i64::try_from(value).unwrap_or(if negative { i64::MIN } else { i64::MAX }))
 }
 
 impl PaymentRequest {
@@ -352,37 +269,6 @@ mod tests {
         assert_eq!(params("0.00051803E+8"), params("51803"));
         // An integer too large for any amount is refused by the range, not mistaken for another.
         assert!(body(r#"{"amount": 1e20, "currency": "usd", "source": "tok_visa"}"#).validate().is_err());
-    }
-
-    #[test]
-    fn a_number_is_an_integer_only_as_written_never_as_an_f64_rounds_it() {
-        let written = [
-            ("0", Some(0)),
-            ("-0", Some(0)),
-            ("-0.0e5", Some(0)),
-            ("1", Some(1)),
-            ("1.0", Some(1)),
-            ("1e3", Some(1000)),
-            ("1.5e1", Some(15)),
-            ("100e-2", Some(1)),
-            ("-42", Some(-42)),
-            ("9223372036854775807", Some(i64::MAX)),
-            ("9223372036854775808", Some(i64::MAX)),
-            ("-9223372036854775809", Some(i64::MIN)),
-            ("1e20", Some(i64::MAX)),
-            ("1e400", Some(i64::MAX)),
-            ("-1e99999999999999999999", Some(i64::MIN)),
-            ("0e99999999999999999999", Some(0)),
-            ("10.5", None),
-            ("0.99999999999999999", None),
-            ("99999998.999999999", None),
-            ("100.00000000000000001", None),
-            ("1e-99999999999999999999", None),
-            ("150e-3", None),
-        ];
-        for (literal, integer) in written {
-            assert_eq!(integer_written(literal), integer, "{literal}");
-        }
     }
 
     #[test]

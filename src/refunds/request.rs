@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::fields::{IntegralNumber, Omittable, metadata_sent_once};
 use crate::idempotency::Canonical;
-use crate::payments::{MAX_AMOUNT, ValidationError, integral_number, metadata_sent_once, validate_metadata};
+use crate::payments::{MAX_AMOUNT, ValidationError, validate_metadata};
 
 /// Why a refund is made, as Stripe names the reasons.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,9 +34,10 @@ impl RefundReason {
 pub struct CreateRefundBody {
     /// The payment's id.
     pub payment: Uuid,
-    /// Minor units; all that is still refundable when absent.
-    #[serde(default, deserialize_with = "optional_integral_number")]
-    pub amount: Option<i64>,
+    /// Minor units; all that is still refundable when left out. Never `null`: an amount lost on
+    /// its way refunds nothing, rather than everything left.
+    #[serde(default)]
+    pub amount: Omittable<IntegralNumber>,
     #[serde(default)]
     pub reason: Option<RefundReason>,
     #[serde(default, deserialize_with = "metadata_sent_once")]
@@ -64,7 +66,8 @@ impl CreateRefundBody {
     /// Checks every rule and returns the canonical request, or the first rule broken. Whether the
     /// payment exists and has this much left to refund is for the refund's first phase to decide.
     pub fn validate(self) -> Result<RefundRequest, ValidationError> {
-        if let Some(amount) = self.amount
+        let amount = self.amount.sent().map(|IntegralNumber(amount)| amount);
+        if let Some(amount) = amount
             && !(1..=MAX_AMOUNT).contains(&amount)
         {
             return Err(ValidationError(format!(
@@ -73,7 +76,7 @@ impl CreateRefundBody {
             )));
         }
         let metadata = validate_metadata(self.metadata)?;
-        Ok(RefundRequest { amount: self.amount, metadata, payment: self.payment, reason: self.reason })
+        Ok(RefundRequest { amount, metadata, payment: self.payment, reason: self.reason })
     }
 }
 
@@ -82,12 +85,6 @@ impl RefundRequest {
     pub fn to_params(&self) -> serde_json::Value {
         serde_json::to_value(self).expect("a refund request always serialises")
     }
-}
-
-fn optional_integral_number<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
-    #[derive(Deserialize)]
-    struct Amount(#[serde(deserialize_with = "integral_number")] i64);
-    Ok(Option::<Amount>::deserialize(deserializer)?.map(|Amount(amount)| amount))
 }
 
 #[cfg(test)]
@@ -154,6 +151,7 @@ mod tests {
             r#"{"amount": 100}"#.to_owned(),
             r#"{"payment": "not-a-uuid"}"#.to_owned(),
             format!(r#"{{"payment": "{PAYMENT}", "amount": 10.5}}"#),
+            format!(r#"{{"payment": "{PAYMENT}", "amount": null}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "amount": 0.99999999999999999}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "metadata": {{"k": "1", "k": "1"}}}}"#),
             format!(r#"{{"payment": "{PAYMENT}", "reason": "bored"}}"#),

@@ -11,8 +11,11 @@ use payments::problem::ProblemType;
 use payments::refunds::RefundStatus;
 use payments::story::TRAIL_LIMIT;
 use regex::Regex;
-use serde_json::json;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
 use yaml_rust2::{Yaml, YamlLoader};
+
+use crate::helpers::{TestApp, new_key, payment_body};
 
 fn spec() -> Yaml {
     YamlLoader::load_from_str(OPENAPI_YAML).expect("openapi.yaml is YAML").remove(0)
@@ -149,4 +152,70 @@ async fn the_spec_is_served_as_it_is_in_the_repository() {
     for field in described["required"].as_vec().expect("required fields") {
         assert!(!document[field.as_str().unwrap()].is_badvalue(), "{field:?}");
     }
+}
+
+/// A `null` is a value only where the spec says a request field is nullable; anywhere else it is
+/// a 400 that writes nothing, so that a refund's amount lost on its way (many serialisers write an
+/// unset field as `null`) never means "all that is left". Every optional field of every request
+/// body the API reads under an idempotency key is tried; a new body needs its smallest valid form
+/// below before this test passes.
+#[tokio::test]
+async fn a_request_field_takes_null_only_where_the_spec_says_it_is_nullable() {
+    let app = TestApp::spawn().await;
+    let spec = spec();
+    let mut tried = 0;
+    for (path, item) in spec["paths"].as_hash().expect("paths") {
+        let path = path.as_str().unwrap();
+        let Some(body) = item["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str() else {
+            continue;
+        };
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        let name = body.rsplit('/').next().unwrap();
+        let schema = &spec["components"]["schemas"][name];
+        let required: BTreeSet<&str> =
+            schema["required"].as_vec().into_iter().flatten().map(|field| field.as_str().unwrap()).collect();
+        for (field, property) in schema["properties"].as_hash().expect("properties") {
+            let field = field.as_str().unwrap();
+            if required.contains(field) {
+                continue;
+            }
+            let nullable =
+                property["type"].as_vec().is_some_and(|types| types.iter().any(|t| t.as_str() == Some("null")));
+            // A payment of its own for each case, so that one case's refund takes nothing from the next's.
+            let payment = app.paid(5000, "tok_visa").await;
+            let mut sent = match name {
+                "CreatePayment" => payment_body(),
+                "CreateRefund" => json!({ "payment": payment["id"] }),
+                other => panic!("no smallest valid body for the request schema {other}: add one here"),
+            };
+            sent[field] = Value::Null;
+            let key = new_key();
+            let response = app
+                .http
+                .post(format!("{}{path}", app.address))
+                .bearer_auth(&app.api_key)
+                .header("Idempotency-Key", &key)
+                .json(&sent)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let answer: Value = response.json().await.unwrap();
+            if nullable {
+                assert_eq!(status, StatusCode::CREATED, "{path} {sent}: {answer}");
+            } else {
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {sent}: {answer}");
+                assert_eq!(answer["type"], "https://payments.example/problems/malformed-body", "{answer}");
+                assert!(app.key_row(&key).await.is_none(), "{path} {sent}: the key was spent");
+                let now: Value =
+                    app.get(&format!("/v1/payments/{}", payment["id"].as_str().unwrap())).await.json().await.unwrap();
+                assert_eq!(now["amount_refunded"], 0, "{path} {sent}: money moved");
+            }
+            tried += 1;
+        }
+    }
+    // The payment's description and metadata, the refund's amount, reason and metadata.
+    assert!(tried >= 5, "only {tried} optional request fields found in the spec");
 }
