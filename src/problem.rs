@@ -38,13 +38,14 @@ pub enum ProblemType {
     GatewayRejected,
     GatewayUnavailable,
     DatabaseUnavailable,
+    RecordLocked,
     TransactionConflict,
     Internal,
 }
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 26] = [
+    pub const ALL: [ProblemType; 27] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -69,6 +70,7 @@ impl ProblemType {
         ProblemType::GatewayRejected,
         ProblemType::GatewayUnavailable,
         ProblemType::DatabaseUnavailable,
+        ProblemType::RecordLocked,
         ProblemType::TransactionConflict,
         ProblemType::Internal,
     ];
@@ -107,6 +109,7 @@ impl ProblemType {
             GatewayRejected => ("gateway-rejected", "The payment gateway rejected the request", 502),
             GatewayUnavailable => ("gateway-unavailable", "The request's outcome is not known yet", 503),
             DatabaseUnavailable => ("database-unavailable", "The service is temporarily unavailable", 503),
+            RecordLocked => ("record-locked", "A record the request needs is locked", 503),
             TransactionConflict => ("transaction-conflict", "The request collided with concurrent work", 503),
             Internal => ("internal-error", "Internal server error", 500),
         }

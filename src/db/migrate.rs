@@ -14,7 +14,12 @@ pub async fn run_pending(database_url: &str) -> anyhow::Result<()> {
     // drives the async connection itself (on any runtime flavour).
     tokio::task::spawn_blocking(move || {
         use diesel::Connection as _;
+        use diesel::connection::SimpleConnection as _;
         let mut conn = AsyncConnectionWrapper::<AsyncPgConnection>::establish(&url)?;
+        // A migration's transaction is bounded as the service's are: a `migrate` frozen between
+        // two statements must not hold its locks for hours.
+        let idle = super::IDLE_IN_TRANSACTION_TIMEOUT.as_millis();
+        conn.batch_execute(&format!("SET idle_in_transaction_session_timeout = {idle}"))?;
         conn.run_pending_migrations(MIGRATIONS).map_err(|error| anyhow::anyhow!("applying migrations: {error}"))?;
         anyhow::Ok(())
     })

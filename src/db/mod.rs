@@ -43,6 +43,19 @@ pub const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(1);
 /// overloaded server, and the request is better off failing (and being retried) than waiting.
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// The server-side limit on waiting for a row lock. Every transaction of ours holds its locks for
+/// milliseconds, so a wait this long is for a holder that is stuck (a frozen process, see
+/// [`IDLE_IN_TRANSACTION_TIMEOUT`]): the statement gives up, and the request answers that a record
+/// it needs is locked ([`StoreError::Locked`]) rather than that the database is unreachable.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The server-side limit on a transaction left open with no statement running. A live process of
+/// ours never leaves one open longer than [`OPERATION_TIMEOUT`] (it drops the connection, and the
+/// server rolls back); a frozen one (stopped, paused by its host, or on a host that died without
+/// closing its sockets) would hold its row locks until TCP keepalive notices, about two hours. The
+/// server ends such a session instead, rolling its transaction back and letting go of its locks.
+pub const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The client-side limit on one unit of database work (a look-up, the claim, a phase). The server's statement timeout cannot help when the server, or the network to it,
 /// stops answering altogether; this does, so that such a request fails closed too.
 pub const OPERATION_TIMEOUT: Duration = Duration::from_millis(2500);
@@ -84,7 +97,13 @@ pub fn pool(database_url: &str, max_size: u32) -> Pool {
 /// Opens one connection with the session settings every connection of ours carries.
 pub async fn establish(database_url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
     let mut conn = AsyncPgConnection::establish(database_url).await?;
-    let setup = format!("SET application_name = 'payments'; SET statement_timeout = {}", STATEMENT_TIMEOUT.as_millis());
+    let setup = format!(
+        "SET application_name = 'payments'; SET statement_timeout = {}; SET lock_timeout = {}; \
+         SET idle_in_transaction_session_timeout = {}",
+        STATEMENT_TIMEOUT.as_millis(),
+        LOCK_TIMEOUT.as_millis(),
+        IDLE_IN_TRANSACTION_TIMEOUT.as_millis()
+    );
     conn.batch_execute(&setup).await.map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
     Ok(conn)
 }
@@ -134,6 +153,11 @@ pub enum StoreError {
     /// read-only standby after a failover): fail closed with a 503.
     #[error("the database is unavailable: {0}")]
     Unavailable(String),
+    /// A row the work needs stayed locked by another transaction for [`LOCK_TIMEOUT`]: the work
+    /// rolled back, the database is fine, and the holder is stuck (it is ended within
+    /// [`IDLE_IN_TRANSACTION_TIMEOUT`] if it is idle in its transaction).
+    #[error("a row it needs is locked by another transaction: {0}")]
+    Locked(String),
     /// A conflict between concurrent transactions (serialization failure or deadlock): the
     /// transaction rolled back and may simply run again.
     #[error("transaction conflict: {0}")]
@@ -153,6 +177,12 @@ impl From<DieselError> for StoreError {
                 if info.message().starts_with("deadlock detected") =>
             {
                 StoreError::Conflict(error)
+            }
+            // So is a lock wait that ran out (SQLSTATE 55P03).
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, info)
+                if info.message().starts_with("canceling statement due to lock timeout") =>
+            {
+                StoreError::Locked(info.message().to_owned())
             }
             // diesel names the errors our statements can cause (constraint violations: bugs, or
             // races we handle); what it does not name is the server failing to serve. Either way

@@ -72,6 +72,13 @@ pub enum ApiError {
          key."
     )]
     DatabaseUnavailable,
+    /// A row the request needs stayed locked by other work (a stuck holder): nothing changed.
+    #[error(
+        "A payment or refund this request needs is locked by other work that has not let go in time, so the \
+         request changed nothing. Retry with the same Idempotency-Key shortly: a holder that never lets go is \
+         ended by the database within seconds."
+    )]
+    RecordLocked,
     /// A phase kept colliding with concurrent transactions and was rolled back each time.
     #[error(
         "The request kept colliding with concurrent work. It may still complete: retry with the same \
@@ -106,6 +113,7 @@ impl ApiError {
             ApiError::InFlight => ProblemType::RequestInFlight,
             ApiError::GatewayUnavailable => ProblemType::GatewayUnavailable,
             ApiError::DatabaseUnavailable => ProblemType::DatabaseUnavailable,
+            ApiError::RecordLocked => ProblemType::RecordLocked,
             ApiError::TransactionConflict => ProblemType::TransactionConflict,
             ApiError::Internal(_) => ProblemType::Internal,
         }
@@ -116,7 +124,7 @@ impl ApiError {
             ApiError::InFlight => Some(RETRY_IN_FLIGHT_SECS),
             ApiError::GatewayUnavailable => Some(RETRY_GATEWAY_SECS),
             ApiError::DatabaseUnavailable => Some(RETRY_DATABASE_SECS),
-            ApiError::TransactionConflict => Some(RETRY_IN_FLIGHT_SECS),
+            ApiError::TransactionConflict | ApiError::RecordLocked => Some(RETRY_IN_FLIGHT_SECS),
             _ => None,
         }
     }
@@ -177,6 +185,10 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable(cause) => {
                 tracing::warn!(%cause, "database unavailable; failing closed");
                 ApiError::DatabaseUnavailable
+            }
+            StoreError::Locked(cause) => {
+                tracing::warn!(%cause, "a record stayed locked; failing closed");
+                ApiError::RecordLocked
             }
             // Already retried by the phase runner; still transient, so never a 500.
             StoreError::Conflict(_) => ApiError::TransactionConflict,

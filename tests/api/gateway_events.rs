@@ -531,3 +531,91 @@ async fn a_failure_of_ours_rolls_the_event_back_and_answers_5xx_so_the_gateway_s
     let again = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
     assert_eq!(again.json::<Value>().await.unwrap()["outcome"], "applied", "sent again, it is applied once");
 }
+
+/// A process frozen in the middle of applying an event (stopped between two statements of its
+/// transaction, holding the refund's and the payment's rows) holds them for seconds, not for as
+/// long as it is frozen: the server ends its idle transaction, and meanwhile a refund of the
+/// payment on another process answers that a record is locked, not that the database is gone.
+#[tokio::test]
+async fn a_process_frozen_inside_an_events_transaction_holds_its_rows_for_seconds_not_for_ever() {
+    let app = app().await;
+    let payment = app.paid(1000, "tok_refundPending").await;
+    let first = new_key();
+    let refund: Value =
+        app.post_refund(&first, &json!({ "payment": payment["id"], "amount": 600 })).await.json().await.unwrap();
+    assert_eq!(refund["status"], "pending");
+    app.gateway.settle_refunds().await;
+    let downstream = app.downstream_key(app.key_row(&first).await.unwrap().id);
+    let body = event("refund.succeeded", app.gateway.refunds_for(&downstream).await.remove(0), &downstream);
+    let server = Process::serve(
+        &app.database.url,
+        app.gateway_url(),
+        &["--no-workers"],
+        &[("PAYMENTS_GATEWAY_WEBHOOK_SECRETS", SECRET)],
+    )
+    .await;
+
+    // The payment's row held here, the event's settlement waits for it in the middle of the
+    // server's transaction (the inbox row and the refund's row written); the server is stopped
+    // there, and the row let go: the server's transaction sits idle, holding all three.
+    const OURS: &str = "datname = current_database() AND application_name = 'payments'";
+    let payment_id = payment["id"].as_str().unwrap();
+    let mut holder = app.db().await;
+    holder.batch_execute(&format!("BEGIN; SELECT 1 FROM payments WHERE id = '{payment_id}' FOR UPDATE")).await.unwrap();
+    let delivery = tokio::spawn(
+        reqwest::Client::new()
+            .post(format!("{}/webhooks/gateway", server.url))
+            .header("Gateway-Signature", signed(&body, &[SECRET], now()))
+            .body(body.clone())
+            .send(),
+    );
+    wait_until(Duration::from_secs(10), "the event's transaction waits for the held row", || async {
+        app.database_says(&format!(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE {OURS} AND cardinality(pg_blocking_pids(pid)) > 0)"
+        ))
+        .await
+    })
+    .await;
+    server.signal(nix::sys::signal::Signal::SIGSTOP);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    wait_until(Duration::from_secs(10), "the frozen server's transaction sits idle, holding the rows", || async {
+        app.database_says(&format!(
+            "SELECT EXISTS (SELECT FROM pg_stat_activity WHERE {OURS} AND state = 'idle in transaction')"
+        ))
+        .await
+    })
+    .await;
+
+    // Another process refunds the rest of the payment, retrying as its answers say, while the
+    // server stays frozen.
+    let (second, rest) = (new_key(), json!({ "payment": payment["id"], "amount": 400 }));
+    let mut locked = 0;
+    let refunded = loop {
+        let response = app.post_refund(&second, &rest).await;
+        if response.status() != StatusCode::SERVICE_UNAVAILABLE {
+            break response;
+        }
+        assert_eq!(response.headers()["retry-after"], "1");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], "https://payments.example/problems/record-locked", "{problem}");
+        locked += 1;
+        assert!(locked < 30, "the frozen transaction still holds the payment's row");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert_eq!(refunded.status(), StatusCode::CREATED);
+    assert!(locked > 0, "the refund waited for the frozen transaction at least once");
+    assert!(server.is_stopped(), "the rows were let go while the server was still frozen");
+
+    // Woken, the server finds its transaction gone and answers 5xx, so the event comes again,
+    // and is applied then, once.
+    server.signal(nix::sys::signal::Signal::SIGCONT);
+    assert!(delivery.await.unwrap().unwrap().status().is_server_error());
+    let again = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    assert_eq!(again.json::<Value>().await.unwrap()["outcome"], "applied");
+    assert!(
+        app.database_says(&format!(
+            "SELECT amount_refunded = 600 AND amount_refund_pending = 400 FROM payments WHERE id = '{payment_id}'"
+        ))
+        .await
+    );
+}
