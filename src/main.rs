@@ -23,8 +23,8 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Migrate(args) => commands::migrate::run(args).await.map(done),
         Command::Accounts(AccountsCommand::Create(args)) => commands::accounts::create(args).await.map(done),
         Command::Attention(AttentionCommand::List(database)) => commands::attention::list(database).await.map(done),
-        Command::Attention(AttentionCommand::Retry { key_id, database }) => {
-            commands::attention::retry(database, &key_id).await.map(done)
+        Command::Attention(AttentionCommand::Retry { key_id, gateway, database }) => {
+            commands::attention::retry(database, &key_id, gateway.as_deref()).await.map(done)
         }
         Command::Stats(args) => commands::stats::run(args).await.map(done),
         Command::Pay(args) => commands::pay::run(args).await,

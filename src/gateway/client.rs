@@ -19,34 +19,81 @@ pub const IDENTITY_HEADER: &str = "Gateway-Account";
 /// The longest gateway identity a payment can record (the `payments.gateway` column's limit).
 const MAX_IDENTITY_CHARS: usize = 500;
 
-/// A gateway's answer, and which gateway gave it.
+/// A gateway's answer, and who gave it, as far as the answer says.
 #[derive(Debug)]
 pub struct Answered<T> {
-    /// The identity of the gateway that answered (see [`GatewayClient`]).
-    pub by: Arc<str>,
+    /// The gateway the answer names in [`IDENTITY_HEADER`], if it names one: only such an answer
+    /// may teach the process, or a payment, which gateway is behind the address.
+    pub named: Option<Arc<str>>,
+    /// The address's own identity (its base URL): see [`Answered::is_from`].
+    address: Arc<str>,
     pub answer: T,
+}
+
+impl<T> Answered<T> {
+    /// Whether the answer speaks for `recorded`, the gateway a payment or a refund records:
+    /// - an answer that names a gateway speaks for that one;
+    /// - one that names none may come from a proxy or a load balancer in front of the gateway
+    ///   (its own `404`, `429` or `502`) as well as from a gateway that never names itself, so it
+    ///   speaks only for the address's identity: what a payment records when no gateway there had
+    ///   named itself to the process yet;
+    /// - and such a payment is held by the first gateway that names itself at the address: until
+    ///   then, the only gateway known there is "whichever answers at the address".
+    pub fn is_from(&self, recorded: &str) -> bool {
+        recorded == &*self.address || self.named.as_deref() == Some(recorded)
+    }
+
+    /// Who gave the answer, for messages: the gateway it names, or the address.
+    pub fn by(&self) -> &str {
+        self.named.as_deref().unwrap_or(&self.address)
+    }
+
+    /// The gateway to record as holding what a definitive answer says: the one it names; if it
+    /// names none, the one `recorded` (such an answer teaches nothing), or the address's for a
+    /// record with none.
+    pub fn holder(&self, recorded: Option<&str>) -> Arc<str> {
+        match (&self.named, recorded) {
+            (Some(named), _) => named.clone(),
+            (None, Some(recorded)) => recorded.into(),
+            (None, None) => self.address.clone(),
+        }
+    }
+
+    /// The same speaker, with another answer.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Answered<U> {
+        Answered { named: self.named, address: self.address, answer: f(self.answer) }
+    }
+}
+
+impl<T> Answered<Option<T>> {
+    /// The answer, if it found something.
+    pub fn found(self) -> Option<Answered<T>> {
+        let Answered { named, address, answer } = self;
+        answer.map(|answer| Answered { named, address, answer })
+    }
 }
 
 /// A client for the gateway at one address. Cheap to clone; clones share one connection pool, so
 /// calls reuse keep-alive connections instead of opening one per charge.
 ///
 /// **Which gateway answered** is one rule, applied to every answer the client reads: the identity
-/// the answer names in [`IDENTITY_HEADER`], or, for a gateway whose answers name none, its base
-/// URL. A named identity is checked before anything is built on it: one that a payment could not
+/// the answer names in [`IDENTITY_HEADER`], if it names one, and nobody known if it names none
+/// (see [`Answered::is_from`]). Only a named answer teaches the process who is behind the address.
+/// A named identity is checked before anything is built on it: one that a payment could not
 /// record (too long, empty, not visible ASCII) makes the answer unreadable, so indeterminate. The
 /// address may lead to another gateway tomorrow (a mock restarted with an empty memory, a proxy
-/// pointed elsewhere): every answer comes back with the identity that gave it ([`Answered`]), and
-/// the payment's driver decides what that answer may settle.
+/// pointed elsewhere): every answer comes back with what it says of who gave it ([`Answered`]),
+/// and the payment's driver decides what that answer may settle.
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
     account_url: Url,
     charges_url: Url,
     refunds_url: Url,
-    /// The base URL without credentials, query or fragment: the identity of a gateway whose
-    /// answers name none.
+    /// The base URL without credentials, query or fragment: the address's identity, which a
+    /// payment records when no gateway there has named itself yet (see [`Answered::is_from`]).
     url_identity: Arc<str>,
-    /// The identity of the last answer read (see [`GatewayClient::id`]).
+    /// The identity the last named answer gave (see [`GatewayClient::id`]).
     id: Arc<Mutex<Option<Arc<str>>>>,
     /// Where its calls are counted, once the client belongs to an application.
     metrics: Option<Arc<Metrics>>,
@@ -91,11 +138,12 @@ impl GatewayClient {
         GatewayClient { metrics: Some(metrics), ..self }
     }
 
-    /// Which gateway answers at this address, as far as this process knows: the identity of the
-    /// last answer it read. A new payment records it when it starts, before it is charged; the
-    /// charge's answer then says who really answered (see [`Answered`]). Before any answer, the
-    /// gateway is asked (`GET /v1/account`, read by the same rule as every other answer; its body
-    /// is not used, so a gateway or proxy that does not serve it is fine).
+    /// Which gateway answers at this address, as far as this process knows: the identity the last
+    /// named answer gave. A new payment records it when it starts, before it is charged; the
+    /// charge's answer then says who really answered (see [`Answered`]). While no answer has named
+    /// a gateway, the gateway is asked (`GET /v1/account`; its body is not used, so a gateway or
+    /// proxy that does not serve it is fine), and if that answer names none either, the address's
+    /// own identity is the answer, learned by nobody: the next payment asks again.
     pub async fn id(&self) -> Result<Arc<str>, GatewayError> {
         match self.known_id() {
             Some(id) => Ok(id),
@@ -104,7 +152,7 @@ impl GatewayClient {
     }
 
     /// Which gateway answers at this address as far as this process knows without asking: the
-    /// identity of the last answer it read, or none before the first.
+    /// identity the last named answer gave, or none before the first.
     pub fn known_id(&self) -> Option<Arc<str>> {
         self.id.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
@@ -113,7 +161,7 @@ impl GatewayClient {
     #[tracing::instrument(name = "gateway.identify", skip_all)]
     async fn identify(&self) -> Result<Arc<str>, GatewayError> {
         let answered = self.send(self.http.get(self.account_url.clone())).await?;
-        Ok(answered.by)
+        Ok(answered.named.unwrap_or(answered.address))
     }
 
     /// What the gateway answering at this address holds under `idempotency_key` for `request`:
@@ -221,14 +269,16 @@ impl GatewayClient {
         request: RequestBuilder,
         interpret: impl FnOnce(u16, &[u8]) -> Result<T, GatewayError>,
     ) -> Result<Answered<T>, GatewayError> {
-        let Answered { by, answer: (status, body) } = self.send(request).await?;
+        let answered = self.send(request).await?;
+        let (status, body) = &answered.answer;
         tracing::Span::current().record("gateway.status", status);
-        Ok(Answered { by, answer: interpret(status, &body)? })
+        let answer = interpret(*status, body)?;
+        Ok(answered.map(|_| answer))
     }
 
-    /// Sends a request, and returns the answer's status and body with the identity that gave it,
-    /// which this process then takes for the gateway's at this address (but for an answer that
-    /// says nothing of who is behind it, see [`GatewayClient::identity_of`]).
+    /// Sends a request, and returns the answer's status and body with what it says of who gave
+    /// it; a gateway it names is the one this process takes for the gateway at this address from
+    /// now on.
     ///
     /// The call runs on the runtime the client was made on, not on the caller's, so that the
     /// connection it may open outlives an HTTP worker that stops (see `crate::runtime`).
@@ -236,22 +286,13 @@ impl GatewayClient {
         let client = self.clone();
         let call = async move {
             let response = request.send().await.map_err(from_transport)?;
-            let by = match client.identity_of(&response)? {
-                Some(named) => {
-                    client.remember(named.clone());
-                    named
-                }
-                // Before any answer named the gateway, such an answer is from nobody known: no
-                // answer at all, so that nothing records the URL's identity for it.
-                None => client.known_id().ok_or_else(|| {
-                    GatewayError::Unavailable(format!(
-                        "a server error ({}) that names no gateway, before any answer did",
-                        response.status()
-                    ))
-                })?,
-            };
+            let named = client.identity_of(&response)?;
+            if let Some(named) = &named {
+                client.remember(named.clone());
+            }
             let status = response.status().as_u16();
-            Ok(Answered { by, answer: (status, response.bytes().await.map_err(from_transport)?) })
+            let answer = (status, response.bytes().await.map_err(from_transport)?);
+            Ok(Answered { named, address: client.url_identity.clone(), answer })
         };
         self.runtime
             .run(call.in_current_span())
@@ -259,20 +300,17 @@ impl GatewayClient {
             .map_err(|error| GatewayError::Unavailable(format!("the gateway call was cut off: {error}")))?
     }
 
-    /// The identity of an answer: what it names in [`IDENTITY_HEADER`], checked to be something a
-    /// payment can record, or the URL's if it names none; or none at all for a server error that
-    /// names none. Such an answer (an outcome unknown) comes as often from a proxy or a load
-    /// balancer in front of the gateway (a `502` of its own) as from a gateway whose answers
-    /// name nothing: it is taken as from the gateway this process knows at the address, and
-    /// teaches it nothing (before the process knows one, it is no answer). Taken as the URL's,
-    /// one proxy's `502` in front of a gateway that names itself would move the payment to a
-    /// "gateway" that holds nothing, where no look-up could ever settle it.
+    /// The gateway an answer names in [`IDENTITY_HEADER`], checked to be something a payment can
+    /// record; none if it names none. An answer of any status that names none (a proxy's or a
+    /// load balancer's own `404`, `429` or `502` in front of a gateway that names itself, as often
+    /// as a gateway that never does) teaches nothing: taken for the URL's and remembered, one such
+    /// answer moved payments to a "gateway" that holds nothing, where no look-up could settle them.
     fn identity_of(&self, response: &reqwest::Response) -> Result<Option<Arc<str>>, GatewayError> {
         let Some(named) = response.headers().get(IDENTITY_HEADER) else {
-            return Ok((!response.status().is_server_error()).then(|| self.url_identity.clone()));
+            return Ok(None);
         };
         match named.to_str() {
-            Ok(named) if recordable(named) => Ok(Some(named.into())),
+            Ok(named) if recordable_identity(named) => Ok(Some(named.into())),
             _ => Err(GatewayError::Unavailable(format!(
                 "an answer names a gateway identity that cannot be recorded ({} bytes)",
                 named.len()
@@ -283,6 +321,12 @@ impl GatewayClient {
     fn remember(&self, id: Arc<str>) {
         *self.id.lock().unwrap_or_else(PoisonError::into_inner) = Some(id);
     }
+}
+
+/// Whether `identity` is one a gateway may name itself by, and a payment record: what an answer's
+/// [`IDENTITY_HEADER`] is held to, and an operator's correction too.
+pub fn recordable_identity(identity: &str) -> bool {
+    recordable(identity) && identity.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
 }
 
 /// `url` asked for what was made under `idempotency_key`.
@@ -341,4 +385,33 @@ impl<T: Counted> Counted for Option<T> {
 
 fn from_transport(error: reqwest::Error) -> GatewayError {
     if error.is_timeout() { GatewayError::Timeout } else { GatewayError::Unavailable(error.to_string()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ADDRESS: &str = "http://gateway.internal/";
+
+    fn answered(named: Option<&str>) -> Answered<()> {
+        Answered { named: named.map(Arc::from), address: ADDRESS.into(), answer: () }
+    }
+
+    #[test]
+    fn an_answer_speaks_for_the_gateway_it_names_and_one_that_names_none_for_the_address_only() {
+        let (named, unnamed) = (answered(Some("acct_a")), answered(None));
+        assert!(named.is_from("acct_a"));
+        assert!(!named.is_from("acct_b"), "another gateway");
+        assert!(!unnamed.is_from("acct_a"), "a proxy's own answer says nothing of the gateway behind it");
+        // A payment recorded before any gateway at the address named itself.
+        assert!(unnamed.is_from(ADDRESS));
+        assert!(named.is_from(ADDRESS), "the first gateway to name itself there");
+    }
+
+    #[test]
+    fn only_a_named_answer_changes_what_is_recorded() {
+        assert_eq!(&*answered(Some("acct_a")).holder(Some("acct_b")), "acct_a");
+        assert_eq!(&*answered(None).holder(Some("acct_b")), "acct_b");
+        assert_eq!(&*answered(None).holder(None), ADDRESS);
+    }
 }

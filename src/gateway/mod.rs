@@ -9,5 +9,5 @@ mod refund;
 pub mod signature;
 
 pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key, parse_downstream_key};
-pub use client::{Answered, GatewayClient, IDENTITY_HEADER};
+pub use client::{Answered, GatewayClient, IDENTITY_HEADER, recordable_identity};
 pub use refund::{Refund, RefundRequest, RefundStatus};

@@ -45,7 +45,7 @@ use super::writes::{self, PaymentChange};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::faults::{Fault, FaultPoint, fault_at};
-use crate::gateway::{self, Answered, Charge, ChargeRequest, GatewayError, WrongGateway};
+use crate::gateway::{self, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
     Abandoned, Asked, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint,
     Reply, Run, StoredResponse, Transition, answer, from_memory,
@@ -258,7 +258,7 @@ impl<'a> PaymentPhases<'a> {
     ///   looks it up where the charge may be.
     async fn charge(&mut self, run: &mut Run<'_>, started: &Started) -> Result<Charged, DriveError> {
         run.let_go_of_connection();
-        let Started { payment, made_now } = started;
+        let &Started { ref payment, made_now } = started;
         let (gateway, call) = (&self.state.gateway, self.state.settings.gateway_timeout);
         let recorded = payment.gateway.as_deref().unwrap_or("(none recorded)");
         let key = gateway::downstream_key(run.lock().account_id, run.lock().key_id);
@@ -273,17 +273,17 @@ impl<'a> PaymentPhases<'a> {
             false => None,
             true => {
                 run.check_lease_outlasts(call)?;
-                let Answered { by, answer } = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
-                match answer {
-                    Some(outcome) => Some(Answered { by, answer: outcome }),
-                    None if *made_now || &*by == recorded => None,
-                    None => return Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(recorded, &by)))),
+                let looked_up = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
+                if looked_up.answer.is_none() && !made_now && !looked_up.is_from(recorded) {
+                    let wrong = WrongGateway::new(recorded, looked_up.by());
+                    return Err(DriveError::OutcomeUnknown(Box::new(wrong)));
                 }
+                looked_up.found()
             }
         };
         let (answered, answered_by) = match found {
             Some(found) => {
-                tracing::info!(gateway.account = %found.by, "adopting what an earlier run's charge request did");
+                tracing::info!(gateway.account = %found.by(), "adopting what an earlier run's charge request did");
                 (found, AnsweredBy::LookUp)
             }
             None => {
@@ -291,11 +291,13 @@ impl<'a> PaymentPhases<'a> {
                 (gateway.charge(&key, &request).await.map_err(indeterminate)?, AnsweredBy::Charge)
             }
         };
+        let gateway = answered.holder(payment.gateway.as_deref());
         match outcome_of(answered.answer) {
-            Ok(outcome) => Ok(Charged { outcome, answered_by, gateway: answered.by }),
+            Ok(outcome) => Ok(Charged { outcome, answered_by, gateway }),
             Err(error) => {
-                if &*answered.by != recorded {
-                    self.follow_charge_to(run, payment, &answered.by).await?;
+                // Only a gateway that names itself moves the payment (see `Answered::is_from`).
+                if answered.named.is_some() && &*gateway != recorded {
+                    self.follow_charge_to(run, payment, &gateway).await?;
                 }
                 Err(indeterminate(error))
             }

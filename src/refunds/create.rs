@@ -372,9 +372,9 @@ pub(super) fn event_of(status: RefundStatus) -> &'static str {
 /// The answer, if the charge's own gateway gave it: a refund is made and looked up only where the
 /// charge is, and another gateway's answer (even "nothing found") says nothing about it.
 fn ours<T>(answered: Answered<T>, gateway: &str) -> Result<T, DriveError> {
-    match &*answered.by == gateway {
+    match answered.is_from(gateway) {
         true => Ok(answered.answer),
-        false => Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(gateway, &answered.by)))),
+        false => Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(gateway, answered.by())))),
     }
 }
 

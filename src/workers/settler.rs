@@ -7,7 +7,7 @@ use tracing::Instrument;
 use super::{Outcome, Worker};
 use crate::config::WorkerSettings;
 use crate::db;
-use crate::gateway::{self, Answered};
+use crate::gateway;
 use crate::metrics::SettlerOutcome;
 use serde_json::json;
 
@@ -106,10 +106,10 @@ impl Settler {
             return Err(SettlerOutcome::Unanswered);
         };
         let found = match self.state.gateway.get_refund(id).await {
-            Ok(Answered { by, answer }) if *by == *refund.gateway => answer,
-            Ok(Answered { by, .. }) => {
+            Ok(answered) if answered.is_from(&refund.gateway) => answered.answer,
+            Ok(answered) => {
                 tracing::warn!(
-                    gateway = %refund.gateway, answered_by = %by,
+                    gateway = %refund.gateway, answered_by = %answered.by(),
                     "another gateway than the refund's answered; its answer says nothing about the refund"
                 );
                 return Err(SettlerOutcome::WrongGateway);

@@ -1,5 +1,5 @@
 //! Which gateway answered is one rule, read off every answer: the `Gateway-Account` it names, or
-//! its URL. A payment an earlier run may have charged is settled only by what its own gateway
+//! nobody known if it names none (then it speaks only for the address's own identity). A payment an earlier run may have charged is settled only by what its own gateway
 //! says, or by a charge of ours found wherever it is: a gateway that knows nothing of it would
 //! charge a second time, so it is never asked to charge.
 
@@ -221,17 +221,11 @@ async fn an_identity_a_payment_cannot_record_makes_the_answer_unreadable() {
     }
 }
 
-#[tokio::test]
-async fn a_proxys_own_502_in_front_of_a_gateway_that_names_itself_moves_no_payment() {
+/// A wiremock gateway that names itself `acct_behind_a_proxy` on every answer: it knows no
+/// charge until asked, and charges `ch_made`.
+async fn named_gateway_behind_a_proxy() -> MockServer {
     let gateway = MockServer::start().await;
     let named = |status: u16| ResponseTemplate::new(status).insert_header("Gateway-Account", "acct_behind_a_proxy");
-    // The proxy's own answers, once each: to the process's first question (who answers here?),
-    // and to a charge request, which never reached the gateway.
-    let proxys_502 = || ResponseTemplate::new(502).set_body_string("Bad Gateway");
-    for (verb, route) in [("GET", "/v1/account"), ("POST", "/v1/charges")] {
-        let once = Mock::given(method(verb)).and(path(route)).respond_with(proxys_502());
-        once.up_to_n_times(1).with_priority(1).mount(&gateway).await;
-    }
     Mock::given(method("GET"))
         .and(path("/v1/account"))
         .respond_with(named(200).set_body_json(json!({ "id": "acct_behind_a_proxy" })))
@@ -244,23 +238,156 @@ async fn a_proxys_own_502_in_front_of_a_gateway_that_names_itself_moves_no_payme
         .await;
     Mock::given(method("POST"))
         .and(path("/v1/charges"))
-        .respond_with(named(200).set_body_json(json!({ "id": "ch_after_the_502", "status": "succeeded" })))
+        .respond_with(named(200).set_body_json(json!({ "id": "ch_made", "status": "succeeded" })))
         .mount(&gateway)
         .await;
+    gateway
+}
+
+/// The proxy in front of `gateway` answers the next request to `route` itself with `answer`,
+/// which names no gateway.
+async fn proxy_answers_once(gateway: &MockServer, verb: &str, route: &str, answer: ResponseTemplate) {
+    let once = Mock::given(method(verb)).and(path(route)).respond_with(answer);
+    once.up_to_n_times(1).with_priority(1).mount(gateway).await;
+}
+
+#[tokio::test]
+async fn a_proxys_own_502_in_front_of_a_gateway_that_names_itself_moves_no_payment() {
+    let gateway = named_gateway_behind_a_proxy().await;
+    // The proxy's own answers, once each: to the process's first question (who answers here?),
+    // and to a charge request, which never reached the gateway.
+    let proxys_502 = || ResponseTemplate::new(502).set_body_string("Bad Gateway");
+    proxy_answers_once(&gateway, "GET", "/v1/account", proxys_502()).await;
+    proxy_answers_once(&gateway, "POST", "/v1/charges", proxys_502()).await;
     let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
     let key = new_key();
 
-    // The first attempt learns nothing of who answers; the second charges and gets the 502.
-    for attempt in 1..=2 {
-        let response = app.post_payment(&key, &payment_body()).await;
-        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "attempt {attempt}");
-    }
-    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy", "no 502 named a gateway");
-    // The retry looks the charge up where the payment says, finds none, and charges there.
+    // Nobody named: the payment records the address's identity, and the charge's outcome is
+    // unknown.
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(recorded_gateway(&app, &key).await, gateway.uri() + "/", "no 502 named a gateway");
+    // The retry's look-up is answered by the first gateway to name itself at the address, which
+    // holds nothing: the payment's own, so it is charged there, once.
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
+    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy");
     let trail = app.audit_trail().await;
     assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+}
+
+/// A proxy's own 4xx (here a `429` of its rate limiter) names no gateway, so it teaches nothing:
+/// the payment stays with the gateway the process knows, and the retry charges there. Taken as
+/// the URL's, it moved the payment to a "gateway" that holds nothing, and no retry, completer run
+/// or `attention retry` could charge it again.
+#[tokio::test]
+async fn a_proxys_own_4xx_in_front_of_a_gateway_the_process_knows_moves_no_payment() {
+    let gateway = named_gateway_behind_a_proxy().await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    assert_eq!(&*app.gateway_id().await, "acct_behind_a_proxy", "the process knows its gateway");
+    proxy_answers_once(&gateway, "POST", "/v1/charges", ResponseTemplate::new(429).set_body_string("Slow down")).await;
+    let key = new_key();
+
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy");
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
+    assert_eq!(&*app.gateway_id().await, "acct_behind_a_proxy", "the 429 taught the process nothing");
+    let trail = app.audit_trail().await;
+    assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+}
+
+/// A fresh process whose question "who answers here?" gets a proxy's bare `404`, and whose
+/// first charge times out before it reaches the gateway: the payment records the address's
+/// identity, learnt from nobody, and the gateway that then names itself there settles it.
+#[tokio::test]
+async fn a_fresh_process_whose_identity_question_gets_a_bare_404_and_whose_charge_times_out_charges_once() {
+    let gateway = named_gateway_behind_a_proxy().await;
+    proxy_answers_once(&gateway, "GET", "/v1/account", ResponseTemplate::new(404)).await;
+    let stalled = ResponseTemplate::new(504).set_delay(Duration::from_secs(5));
+    proxy_answers_once(&gateway, "POST", "/v1/charges", stalled).await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).gateway_timeout(Duration::from_millis(500)).spawn().await;
+    let key = new_key();
+
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(recorded_gateway(&app, &key).await, gateway.uri() + "/", "the 404 taught nothing");
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
+    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy");
+}
+
+/// A payment that records a gateway gone for good (or one recorded wrongly) needs a person: the
+/// completer gives up, naming the recorded gateway and the one answering now. Once the person
+/// knows the recorded gateway holds nothing under the key, `payments attention retry KEY_ID
+/// --gateway <the one answering now>` records that one instead and hands the key back, and the
+/// worker charges there, once. A refund is put right the same way, with its payment.
+#[tokio::test]
+async fn a_key_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operator() {
+    let gateway = Process::gateway().await;
+    let at_gateway = GatewayControl::new(&gateway.url);
+    let app = TestApp::builder()
+        .gateway_url(&gateway.url)
+        .workers(|w| {
+            w.completer_backoff = Duration::ZERO;
+            w.completer_max_attempts = 1;
+        })
+        .spawn()
+        .await;
+    let now_answering = app.gateway_id().await;
+    let env = [("DATABASE_URL", app.database.url.as_str())];
+    let attention = || async { needing_attention(&mut app.db().await).await.unwrap() };
+
+    // A payment left at `started` by a run that recorded a gateway that is gone.
+    let key = new_key();
+    let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
+    let payment_id = app.seed_payment(key_id, &key, "pending", None).await;
+    app.run_sql(&format!("UPDATE payments SET gateway = 'acct_gone' WHERE id = '{payment_id}'")).await;
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let stuck = attention().await;
+    assert_eq!(stuck.len(), 1);
+    assert!(stuck[0].attention_reason.contains("acct_gone") && stuck[0].attention_reason.contains(&*now_answering));
+    assert_eq!(at_gateway.stats().await.requests, 0, "never charged where it was not recorded");
+
+    let retried = attention_retry(&key_id.to_string(), &now_answering, &env).await;
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    assert!(attention().await.is_empty());
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let replay = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(at_gateway.stats().await.charges, 1);
+    let changed =
+        "SELECT count(*) = 1 FROM audit_records WHERE action = 'payment.gateway_changed' AND actor = 'operator'";
+    assert!(app.database_says(changed).await);
+
+    // A refund of a payment charged here whose recorded gateway is wrong: the same way out.
+    let payment = app.paid(1000, "tok_visa").await;
+    let id = payment["id"].as_str().unwrap();
+    app.run_sql(&format!("UPDATE payments SET gateway = 'acct_wrong' WHERE id = '{id}'")).await;
+    let refund_key = new_key();
+    let refund = json!({ "payment": id, "amount": 400 });
+    assert_eq!(app.post_refund(&refund_key, &refund).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let refund_key_id = app.key_row(&refund_key).await.unwrap().id;
+    assert_eq!(attention().await.iter().map(|key| key.id).collect::<Vec<_>>(), [refund_key_id]);
+    // A gateway no gateway could name itself by is refused, and changes nothing.
+    let refused = attention_retry(&refund_key_id.to_string(), "acct\twrong", &env).await;
+    assert!(!refused.status.success());
+    assert_eq!(attention().await.len(), 1);
+
+    let retried = attention_retry(&refund_key_id.to_string(), &now_answering, &env).await;
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let refunded: Value = app.post_refund(&refund_key, &refund).await.json().await.unwrap();
+    assert_eq!(refunded["status"], "succeeded", "{refunded}");
+    assert!(app.database_says(&format!("SELECT gateway = '{now_answering}' FROM payments WHERE id = '{id}'")).await);
+}
+
+async fn attention_retry(key_id: &str, gateway: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+    command
+        .args(["attention", "retry", key_id, "--gateway", gateway])
+        .env_remove("DATABASE_URL")
+        .envs(env.iter().copied());
+    command.output().await.unwrap()
 }
 
 #[tokio::test]

@@ -93,13 +93,15 @@ async fn each_refund_status_reads_as_where_the_refund_stands() {
 async fn every_answer_names_the_gateway_that_gave_it() {
     let named = ResponseTemplate::new(200).insert_header("Gateway-Account", "acct_refunder");
     let answer = refund_answered(named.set_body_json(refund_json(json!({"status": "succeeded"})))).await;
-    assert_eq!(&*answer.unwrap().by, "acct_refunder");
+    assert_eq!(answer.unwrap().named.as_deref(), Some("acct_refunder"));
 
     let gateway = MockServer::start().await;
     let refused = json!({"error": {"type": "invalid_request_error", "code": "amount_too_large"}});
     Mock::given(method("POST")).respond_with(ResponseTemplate::new(400).set_body_json(refused)).mount(&gateway).await;
     let answer = client_at(&gateway.uri()).refund(KEY, &request()).await;
-    assert_eq!(&*answer.unwrap().by, format!("{}/", gateway.uri()), "a gateway that names none: its URL");
+    let answer = answer.unwrap();
+    assert_eq!(answer.named, None, "a gateway that names none");
+    assert_eq!(answer.by(), format!("{}/", gateway.uri()), "is its address");
 }
 
 #[tokio::test]
@@ -295,7 +297,7 @@ async fn the_client_reads_the_mock_gateway_as_it_means() {
     let charge = charged(&client, "c1", 1000, "tok_refundFails").await;
 
     let made = client.refund("r1", &refund_of(&charge, 400)).await.unwrap();
-    assert_eq!(made.by, account);
+    assert_eq!(made.named, Some(account));
     let pending = made.answer.unwrap();
     assert_eq!(pending.status, RefundStatus::Pending);
     let too_large = client.refund("r2", &refund_of(&charge, 601)).await.unwrap().answer;
