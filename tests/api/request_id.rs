@@ -121,6 +121,12 @@ async fn every_problem_carries_its_request_id() {
     let declined: Value = app.post_payment(&new_key(), &declined).await.json().await.unwrap();
     expect(refund(json!({ "payment": declined["payment"]["id"] })).await, "payment-not-refundable");
     expect(refund(json!({ "payment": paid["id"], "amount": 100_000 })).await, "refund-exceeds-payment");
+    // The payment's row held by stuck work: a refund of it waits out the lock timeout.
+    let mut holder = app.db().await;
+    let held = format!("BEGIN; SELECT FROM payments WHERE id = '{}' FOR UPDATE", paid["id"].as_str().unwrap());
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut holder, &held).await.unwrap();
+    expect(refund(json!({ "payment": paid["id"] })).await, "record-locked");
+    diesel_async::SimpleAsyncConnection::batch_execute(&mut holder, "ROLLBACK").await.unwrap();
     app.post_refund(&new_key(), &json!({ "payment": paid["id"] })).await;
     expect(refund(json!({ "payment": paid["id"] })).await, "payment-already-refunded");
     expect(problem_slug(app.get("/v1/refunds/not-a-uuid").await).await, "refund-not-found");
