@@ -323,3 +323,38 @@ async fn unknown_routes_and_methods_are_problems() {
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], format!("{PROBLEMS}method-not-allowed"));
 }
+
+#[tokio::test]
+async fn an_unversioned_path_is_404_naming_its_versioned_twin_for_any_method() {
+    let app = TestApp::spawn().await;
+    let id = uuid::Uuid::new_v4();
+    let named = [
+        (reqwest::Method::POST, "/payments".to_string(), "/v1/payments".to_string()),
+        (reqwest::Method::GET, format!("/payments/{id}"), format!("/v1/payments/{id}")),
+        (reqwest::Method::GET, "/refunds".to_string(), "/v1/refunds".to_string()),
+        (reqwest::Method::DELETE, "/refunds/abc".to_string(), "/v1/refunds/abc".to_string()),
+        (reqwest::Method::GET, "/idempotency_keys?key=k".to_string(), "/v1/idempotency_keys".to_string()),
+        // A path too long to repeat is named by its route.
+        (reqwest::Method::GET, format!("/payments/{}", "a".repeat(200)), "/v1/payments/{id}".to_string()),
+    ];
+    for (method, path, twin) in named {
+        let response = app
+            .http
+            .request(method.clone(), format!("{}{path}", app.address))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "k")
+            .json(&payment_body())
+            .send()
+            .await
+            .unwrap();
+        let problem = assert_rejected(&app, response, StatusCode::NOT_FOUND, "route-not-found").await;
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.ends_with(&format!(" {twin}?")), "{method} {path}: {problem}");
+    }
+    // A path with no versioned twin is the plain not-found problem.
+    for path in ["/disputes", "/payments/abc/refunds", "/v1/v1/payments", "/gateway"] {
+        let response = app.get(path).await;
+        let problem = assert_rejected(&app, response, StatusCode::NOT_FOUND, "route-not-found").await;
+        assert!(!problem["detail"].as_str().unwrap().contains("/v1"), "{path}: {problem}");
+    }
+}
