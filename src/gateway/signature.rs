@@ -8,8 +8,10 @@
 //!
 //! Verification works on the raw bytes as they arrived, before anything parses them (a body
 //! parsed and written out again is other bytes), compares in constant time ([`Mac::verify_slice`]),
-//! reads every `v1` (not just the last), needs a whole 32-byte signature (a `v1` with no hex, or
-//! a prefix of one, matches nothing), and bounds `t` on both sides of the receiver's clock.
+//! reads every `v1` (not just the last) and refuses more than eight of them (each entry counted,
+//! whether it decodes or not), needs a whole 32-byte signature (a `v1` with no hex, or a prefix of
+//! one, matches nothing), takes `t` only as the signer writes it (decimal digits, no sign, no
+//! leading zero), and bounds `t` on both sides of the receiver's clock.
 
 use std::fmt;
 use std::time::Duration;
@@ -84,16 +86,18 @@ pub fn verify(
     let header = header.ok_or(SignatureError::Missing)?;
     let header = std::str::from_utf8(header).map_err(|_| SignatureError::Malformed)?;
     let mut timestamp = None;
+    let mut v1_entries = 0;
     let mut signatures = Vec::new();
     for item in header.split(',') {
         let (scheme, value) = item.trim().split_once('=').ok_or(SignatureError::Malformed)?;
         match scheme {
-            "t" if timestamp.is_none() => {
-                timestamp = Some(value.parse::<i64>().map_err(|_| SignatureError::Malformed)?);
-            }
+            "t" if timestamp.is_none() => timestamp = Some(parse_timestamp(value)?),
             "t" => return Err(SignatureError::Malformed),
-            // A `v1` that is not 32 bytes of hex is no signature at all: it matches nothing.
-            "v1" if signatures.len() < MAX_SIGNATURES => {
+            // Every `v1` entry counts toward the bound, whether it decodes or not: a header of
+            // hundreds of them is no gateway's doing, whatever they hold.
+            "v1" if v1_entries < MAX_SIGNATURES => {
+                v1_entries += 1;
+                // A `v1` that is not 32 bytes of hex is no signature at all: it matches nothing.
                 signatures.extend(hex::decode(value).ok().filter(|bytes| bytes.len() == 32));
             }
             "v1" => return Err(SignatureError::Malformed),
@@ -120,6 +124,18 @@ pub fn verify(
         true => Ok(timestamp),
         false => Err(SignatureError::NoMatch),
     }
+}
+
+/// `t` as the signer writes it: decimal digits, with no sign and no leading zero (but `0` itself).
+/// The HMAC covers `t` as written here, so `t=+N` or `t=0N` would be verified against `N`'s
+/// signature: another text than the one the header carries. No sign at all, so no negative `t`
+/// either: a time before 1970 is no gateway's clock.
+fn parse_timestamp(value: &str) -> Result<i64, SignatureError> {
+    let canonical = !value.is_empty()
+        && value.bytes().all(|byte| byte.is_ascii_digit())
+        && (value == "0" || !value.starts_with('0'));
+    // Digits too many for an `i64` do not parse either.
+    canonical.then(|| value.parse::<i64>().ok()).flatten().ok_or(SignatureError::Malformed)
 }
 
 #[cfg(test)]
@@ -188,6 +204,45 @@ mod tests {
         assert!(check(&format!(" t={NOW} , v0=ab, v1={hex} "), body, &[secret("s")]).is_ok(), "spaces and v0 ignored");
         let many = format!("t={NOW}{}", format!(",v1={hex}").repeat(MAX_SIGNATURES + 1));
         assert_eq!(check(&many, body, &[secret("s")]), Err(SignatureError::Malformed), "too many signatures");
+    }
+
+    #[test]
+    fn every_v1_entry_counts_toward_the_bound_whether_it_decodes_or_not() {
+        let body = b"{}";
+        let good = sign(&[secret("s")], NOW, body);
+        let hex = good.split("v1=").nth(1).unwrap();
+        let padded = |junk: usize| format!("t={NOW}{},v1={hex}", ",v1=zz".repeat(junk));
+        assert_eq!(check(&padded(MAX_SIGNATURES - 1), body, &[secret("s")]), Ok(NOW), "eight in all");
+        assert_eq!(check(&padded(MAX_SIGNATURES), body, &[secret("s")]), Err(SignatureError::Malformed), "nine");
+        assert_eq!(check(&padded(500), body, &[secret("s")]), Err(SignatureError::Malformed), "501");
+        let empty = format!("t={NOW}{},v1={hex}", ",v1=".repeat(MAX_SIGNATURES));
+        assert_eq!(check(&empty, body, &[secret("s")]), Err(SignatureError::Malformed), "empty ones too");
+    }
+
+    #[test]
+    fn only_the_timestamp_as_the_signer_writes_it_verifies() {
+        let body = b"{}";
+        let good = sign(&[secret("s")], NOW, body);
+        let hex = good.split("v1=").nth(1).unwrap();
+        assert_eq!(check(&format!("t={NOW},v1={hex}"), body, &[secret("s")]), Ok(NOW));
+        for t in [format!("+{NOW}"), format!("0{NOW}"), format!("00{NOW}"), format!(" {NOW}"), format!("{NOW}.0")] {
+            assert_eq!(
+                check(&format!("t={t},v1={hex}"), body, &[secret("s")]),
+                Err(SignatureError::Malformed),
+                "t={t}"
+            );
+        }
+        // Zero is written `0`, and a negative time is none the signer writes.
+        let zero = sign(&[secret("s")], 0, body);
+        assert_eq!(verify(Some(zero.as_bytes()), body, &[secret("s")], 0, TOLERANCE), Ok(0));
+        let signed_as_zero = zero.replacen("t=0", "t=00", 1);
+        let malformed = Err(SignatureError::Malformed);
+        assert_eq!(verify(Some(signed_as_zero.as_bytes()), body, &[secret("s")], 0, TOLERANCE), malformed);
+        let negative = sign(&[secret("s")], -1, body);
+        assert_eq!(verify(Some(negative.as_bytes()), body, &[secret("s")], 0, TOLERANCE), malformed);
+        for t in ["", "-0", "99999999999999999999"] {
+            assert_eq!(check(&format!("t={t},v1={hex}"), body, &[secret("s")]), malformed, "t={t}");
+        }
     }
 
     #[test]

@@ -50,6 +50,10 @@ pub enum ApiError {
     IdempotencyKeyNotFound,
     #[error("There is no endpoint at this path; the API is described at /openapi.yaml.")]
     RouteNotFound,
+    /// A path without the version whose versioned twin is an endpoint: named, since `/payments`
+    /// is the path a reader tries first.
+    #[error("There is no endpoint at this path: the API's paths begin with its version. Did you mean {0}?")]
+    Unversioned(String),
     #[error("This endpoint does not support this method; it supports {allowed}.")]
     MethodNotAllowed { allowed: String },
     #[error(
@@ -107,7 +111,7 @@ impl ApiError {
             ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
             ApiError::RefundNotFound => ProblemType::RefundNotFound,
             ApiError::IdempotencyKeyNotFound => ProblemType::IdempotencyKeyNotFound,
-            ApiError::RouteNotFound => ProblemType::RouteNotFound,
+            ApiError::RouteNotFound | ApiError::Unversioned(_) => ProblemType::RouteNotFound,
             ApiError::MethodNotAllowed { .. } => ProblemType::MethodNotAllowed,
             ApiError::KeyReused => ProblemType::IdempotencyKeyReused,
             ApiError::InFlight => ProblemType::RequestInFlight,
@@ -272,6 +276,7 @@ mod tests {
             ApiError::RefundNotFound,
             ApiError::IdempotencyKeyNotFound,
             ApiError::RouteNotFound,
+            ApiError::Unversioned("/v1/payments".into()),
             ApiError::MethodNotAllowed { allowed: "GET".into() },
             ApiError::KeyReused,
             ApiError::InFlight,

@@ -2,10 +2,11 @@
 
 use std::future::{Ready, ready};
 
-use actix_web::http::header::{AUTHORIZATION, HeaderValue};
+use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 use futures_util::TryFutureExt;
 use futures_util::future::{Either, LocalBoxFuture, MapErr, MapOk, TryJoin, try_join};
+use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
 use super::error::ApiError;
@@ -83,8 +84,9 @@ where
 struct Repeated;
 
 /// The one value of the header `name`, if it was sent. Sent twice, a header that names one thing
-/// (an API key, an idempotency key, a fault) names none: HTTP reads the two lines as one list, and
-/// taking either would let a request that carried only the other mean something else.
+/// (an API key, an idempotency key, a fault, a body's type) names none: HTTP reads the two lines
+/// as one list, and taking either would let a request that carried only the other mean something
+/// else.
 fn sent_once<'r>(req: &'r HttpRequest, name: &str) -> Result<Option<&'r HeaderValue>, Repeated> {
     let mut sent = req.headers().get_all(name);
     match (sent.next(), sent.next()) {
@@ -126,6 +128,63 @@ impl FromRequest for FaultRequest {
             Ok(value) => value.map(|value| value.to_str().map_err(|e| e.to_string()).and_then(str::parse)).transpose(),
         };
         ready(requested.map(|fault| FaultRequest(fault.filter(|_| enabled))).map_err(ApiError::InvalidRequest))
+    }
+}
+
+/// Refuses a body whose type is sent twice, before it is read: actix's extractors read the first
+/// `Content-Type` alone, so `application/json` then `text/plain` was a payment, and the reverse a
+/// `415`. Every endpoint that reads a body reads it through this check.
+fn content_type_sent_once(req: &HttpRequest) -> Result<(), ApiError> {
+    match sent_once(req, CONTENT_TYPE.as_str()) {
+        Ok(_) => Ok(()),
+        Err(Repeated) => Err(ApiError::InvalidRequest(
+            "Content-Type is sent more than once; send the body's type once, `application/json`.".into(),
+        )),
+    }
+}
+
+/// A JSON body, read as actix's `web::Json` reads it (bounded, as [`extractor_configs`] says),
+/// once its type is known to be sent once.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
+    type Error = actix_web::Error;
+    type Future = Either<
+        Ready<Result<Self, actix_web::Error>>,
+        MapOk<<web::Json<T> as FromRequest>::Future, fn(web::Json<T>) -> Self>,
+    >;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        match content_type_sent_once(req) {
+            Err(error) => Either::Left(ready(Err(error.into()))),
+            Ok(()) => Either::Right(
+                web::Json::<T>::from_request(req, payload)
+                    .map_ok((|json: web::Json<T>| JsonBody(json.into_inner())) as fn(_) -> _),
+            ),
+        }
+    }
+}
+
+/// A raw body (a gateway event's, verified before it is parsed), bounded as [`extractor_configs`]
+/// says, once its type is known to be sent once.
+pub struct RawBody(pub web::Bytes);
+
+impl FromRequest for RawBody {
+    type Error = ApiError;
+    type Future = Either<
+        Ready<Result<Self, ApiError>>,
+        MapOk<MapErr<<web::Bytes as FromRequest>::Future, fn(actix_web::Error) -> ApiError>, fn(web::Bytes) -> Self>,
+    >;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        match content_type_sent_once(req) {
+            Err(error) => Either::Left(ready(Err(error))),
+            Ok(()) => Either::Right(
+                web::Bytes::from_request(req, payload)
+                    .map_err(ApiError::from as fn(actix_web::Error) -> ApiError)
+                    .map_ok(RawBody as fn(web::Bytes) -> Self),
+            ),
+        }
     }
 }
 

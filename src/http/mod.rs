@@ -9,8 +9,11 @@ mod payments;
 mod refunds;
 mod webhooks;
 
+use std::rc::Rc;
+
+use actix_web::dev::ResourceDef;
 use actix_web::http::Method;
-use actix_web::{HttpResponse, Route, web};
+use actix_web::{HttpRequest, HttpResponse, Route, web};
 
 pub use error::ApiError;
 pub use health::OPENAPI_YAML;
@@ -63,6 +66,14 @@ pub fn configure_metrics(cfg: &mut web::ServiceConfig) {
     register(cfg, METRICS_ENDPOINTS);
 }
 
+/// The prefix of the API's versioned paths.
+const VERSION: &str = "/v1";
+
+/// The longest path a not-found problem repeats as it was sent; beyond it, the problem names the
+/// route's template instead, so that a client's long path is not echoed back. The longest real
+/// one, a refund's, is 48 bytes.
+const MAX_NAMED_PATH: usize = 100;
+
 /// Registers `endpoints`, one resource per path (so a known path with an unknown method is a 405,
 /// not a 404), and answers everything else with a problem too.
 fn register(cfg: &mut web::ServiceConfig, endpoints: &'static [Endpoint]) {
@@ -78,5 +89,51 @@ fn register(cfg: &mut web::ServiceConfig, endpoints: &'static [Endpoint]) {
             async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed { allowed }) }
         })));
     }
-    cfg.default_service(web::to(|| async { Err::<HttpResponse, _>(ApiError::RouteNotFound) }));
+    // `/payments` is the path a reader tries first: a path whose versioned twin is a route, for
+    // any method, is a 404 that names the twin. The twins are the routes themselves, so a new
+    // endpoint has its own at once.
+    let versioned = versioned_routes(endpoints);
+    cfg.default_service(web::to(move |req: HttpRequest| {
+        let error = unversioned_twin(&versioned, req.path()).map_or(ApiError::RouteNotFound, ApiError::Unversioned);
+        async move { Err::<HttpResponse, _>(error) }
+    }));
+}
+
+/// The routes of `endpoints` under [`VERSION`].
+fn versioned_routes(endpoints: &[Endpoint]) -> Rc<[ResourceDef]> {
+    let versioned = endpoints
+        .iter()
+        .filter(|endpoint| endpoint.path.strip_prefix(VERSION).is_some_and(|rest| rest.starts_with('/')));
+    versioned.map(|endpoint| ResourceDef::new(endpoint.path)).collect()
+}
+
+/// The versioned path `path` would be a route at, if any: the path itself when it is short
+/// enough to repeat, else the route's template.
+fn unversioned_twin(versioned: &[ResourceDef], path: &str) -> Option<String> {
+    let twin = format!("{VERSION}{path}");
+    let route = versioned.iter().find(|route| route.is_match(&twin))?;
+    Some(match twin.len() <= MAX_NAMED_PATH {
+        true => twin,
+        false => route.pattern().unwrap_or(VERSION).to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unversioned_path_names_its_twin_as_sent_or_by_its_template_when_long() {
+        let versioned = versioned_routes(ENDPOINTS);
+        let twin = |path: &str| unversioned_twin(&versioned, path);
+        assert_eq!(twin("/payments").as_deref(), Some("/v1/payments"));
+        assert_eq!(twin("/refunds/abc").as_deref(), Some("/v1/refunds/abc"));
+        assert_eq!(twin("/idempotency_keys").as_deref(), Some("/v1/idempotency_keys"));
+        let long = format!("/payments/{}", "a".repeat(MAX_NAMED_PATH));
+        assert_eq!(twin(&long).as_deref(), Some("/v1/payments/{id}"));
+        for path in ["/", "/disputes", "/payments/", "/payments/abc/refunds", "/v1/payments/abc/x", "/healthz"] {
+            assert_eq!(twin(path), None, "{path}");
+        }
+        assert!(versioned_routes(METRICS_ENDPOINTS).is_empty(), "the metrics listener names no API path");
+    }
 }

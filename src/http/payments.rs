@@ -8,7 +8,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader};
+use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody};
 use crate::db;
 use crate::idempotency::StoredResponse;
 use crate::payments::{self, CreatePaymentBody, CreateRequest, Payment, PaymentList, PaymentView};
@@ -33,10 +33,10 @@ pub async fn create_payment(
     Authenticated(account, (key, fault, body)): Authenticated<(
         IdempotencyKeyHeader,
         FaultRequest,
-        web::Json<CreatePaymentBody>,
+        JsonBody<CreatePaymentBody>,
     )>,
 ) -> Result<HttpResponse, ApiError> {
-    let create = CreateRequest::new(account, key.0, body.into_inner().validate()?);
+    let create = CreateRequest::new(account, key.0, body.0.validate()?);
     // A finished key's answer held in memory is the whole answer: it needs no database and leaves
     // nothing half-done if the client hangs up, so it needs no task of its own either (README,
     // "A replay's tail").

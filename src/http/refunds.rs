@@ -6,7 +6,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader};
+use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody};
 use super::payments::{DEFAULT_PAGE, MAX_PAGE, stored_response};
 use crate::db;
 use crate::payments::Payment;
@@ -21,10 +21,10 @@ pub async fn create_refund(
     Authenticated(account, (key, fault, body)): Authenticated<(
         IdempotencyKeyHeader,
         FaultRequest,
-        web::Json<CreateRefundBody>,
+        JsonBody<CreateRefundBody>,
     )>,
 ) -> Result<HttpResponse, ApiError> {
-    let create = CreateRequest::new(account, key.0, body.into_inner().validate()?);
+    let create = CreateRequest::new(account, key.0, body.0.validate()?);
     // As a payment's: a finished key's answer in memory is answered here, with no task.
     if let Some(replayed) = create.answer_from_memory(&state) {
         let replayed = replayed?;

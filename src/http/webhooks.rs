@@ -5,6 +5,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
 
 use super::error::ApiError;
+use super::extract::RawBody;
 use crate::db;
 use crate::events::{self, GatewayEvent};
 use crate::gateway::signature::{self, SIGNATURE_HEADER};
@@ -20,9 +21,8 @@ pub async fn receive_gateway_event(
     state: web::Data<AppState>,
     request: HttpRequest,
     request_id: RequestId,
-    body: Result<web::Bytes, actix_web::Error>,
+    RawBody(body): RawBody,
 ) -> Result<HttpResponse, ApiError> {
-    let body = body.map_err(ApiError::from)?;
     let settings = &state.settings;
     let header = request.headers().get(SIGNATURE_HEADER).map(|value| value.as_bytes());
     let now = chrono::Utc::now().timestamp();

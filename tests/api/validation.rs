@@ -154,10 +154,11 @@ async fn a_request_without_a_valid_api_key_is_401() {
     // Whatever else is wrong with the request: the key is asked about first (an unknown one needs
     // the database, and must not lose to a check that answers at once).
     let json = ("Content-Type", "application/json");
-    let wrong_otherwise: [(&[(&str, &str)], &str); 5] = [
+    let wrong_otherwise: [(&[(&str, &str)], &str); 6] = [
         (&[json], "{\"amount\": 1000}"),
         (&[json, ("Idempotency-Key", "k")], "{"),
         (&[("Content-Type", "text/plain"), ("Idempotency-Key", "k")], "{}"),
+        (&[json, ("Content-Type", "text/plain"), ("Idempotency-Key", "k")], "{}"),
         (&[json, ("Idempotency-Key", "k"), ("X-Fault-Inject", "boom")], "{}"),
         (&[json, ("Idempotency-Key", "")], "{}"),
     ];
@@ -198,6 +199,53 @@ async fn an_oversized_or_non_json_body_is_refused() {
         let response = app.post_payment_raw(Some(&app.api_key), headers, payment_body().to_string()).await;
         assert_rejected(&app, response, StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type").await;
     }
+}
+
+#[tokio::test]
+async fn a_content_type_sent_twice_is_400_wherever_a_body_is_read() {
+    let secret = "whsec_validation";
+    let app = TestApp::builder().webhook_secrets(&[secret]).spawn().await;
+    let payment = payment_body().to_string();
+    let refund = json!({ "payment": uuid::Uuid::new_v4() }).to_string();
+    let event = json!({ "id": "evt_twice", "object": "event", "type": "charge.succeeded",
+                        "created": chrono::Utc::now().timestamp(), "data": { "object": { "id": "ch_1" } },
+                        "request": { "idempotency_key": "payments:nobody:nothing" } })
+    .to_string();
+    let signature = |body: &str| {
+        let at = chrono::Utc::now().timestamp();
+        payments::gateway::signature::sign(
+            &[payments::gateway::signature::WebhookSecret::new(secret)],
+            at,
+            body.as_bytes(),
+        )
+    };
+    let post = |path: &str, body: &str, types: &[&str]| {
+        let mut request = app.http.post(format!("{}{path}", app.address)).body(body.to_owned());
+        if path.starts_with("/v1/") {
+            request = request.bearer_auth(&app.api_key).header("Idempotency-Key", "k");
+        } else {
+            request = request.header("Gateway-Signature", signature(body));
+        }
+        for content_type in types {
+            request = request.header("Content-Type", *content_type);
+        }
+        request.send()
+    };
+    // Either one first: actix's extractors read the first alone, so the JSON one first was a
+    // payment, a refund's refusal stored under the key, an event applied.
+    for types in [["application/json", "text/plain"], ["text/plain", "application/json"]] {
+        for (path, body) in [("/v1/payments", &payment), ("/v1/refunds", &refund), ("/webhooks/gateway", &event)] {
+            let response = post(path, body, &types).await.unwrap();
+            let problem = assert_rejected(&app, response, StatusCode::BAD_REQUEST, "invalid-request").await;
+            assert!(problem["detail"].as_str().unwrap().contains("Content-Type"), "{path} {types:?}: {problem}");
+            assert!(app.database_says("SELECT count(*) = 0 FROM gateway_events").await, "{path} {types:?}");
+        }
+    }
+    // Sent once, each is taken: the key was never spent, and the event is read.
+    let response = post("/v1/payments", &payment, &["application/json"]).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let response = post("/webhooks/gateway", &event, &["application/json"]).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
 }
 
 #[tokio::test]
@@ -274,4 +322,39 @@ async fn unknown_routes_and_methods_are_problems() {
     assert_eq!(response.headers()["allow"], "POST, GET");
     let problem: Value = response.json().await.unwrap();
     assert_eq!(problem["type"], format!("{PROBLEMS}method-not-allowed"));
+}
+
+#[tokio::test]
+async fn an_unversioned_path_is_404_naming_its_versioned_twin_for_any_method() {
+    let app = TestApp::spawn().await;
+    let id = uuid::Uuid::new_v4();
+    let named = [
+        (reqwest::Method::POST, "/payments".to_string(), "/v1/payments".to_string()),
+        (reqwest::Method::GET, format!("/payments/{id}"), format!("/v1/payments/{id}")),
+        (reqwest::Method::GET, "/refunds".to_string(), "/v1/refunds".to_string()),
+        (reqwest::Method::DELETE, "/refunds/abc".to_string(), "/v1/refunds/abc".to_string()),
+        (reqwest::Method::GET, "/idempotency_keys?key=k".to_string(), "/v1/idempotency_keys".to_string()),
+        // A path too long to repeat is named by its route.
+        (reqwest::Method::GET, format!("/payments/{}", "a".repeat(200)), "/v1/payments/{id}".to_string()),
+    ];
+    for (method, path, twin) in named {
+        let response = app
+            .http
+            .request(method.clone(), format!("{}{path}", app.address))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", "k")
+            .json(&payment_body())
+            .send()
+            .await
+            .unwrap();
+        let problem = assert_rejected(&app, response, StatusCode::NOT_FOUND, "route-not-found").await;
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.ends_with(&format!(" {twin}?")), "{method} {path}: {problem}");
+    }
+    // A path with no versioned twin is the plain not-found problem.
+    for path in ["/disputes", "/payments/abc/refunds", "/v1/v1/payments", "/gateway"] {
+        let response = app.get(path).await;
+        let problem = assert_rejected(&app, response, StatusCode::NOT_FOUND, "route-not-found").await;
+        assert!(!problem["detail"].as_str().unwrap().contains("/v1"), "{path}: {problem}");
+    }
 }
