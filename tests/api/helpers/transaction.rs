@@ -32,6 +32,11 @@ impl OpenTransaction {
         diesel::sql_query(sql).execute(&mut self.conn).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// Its connection, to run a statement of the service's own in it.
+    pub fn connection(&mut self) -> &mut AsyncPgConnection {
+        &mut self.conn
+    }
+
     /// Whether another session waits for a lock this transaction holds (`pg_blocking_pids`). Not
     /// just any lock wait in the cluster: other tests make those on purpose.
     pub async fn is_waited_for(&self) -> bool {
