@@ -121,7 +121,10 @@ async fn a_driver_paused_past_its_lease_makes_no_gateway_call_when_it_wakes() {
 
 #[tokio::test]
 async fn each_phase_renews_the_lease_for_the_owners_lock_timeout() {
-    let app = TestApp::builder().lock_timeout(Duration::from_secs(60)).spawn().await;
+    // The database's clock an hour ahead of the app's: a lease counted from the app's clock would
+    // have ended long ago by the database's.
+    let database = TestDatabase::with_clock_ahead("1 hour").await;
+    let app = TestApp::builder().lock_timeout(Duration::from_secs(60)).spawn_on(database).await;
     let mut conn = app.db().await;
     let request = app.key_request();
     let mut lock = request.claim(&app).await;
@@ -131,7 +134,8 @@ async fn each_phase_renews_the_lease_for_the_owners_lock_timeout() {
     let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
     let _: KeyRowId = atomic_phase(&mut conn, &mut lock, transition, audited_phase("", "")).await.unwrap();
 
-    let renewed = "SELECT locked_until > now() + interval '50 seconds' FROM idempotency_keys";
+    let renewed = "SELECT locked_until > now() + interval '50 seconds' AND locked_until <= now() + interval '60 seconds' \
+                   FROM idempotency_keys";
     assert!(app.database_says(renewed).await, "the phase renewed it by its lock timeout, from the database's now()");
     let row = app.key_row(request.key.as_str()).await.unwrap();
     assert_eq!((row.recovery_point.as_str(), row.lock_token.is_some()), ("charge_created", true), "still held");
