@@ -105,17 +105,14 @@ async fn a_request_whose_server_is_killed_is_finished_by_the_worker() {
         .await
         .unwrap();
     let trail: Vec<(&str, &str)> = trail.iter().map(|(action, actor)| (action.as_str(), actor.as_str())).collect();
-    assert_eq!(
-        trail,
-        [
-            ("idempotency_key.claimed", "api"),
-            ("payment.created", "api"),
-            ("idempotency_key.taken_over", "completer"),
-            ("payment.charge_recorded", "completer"),
-            ("payment.finished", "completer"),
-        ],
-        "the worker's completer took the key over and finished it, no client"
-    );
+    // After the dead server's claim, only the worker's completer (which may have let the key go
+    // and taken it again, on a slow machine): no client finished it.
+    let (claim, rest) = trail.split_at(2);
+    assert_eq!(claim, [("idempotency_key.claimed", "api"), ("payment.created", "api")], "{trail:?}");
+    assert!(rest.iter().all(|(_, actor)| *actor == "completer"), "{trail:?}");
+    assert_eq!(rest.first().map(|(action, _)| *action), Some("idempotency_key.taken_over"), "{trail:?}");
+    let finish = [("payment.charge_recorded", "completer"), ("payment.finished", "completer")];
+    assert!(rest.ends_with(&finish), "{trail:?}");
     let replay = post(cluster.servers[1].url.clone()).await.unwrap();
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
