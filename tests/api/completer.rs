@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use payments::idempotency::{needing_attention, retry_needing_attention};
+use payments::idempotency::{claim_abandoned, needing_attention, retry_needing_attention};
+use payments::request_id::RequestId;
 use payments::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -11,8 +12,8 @@ use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::helpers::{
-    ChargePerKey, Lock, TestApp, charge_requests, listed_charge, mount_no_charges_found, new_key, payment_body,
-    wait_until,
+    ChargePerKey, Lock, OpenTransaction, TestApp, charge_requests, listed_charge, mount_no_charges_found, new_key,
+    payment_body, wait_until,
 };
 
 /// An app whose completer needs no backoff before its first attempt.
@@ -167,19 +168,38 @@ async fn two_completers_never_drive_one_key_at_once() {
         TestApp::builder().gateway_url(gateway.uri()).workers(|w| w.completer_backoff = Duration::ZERO).spawn().await;
     let key = new_key();
     let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
-    let (first, second) = (app.workers().completer, app.workers().completer);
 
-    // The first completer takes the key and waits on the slow gateway...
-    let driving = tokio::spawn(async move { first.run_once().await.unwrap() });
+    // The first completer's take-over, its statement run in a transaction held open: the key row
+    // stays locked as it is while a worker's take-over commits.
+    let (run, state) = (RequestId::generate(), app.state_at_gateway(&gateway.uri()));
+    let mut taking = OpenTransaction::begin(&app.database.url).await;
+    let first = claim_abandoned(taking.connection(), Duration::from_secs(60), Duration::ZERO, &run).await.unwrap();
+    let first = first.expect("the first completer takes the key");
+    // A second completer, as in another worker process, runs meanwhile. It answers at once, or
+    // waits for the row (as a take-over without `FOR UPDATE SKIP LOCKED` would, to take the key
+    // too once the first commits): the first commits once it did either.
+    let second = app.workers().completer;
+    let second = tokio::spawn(async move { second.run_once().await.unwrap() });
+    wait_until(Duration::from_secs(10), "the second completer answered or waits for the row", || async {
+        second.is_finished() || taking.is_waited_for().await
+    })
+    .await;
+    taking.commit().await;
+    assert_eq!(second.await.unwrap(), Outcome::Idle, "the key is the first completer's");
+
+    // The first drives the key and waits on the slow gateway...
+    let driving = tokio::spawn(async move { payments::payments::complete_abandoned(&state, first, &run).await });
     wait_until(Duration::from_secs(10), "the first completer is charging", || async {
         charge_requests(&gateway).await.iter().any(|r| r.method.as_str() == "POST")
     })
     .await;
-    // ...and the second, as in another worker process, finds nothing it may take.
-    assert_eq!(second.run_once().await.unwrap(), Outcome::Idle);
-    assert_eq!(driving.await.unwrap(), Outcome::Worked);
+    // ...and another finds nothing it may take.
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Idle);
+    assert_eq!(driving.await.unwrap().unwrap().status, 201);
 
     assert_eq!(app.key_row(&key).await.unwrap().recovery_point, "finished");
+    let trail = app.audit_trail().await;
+    assert_eq!(trail.iter().filter(|(action, _)| action == "idempotency_key.taken_over").count(), 1, "{trail:?}");
     let downstream = app.downstream_key(key_id);
     let requests = charge_requests(&gateway).await;
     let charges =

@@ -1,17 +1,20 @@
 //! A request whose lock was taken over can no longer write: its phase rolls back as a whole, and
-//! its unlock does not free the new holder's lock. Nor does it call the gateway: a driver paused
-//! past its lease makes no call when it wakes. And a lease lasts as long as its owner said, whoever
-//! looks at it.
+//! its unlock does not free the new holder's lock; a real server paused after its gateway call, and
+//! continued while another holds the key it had, writes nothing. Nor does it call the gateway: a
+//! driver paused past its lease makes no call when it wakes. And a lease lasts as long as its owner
+//! said, whoever looks at it.
 
 use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use nix::sys::signal::Signal;
 use payments::audit::Actor;
 use payments::db::schema::audit_records;
 use payments::idempotency::{PhaseError, Reason, RecoveryPoint, Transition, atomic_phase};
 use payments::workers::{Outcome, Worker};
-use reqwest::StatusCode;
+use reqwest::{RequestBuilder, StatusCode};
+use serde_json::{Value, json};
 
 use crate::helpers::{
     GatewayControl, GatewayStats, KeyRowId, Lock, Process, TestApp, TestDatabase, audited_phase, new_key, payment_body,
@@ -70,58 +73,155 @@ async fn a_taker_keeps_to_the_owners_lease_not_to_its_own_lock_timeout() {
     assert_eq!(app.gateway.stats().await.requests, 0);
 }
 
+/// Two `serve` processes on one database, charging at one gateway process, that honour a
+/// request's `X-Fault-Inject`; their lease short enough for a test to wait out.
+struct TwoServers {
+    api_key: String,
+    control: GatewayControl,
+    first: Process,
+    second: Process,
+    _gateway: Process,
+    database: TestDatabase,
+}
+
+impl TwoServers {
+    async fn start() -> TwoServers {
+        let database = TestDatabase::create().await;
+        let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+        let (_, api_key) = payments::accounts::create(&mut conn, "paused").await.unwrap();
+        let gateway = Process::gateway().await;
+        let control = GatewayControl::new(&gateway.url);
+        let env = [
+            ("PAYMENTS_FAULT_INJECTION", "1"),
+            ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
+            ("PAYMENTS_LOCK_TIMEOUT_MS", "11000"),
+        ];
+        let first = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        let second = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        TwoServers { api_key, control, first, second, _gateway: gateway, database }
+    }
+
+    /// `POST <path>` of `body` under `key` at `server`, asking for `fault` if any.
+    fn post(&self, server: &Process, path: &str, key: &str, body: &Value, fault: Option<&str>) -> RequestBuilder {
+        let request = reqwest::Client::new().post(format!("{}{path}", server.url)).bearer_auth(&self.api_key);
+        let request = request.header("Idempotency-Key", key).json(body);
+        match fault {
+            Some(fault) => request.header("X-Fault-Inject", fault),
+            None => request,
+        }
+    }
+
+    /// Waits until the first server has stopped itself at its pause, and its lease on the key it
+    /// holds is over by the database's clock.
+    async fn wait_until_the_first_is_paused_past_its_lease(&self) {
+        wait_until(Duration::from_secs(10), "the first server is stopped", || async { self.first.is_stopped() }).await;
+        wait_until(Duration::from_secs(15), "the first server's lease is over", || async {
+            let mut conn = AsyncPgConnection::establish(&self.database.url).await.unwrap();
+            let over = diesel::sql_query("SELECT FROM idempotency_keys WHERE locked_until < now()");
+            over.execute(&mut conn).await.unwrap() == 1
+        })
+        .await;
+    }
+
+    /// Every row that a request's phases write, table by table: payments, refunds, audit records,
+    /// the outbox's staged jobs and the key rows.
+    async fn rows_written(&self) -> Vec<(&'static str, Vec<String>)> {
+        #[derive(QueryableByName)]
+        struct Row {
+            #[diesel(sql_type = diesel::sql_types::Text)]
+            row: String,
+        }
+        let mut conn = AsyncPgConnection::establish(&self.database.url).await.unwrap();
+        let mut tables = Vec::new();
+        for table in ["payments", "refunds", "audit_records", "staged_jobs", "idempotency_keys"] {
+            let rows: Vec<Row> = diesel::sql_query(format!("SELECT t::text AS row FROM {table} t ORDER BY 1"))
+                .load(&mut conn)
+                .await
+                .unwrap();
+            tables.push((table, rows.into_iter().map(|row| row.row).collect()));
+        }
+        tables
+    }
+}
+
 #[tokio::test]
 async fn a_driver_paused_past_its_lease_makes_no_gateway_call_when_it_wakes() {
-    let database = TestDatabase::create().await;
-    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments::accounts::create(&mut conn, "paused").await.unwrap();
-    let gateway = Process::gateway().await;
-    let control = GatewayControl::new(&gateway.url);
-    let env = [
-        ("PAYMENTS_FAULT_INJECTION", "1"),
-        ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
-        ("PAYMENTS_LOCK_TIMEOUT_MS", "11000"),
-    ];
-    let first = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
-    let second = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
-    let key = new_key();
-    let pay = |server: &str, fault: Option<&'static str>| {
-        let mut request = reqwest::Client::new()
-            .post(format!("{server}/v1/payments"))
-            .bearer_auth(&api_key)
-            .header("Idempotency-Key", &key)
-            .json(&payment_body());
-        if let Some(fault) = fault {
-            request = request.header("X-Fault-Inject", fault);
-        }
-        request.send()
-    };
+    let servers = TwoServers::start().await;
+    let (key, body) = (new_key(), payment_body());
 
     // The first server commits `started` and stops dead before its gateway call (a frozen VM).
-    let stalled = tokio::spawn(pay(&first.url, Some("pause=after_started")));
-    wait_until(Duration::from_secs(10), "the first server is stopped", || async { first.is_stopped() }).await;
+    let stalled =
+        tokio::spawn(servers.post(&servers.first, "/v1/payments", &key, &body, Some("pause=after_started")).send());
     // Its lease runs out; the retry, at the second server, takes the key over and charges.
-    wait_until(Duration::from_secs(15), "the first server's lease is over", || async {
-        let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-        diesel::sql_query("SELECT FROM idempotency_keys WHERE locked_until < now()").execute(&mut conn).await.unwrap()
-            == 1
-    })
-    .await;
-    let retry = pay(&second.url, None).await.unwrap();
+    servers.wait_until_the_first_is_paused_past_its_lease().await;
+    let retry = servers.post(&servers.second, "/v1/payments", &key, &body, None).send().await.unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);
     // The gateway forgets its keys (its own retention), so a second charge request would charge.
-    control.forget_keys().await;
+    servers.control.forget_keys().await;
 
-    first.signal(nix::sys::signal::Signal::SIGCONT);
+    servers.first.signal(Signal::SIGCONT);
     let woken = stalled.await.unwrap().unwrap();
 
     assert_eq!(woken.status(), StatusCode::SERVICE_UNAVAILABLE, "it stops without calling");
-    assert_eq!(control.stats().await, GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 1, faults: 0 });
+    let stats = servers.control.stats().await;
+    assert_eq!(stats, GatewayStats { charges: 1, declined: 0, requests: 1, look_ups: 1, faults: 0 });
+}
+
+/// Sends `body` to `path` at the first server, which stops itself at `pause`, after its gateway
+/// call and before it records the answer. Once its lease is over, the retry at the second server
+/// takes the key over and stops at the same point, holding the key. The first is continued, and
+/// must write nothing; then the second, which finishes the request. Returns the first's answer.
+async fn woken_after_a_take_over(servers: &TwoServers, path: &str, body: &Value, pause: &str) -> reqwest::Response {
+    let key = new_key();
+    let first = tokio::spawn(servers.post(&servers.first, path, &key, body, Some(pause)).send());
+    servers.wait_until_the_first_is_paused_past_its_lease().await;
+    let second = tokio::spawn(servers.post(&servers.second, path, &key, body, Some(pause)).send());
+    wait_until(Duration::from_secs(10), "the second server is stopped", || async { servers.second.is_stopped() }).await;
+    let before = servers.rows_written().await;
+
+    servers.first.signal(Signal::SIGCONT);
+    let woken = first.await.unwrap().unwrap();
+
+    // Its phases carry the lock token it no longer holds; nothing else would stop their writes,
+    // since the second has recorded nothing yet.
+    for ((table, rows), (_, rows_before)) in servers.rows_written().await.iter().zip(&before) {
+        assert_eq!(rows, rows_before, "{table} once the first server woke");
+    }
+    servers.second.signal(Signal::SIGCONT);
+    assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::CREATED, "the second finishes the request");
+    woken
+}
+
+#[tokio::test]
+async fn a_server_paused_after_the_charge_writes_nothing_once_its_key_was_taken_over() {
+    let servers = TwoServers::start().await;
+
+    let woken = woken_after_a_take_over(&servers, "/v1/payments", &payment_body(), "pause=after_charge").await;
+
+    assert_eq!(woken.status(), StatusCode::CONFLICT, "its lock was taken over");
+    assert_eq!(servers.control.stats().await.charges, 1);
+}
+
+#[tokio::test]
+async fn a_server_paused_after_the_refund_writes_nothing_once_its_key_was_taken_over() {
+    let servers = TwoServers::start().await;
+    let paid = servers.post(&servers.second, "/v1/payments", &new_key(), &payment_body(), None).send().await.unwrap();
+    let payment: Value = paid.json().await.unwrap();
+    let body = json!({ "payment": payment["id"], "amount": 400 });
+
+    let woken = woken_after_a_take_over(&servers, "/v1/refunds", &body, "pause=after_refund").await;
+
+    assert_eq!(woken.status(), StatusCode::CONFLICT, "its lock was taken over");
+    let stats = servers.control.all_stats().await;
+    assert_eq!((stats["refunds"].as_u64(), stats["refunded_amount"].as_u64()), (Some(1), Some(400)));
 }
 
 #[tokio::test]
 async fn each_phase_renews_the_lease_for_the_owners_lock_timeout() {
-    let app = TestApp::builder().lock_timeout(Duration::from_secs(60)).spawn().await;
+    // The database's clock an hour ahead of the app's: a lease counted from the app's clock would
+    // have ended long ago by the database's.
+    let database = TestDatabase::with_clock_ahead("1 hour").await;
+    let app = TestApp::builder().lock_timeout(Duration::from_secs(60)).spawn_on(database).await;
     let mut conn = app.db().await;
     let request = app.key_request();
     let mut lock = request.claim(&app).await;
@@ -131,7 +231,8 @@ async fn each_phase_renews_the_lease_for_the_owners_lock_timeout() {
     let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
     let _: KeyRowId = atomic_phase(&mut conn, &mut lock, transition, audited_phase("", "")).await.unwrap();
 
-    let renewed = "SELECT locked_until > now() + interval '50 seconds' FROM idempotency_keys";
+    let renewed = "SELECT locked_until > now() + interval '50 seconds' AND locked_until <= now() + interval '60 seconds' \
+                   FROM idempotency_keys";
     assert!(app.database_says(renewed).await, "the phase renewed it by its lock timeout, from the database's now()");
     let row = app.key_row(request.key.as_str()).await.unwrap();
     assert_eq!((row.recovery_point.as_str(), row.lock_token.is_some()), ("charge_created", true), "still held");

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use payments::story::TRAIL_LIMIT;
 use payments::workers::Worker;
 use reqwest::StatusCode;
@@ -243,18 +242,8 @@ async fn a_long_trail_is_read_a_page_at_a_time() {
 #[tokio::test]
 async fn whether_a_key_is_locked_is_the_databases_call_not_the_apps_clock() {
     // A database whose clock is an hour ahead of the app's (say, after a failover to a host whose
-    // clock differs): its `now()` is shadowed by one that adds the hour.
-    let database = TestDatabase::create().await;
-    let ahead = format!(
-        "CREATE SCHEMA clock;
-         CREATE FUNCTION clock.now() RETURNS timestamptz LANGUAGE sql STABLE
-             AS 'SELECT pg_catalog.now() + interval ''1 hour''';
-         ALTER DATABASE {} SET search_path = clock, pg_catalog, public;",
-        database.name
-    );
-    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    conn.batch_execute(&ahead).await.unwrap();
-    let app = TestApp::builder().spawn_on(database).await;
+    // clock differs).
+    let app = TestApp::builder().spawn_on(TestDatabase::with_clock_ahead("1 hour").await).await;
     let (ran_out, held) = (new_key(), new_key());
     app.seed_key(&ran_out, &payment_body(), "started", Lock::Free).await;
     app.seed_key(&held, &payment_body(), "started", Lock::Free).await;

@@ -4,11 +4,15 @@
 
 use std::time::Duration;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use payments::db::schema::audit_records;
 use reqwest::StatusCode;
 use serde_json::json;
 
-use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, post_all_at_once, wait_until};
+use crate::helpers::{
+    GatewayControl, Process, TestApp, TestDatabase, new_key, payment_body, post_all_at_once, wait_until,
+};
 
 /// The shortest lock timeout the service accepts for this gateway timeout (three calls, 7.5 s of
 /// phase attempts, a 1 s checkout and 1 s to spare), short enough for a test to wait out.
@@ -26,7 +30,7 @@ struct Cluster {
     servers: [Process; 2],
     _worker: Process,
     _gateway: Process,
-    _database: TestDatabase,
+    database: TestDatabase,
 }
 
 async fn start() -> Cluster {
@@ -40,7 +44,7 @@ async fn start() -> Cluster {
         Process::serve(&database.url, &gateway.url, &["--no-workers"], &ENV).await,
     ];
     let worker = Process::worker(&database.url, &gateway.url, &ENV).await;
-    Cluster { api_key, control, servers, _worker: worker, _gateway: gateway, _database: database }
+    Cluster { api_key, control, servers, _worker: worker, _gateway: gateway, database }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -85,14 +89,33 @@ async fn a_request_whose_server_is_killed_is_finished_by_the_worker() {
     cluster.servers[0].signal(nix::sys::signal::Signal::SIGKILL);
     assert!(in_flight.await.unwrap().is_err());
 
-    // Nobody retries; once the lock is stale the worker takes the key over, finds the charge the
-    // gateway made, and finishes the request.
-    let other = cluster.servers[1].url.clone();
+    // Nobody retries: the test only watches the database. Once the lock is stale the worker takes
+    // the key over, finds the charge the gateway made, and finishes the request.
+    let database = &cluster.database.url;
     wait_until(Duration::from_secs(30), "the worker finishes the request", || async {
-        let response = post(other.clone()).await.unwrap();
-        response.headers().contains_key("Idempotent-Replayed")
+        let mut conn = AsyncPgConnection::establish(database).await.unwrap();
+        TestApp::database_says_on(&mut conn, "SELECT recovery_point = 'finished' FROM idempotency_keys").await
     })
     .await;
+    let mut conn = AsyncPgConnection::establish(database).await.unwrap();
+    let trail: Vec<(String, String)> = audit_records::table
+        .order(audit_records::id)
+        .select((audit_records::action, audit_records::actor))
+        .load(&mut conn)
+        .await
+        .unwrap();
+    let trail: Vec<(&str, &str)> = trail.iter().map(|(action, actor)| (action.as_str(), actor.as_str())).collect();
+    // After the dead server's claim, only the worker's completer (which may have let the key go
+    // and taken it again, on a slow machine): no client finished it.
+    let (claim, rest) = trail.split_at(2);
+    assert_eq!(claim, [("idempotency_key.claimed", "api"), ("payment.created", "api")], "{trail:?}");
+    assert!(rest.iter().all(|(_, actor)| *actor == "completer"), "{trail:?}");
+    assert_eq!(rest.first().map(|(action, _)| *action), Some("idempotency_key.taken_over"), "{trail:?}");
+    let finish = [("payment.charge_recorded", "completer"), ("payment.finished", "completer")];
+    assert!(rest.ends_with(&finish), "{trail:?}");
+    let replay = post(cluster.servers[1].url.clone()).await.unwrap();
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
     assert_eq!(cluster.control.stats().await.charges, 1);
     assert_eq!(cluster.control.stats().await.requests, 1, "adopted by look-up, not charged again");
 }

@@ -1,6 +1,8 @@
 //! Refunds: a second endpoint on the same idempotency layer, and the rule that no key can
 //! enforce (the sum of a payment's refunds never exceeds it), held by the database.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -8,7 +10,7 @@ use uuid::Uuid;
 use diesel_async::RunQueryDsl;
 use payments::workers::Worker;
 
-use crate::helpers::{GatewayControl, TestApp, new_key, wait_until};
+use crate::helpers::{GatewayControl, OpenTransaction, TestApp, new_key, wait_until};
 
 async fn problem(response: reqwest::Response) -> (StatusCode, Value) {
     let status = response.status();
@@ -217,22 +219,24 @@ async fn an_expired_refund_key_answers_410_naming_its_refund_and_refunds_nothing
 }
 
 /// A refund of `body` sent while another transaction holds `update` of the payment's row, not
-/// committed yet; committed once the refund waits for the row.
+/// committed yet; committed once the refund waits for that transaction's lock (or has answered
+/// without waiting, deciding on the row as it was before).
 async fn refund_behind(app: &TestApp, update: &str, body: Value) -> reqwest::Response {
-    let mut other = app.db().await;
-    for sql in ["BEGIN", update] {
-        diesel::sql_query(sql).execute(&mut other).await.unwrap();
-    }
+    let mut other = OpenTransaction::begin(&app.database.url).await;
+    other.run(update).await;
     let key = new_key();
     let refund = app.post_refund(&key, &body);
-    let commit_once_it_waits = async {
-        wait_until(std::time::Duration::from_secs(10), "the refund waits for the payment's row", || {
-            app.database_says("SELECT count(*) > 0 FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-        })
-        .await;
-        diesel::sql_query("COMMIT").execute(&mut other).await.unwrap();
+    tokio::pin!(refund);
+    let waits = wait_until(Duration::from_secs(10), "the refund waits for the update's lock", || other.is_waited_for());
+    let answered_without_waiting = tokio::select! {
+        answered = &mut refund => Some(answered),
+        () = waits => None,
     };
-    tokio::join!(refund, commit_once_it_waits).0
+    other.commit().await;
+    match answered_without_waiting {
+        Some(answered) => answered,
+        None => refund.await,
+    }
 }
 
 #[tokio::test]

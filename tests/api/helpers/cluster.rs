@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use payments::db::cluster::{Cluster, Durability};
 use payments::db::migrate;
 use uuid::Uuid;
@@ -65,6 +65,22 @@ impl TestDatabase {
     /// A migrated one.
     pub async fn create() -> TestDatabase {
         TestDatabase::new(&format!("TEMPLATE {TEMPLATE} STRATEGY FILE_COPY")).await
+    }
+
+    /// A migrated one whose clock runs `ahead` (an SQL interval, such as `1 hour`) of the app's, as
+    /// after a failover to a host whose clock differs: its `now()` is shadowed by one that adds it.
+    pub async fn with_clock_ahead(ahead: &str) -> TestDatabase {
+        let database = TestDatabase::create().await;
+        let shadow = format!(
+            "CREATE SCHEMA clock;
+             CREATE FUNCTION clock.now() RETURNS timestamptz LANGUAGE sql STABLE
+                 AS 'SELECT pg_catalog.now() + interval ''{ahead}''';
+             ALTER DATABASE {} SET search_path = clock, pg_catalog, public;",
+            database.name
+        );
+        let mut conn = AsyncPgConnection::establish(&database.url).await.expect("connecting to the test database");
+        conn.batch_execute(&shadow).await.unwrap();
+        database
     }
 
     /// One with no migration applied, for tests that apply them one by one.

@@ -11,6 +11,7 @@ mod seed;
 mod statements;
 mod svg;
 mod test_app;
+mod transaction;
 
 use std::future::Future;
 use std::time::Duration;
@@ -29,6 +30,7 @@ pub use seed::{KeyRowId, Lock, audited_phase};
 pub use statements::{record_statements, statements};
 pub use svg::Svg;
 pub use test_app::{TestApp, new_key, payment_body};
+pub use transaction::OpenTransaction;
 
 /// Sends the same payment request to each of `servers` (base URLs) at once, and returns every
 /// answer's status and whether it was a replay.
