@@ -137,12 +137,26 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    unreadable_gateway_events (id) {
+        id -> Int8,
+        account_id -> Nullable<Uuid>,
+        idempotency_key_id -> Nullable<Uuid>,
+        body -> Bytea,
+        body_bytes -> Int4,
+        reason -> Text,
+        received_at -> Timestamptz,
+        request_id -> Nullable<Text>,
+    }
+}
+
 diesel::joinable!(audit_records -> accounts (account_id));
 diesel::joinable!(gateway_events -> accounts (account_id));
 diesel::joinable!(idempotency_keys -> accounts (account_id));
 diesel::joinable!(payments -> accounts (account_id));
 diesel::joinable!(refunds -> accounts (account_id));
 diesel::joinable!(staged_jobs -> accounts (account_id));
+diesel::joinable!(unreadable_gateway_events -> accounts (account_id));
 
 diesel::allow_tables_to_appear_in_same_query!(
     accounts,
@@ -153,4 +167,5 @@ diesel::allow_tables_to_appear_in_same_query!(
     payments,
     refunds,
     staged_jobs,
+    unreadable_gateway_events,
 );

@@ -19,10 +19,10 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::event::GatewayEvent;
+use super::event::{GatewayEvent, Unreadable};
 use crate::audit::Actor;
 use crate::db::{self, StoreError};
-use crate::idempotency::{RecoveryPoint, disagreement_reason};
+use crate::idempotency::{GATEWAY_UNREADABLE_EVENT, RecoveryPoint, gateway_report_reason};
 use crate::metrics::{EventKind, EventOutcome};
 use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
 use crate::request_id::RequestId;
@@ -89,7 +89,12 @@ pub async fn receive(
             _ => compare_charge(&target, event),
         };
         if outcome == EventOutcome::Disagreement {
-            flag(conn, account_id, key_id, event, request_id).await?;
+            let detail = format!(
+                "the gateway's event {} ({}) disagrees with what the key recorded",
+                event.id,
+                event.kind().as_str()
+            );
+            flag(conn, account_id, key_id, DISAGREEMENT, &detail, request_id).await?;
         }
         diesel::sql_query(
             "WITH outcome AS (
@@ -202,7 +207,7 @@ async fn settle(
         let refund = Refund::find(conn, account_id, target.id).await?.ok_or(diesel::result::Error::NotFound)?;
         let settlement = match event.kind() == EventKind::RefundSucceeded {
             true => Settlement::Succeeded,
-            false => Settlement::Failed { code: failure_code(object.failure_code.as_deref()) },
+            false => Settlement::Failed { code: failure_code(object.failure_code().as_deref()) },
         };
         let by = SettledBy { actor: Actor::Gateway, request_id, data: json!({ "event_id": event.id }) };
         let settled = settle_refund(conn, &refund, &settlement, by).await?;
@@ -252,41 +257,75 @@ fn compare_refund(status: RefundStatus, object_id: Option<&str>, event: &Gateway
     }
 }
 
-/// Flags the key for a person (unless it is flagged already, or reaped), with the event that
-/// disagrees, and counts on the audit trail either way. No money moves.
+/// Flags the key for a person (unless it is flagged already, or reaped), for what its gateway
+/// reported (`code`, one of the `GATEWAY_` reason codes, and `detail`). No money moves.
 async fn flag(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,
     key_id: Uuid,
-    event: &GatewayEvent,
+    code: &str,
+    detail: &str,
     request_id: &RequestId,
 ) -> QueryResult<()> {
-    let detail = disagreement_reason(&format!(
-        "the gateway's event {} ({}) disagrees with what the key recorded",
-        event.id,
-        event.kind().as_str()
-    ));
     diesel::sql_query(
         "WITH marked AS (
              UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3
              WHERE account_id = $1 AND id = $2 AND needs_attention_at IS NULL
-             RETURNING account_id, id, completer_attempts
+             RETURNING account_id, id
          )
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
          SELECT account_id, 'idempotency_key.needs_attention', 'idempotency_key', id, 'gateway',
-                jsonb_build_object('reason_code', $4::text, 'reason', $3::text, 'event_id', $5::text), $6
+                jsonb_build_object('reason_code', $4::text, 'reason', $3::text), $5
          FROM marked",
     )
     .bind::<SqlUuid, _>(account_id)
     .bind::<SqlUuid, _>(key_id)
-    .bind::<Text, _>(detail)
-    .bind::<Text, _>(DISAGREEMENT)
-    .bind::<Text, _>(&event.id)
+    .bind::<Text, _>(gateway_report_reason(code, detail))
+    .bind::<Text, _>(code)
     .bind::<Text, _>(request_id.as_str())
     .execute(conn)
     .await?;
-    tracing::error!(event.id = %event.id, %account_id, %key_id, "a gateway event disagrees with what a key recorded; it needs attention");
+    tracing::error!(%account_id, %key_id, reason_code = code, %detail, "a gateway event about a key needs attention");
     Ok(())
+}
+
+/// The most of an unreadable event's body that is kept: enough for a person to see what came.
+const KEPT_BYTES: usize = 16 * 1024;
+
+/// Keeps an event that verified but cannot be read (`why`), raw and bounded, for a person, and
+/// flags the key its request names, if that is one of ours, in one transaction: no retry of the
+/// gateway's would make it readable, so it is acknowledged rather than refused for ever.
+pub async fn keep_unreadable(
+    conn: &mut AsyncPgConnection,
+    body: &[u8],
+    why: &Unreadable,
+    request_id: &RequestId,
+) -> Result<EventOutcome, StoreError> {
+    let (account_id, key_id) = why.caused_by.unzip();
+    let kept = &body[..body.len().min(KEPT_BYTES)];
+    let body_bytes = i32::try_from(body.len()).unwrap_or(i32::MAX);
+    let reason: String = why.reason.chars().take(1000).collect();
+    db::bounded(conn.transaction::<_, StoreError, _>(async |conn| {
+        // The account and key only if they are ours: the key may be reaped, the account never is.
+        let keeps = diesel::sql_query(
+            "WITH ours AS (SELECT id FROM accounts WHERE id = $1)
+             INSERT INTO unreadable_gateway_events (account_id, idempotency_key_id, body, body_bytes, reason, request_id)
+             SELECT (SELECT id FROM ours), CASE WHEN EXISTS (SELECT FROM ours) THEN $2::uuid END, $3, $4, $5, $6",
+        )
+        .bind::<Nullable<SqlUuid>, _>(account_id)
+        .bind::<Nullable<SqlUuid>, _>(key_id)
+        .bind::<diesel::sql_types::Bytea, _>(kept)
+        .bind::<diesel::sql_types::Integer, _>(body_bytes)
+        .bind::<Text, _>(&reason)
+        .bind::<Text, _>(request_id.as_str());
+        keeps.execute(conn).await?;
+        if let (Some(account_id), Some(key_id)) = (account_id, key_id) {
+            let detail = format!("the gateway sent an event about it that cannot be read: {reason}");
+            flag(conn, account_id, key_id, GATEWAY_UNREADABLE_EVENT, &detail, request_id).await?;
+        }
+        Ok(EventOutcome::Unrecognized)
+    }))
+    .await
 }
 
 /// A failed refund's reason, fit to be recorded.

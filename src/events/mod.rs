@@ -7,5 +7,5 @@
 mod apply;
 mod event;
 
-pub use apply::{DISAGREEMENT, receive};
+pub use apply::{DISAGREEMENT, keep_unreadable, receive};
 pub use event::{GatewayEvent, Unreadable};

@@ -68,6 +68,8 @@ pub enum SignatureError {
     Missing,
     #[error("the Gateway-Signature header is not `t=<unix seconds>,v1=<hex>[,v1=<hex>...]`")]
     Malformed,
+    #[error("the Gateway-Signature header is sent more than once (every `v1` belongs in one header)")]
+    SentTwice,
     #[error("the signature's timestamp is too far from the receiver's clock")]
     OutsideTolerance,
     #[error("no signature matches the body under any secret")]

@@ -81,13 +81,13 @@ where
 }
 
 /// A header sent more than once.
-struct Repeated;
+pub(super) struct Repeated;
 
 /// The one value of the header `name`, if it was sent. Sent twice, a header that names one thing
 /// (an API key, an idempotency key, a fault, a body's type) names none: HTTP reads the two lines
 /// as one list, and taking either would let a request that carried only the other mean something
 /// else.
-fn sent_once<'r>(req: &'r HttpRequest, name: &str) -> Result<Option<&'r HeaderValue>, Repeated> {
+pub(super) fn sent_once<'r>(req: &'r HttpRequest, name: &str) -> Result<Option<&'r HeaderValue>, Repeated> {
     let mut sent = req.headers().get_all(name);
     match (sent.next(), sent.next()) {
         (value, None) => Ok(value),

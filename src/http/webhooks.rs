@@ -5,18 +5,19 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde_json::json;
 
 use super::error::ApiError;
-use super::extract::RawBody;
+use super::extract::{RawBody, Repeated, sent_once};
 use crate::db;
 use crate::events::{self, GatewayEvent};
-use crate::gateway::signature::{self, SIGNATURE_HEADER};
+use crate::gateway::signature::{self, SIGNATURE_HEADER, SignatureError};
 use crate::metrics::EventKind;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
 /// `POST /webhooks/gateway`: 400 `invalid-signature` (nothing written) unless a `v1` signature
-/// matches one of the secrets and its time is within the tolerance; 400 `malformed-body` for a
-/// signed body that is not an event; 200 once the event is recorded and applied (a duplicate too:
-/// it changes nothing); a failure of ours rolls back and answers 5xx, so the gateway sends it again.
+/// matches one of the secrets and its time is within the tolerance; 200 once the event is recorded
+/// and applied (a duplicate too: it changes nothing), and 200 `unrecognized` for a signed body the
+/// service cannot read, kept for a person; a failure of ours rolls back and answers 5xx, so the
+/// gateway sends it again.
 pub async fn receive_gateway_event(
     state: web::Data<AppState>,
     request: HttpRequest,
@@ -24,19 +25,31 @@ pub async fn receive_gateway_event(
     RawBody(body): RawBody,
 ) -> Result<HttpResponse, ApiError> {
     let settings = &state.settings;
-    let header = request.headers().get(SIGNATURE_HEADER).map(|value| value.as_bytes());
+    // Two headers are no signature, as any header that names one thing sent twice is none.
+    let header = sent_once(&request, SIGNATURE_HEADER).map_err(|Repeated| SignatureError::SentTwice);
     let now = chrono::Utc::now().timestamp();
+    let (secrets, tolerance) = (&settings.gateway_webhook_secrets, settings.gateway_webhook_tolerance);
     let verified =
-        signature::verify(header, &body, &settings.gateway_webhook_secrets, now, settings.gateway_webhook_tolerance);
+        header.and_then(|header| signature::verify(header.map(|v| v.as_bytes()), &body, secrets, now, tolerance));
     if let Err(error) = verified {
         state.metrics.gateway_event(EventKind::Unverified, crate::metrics::EventOutcome::InvalidSignature);
         tracing::warn!(%error, "refused a gateway event");
         return Err(ApiError::InvalidSignature(error));
     }
-    let event = GatewayEvent::parse(&body).map_err(|error| ApiError::MalformedBody(error.to_string()))?;
     let mut conn = db::connect(&state.db).await?;
-    let outcome = events::receive(&mut conn, &event, &request_id).await?;
-    state.metrics.gateway_event(event.kind(), outcome);
-    tracing::info!(event.id = %event.id, event.r#type = event.kind().as_str(), outcome = outcome.as_str(), "gateway event");
+    let (kind, outcome) = match GatewayEvent::parse(&body) {
+        Ok(event) => {
+            let outcome = events::receive(&mut conn, &event, &request_id).await?;
+            tracing::info!(event.id = %event.id, event.r#type = event.kind().as_str(), outcome = outcome.as_str(), "gateway event");
+            (event.kind(), outcome)
+        }
+        // Signed, so the gateway's; unreadable, so no retry of it would help: kept for a person.
+        Err(unreadable) => {
+            let outcome = events::keep_unreadable(&mut conn, &body, &unreadable, &request_id).await?;
+            tracing::error!(reason = %unreadable, "a gateway event that verified cannot be read; kept for a person");
+            (unreadable.kind, outcome)
+        }
+    };
+    state.metrics.gateway_event(kind, outcome);
     Ok(HttpResponse::Ok().json(json!({ "received": true, "outcome": outcome.as_str() })))
 }

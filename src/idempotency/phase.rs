@@ -7,7 +7,7 @@ use diesel::sql_types::{BigInt, Bytea, SmallInt, Text, Untyped, Uuid as SqlUuid}
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::clock::since_boot;
-use super::store::{GATEWAY_DISAGREEMENT, KeyLock, Transition, millis};
+use super::store::{GATEWAY_REPORTED_LIKE, KeyLock, Transition, millis};
 use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
@@ -172,11 +172,12 @@ impl<W: PhaseWrites> QueryFragment<Pg> for Fence<'_, W> {
                 out.push_bind_param::<BigInt, _>(&self.retention_ms)?;
                 out.push_sql(" * interval '1 millisecond'");
                 // Unlocked; and a key a worker gave up on may still be finished by its client's
-                // retry, which makes the giving up moot. A disagreement with the gateway is not.
+                // retry, which makes the giving up moot. What the gateway reported (a
+                // disagreement, an event it could not read) is not.
                 out.push_sql(&format!(
                     ", locked_until = NULL, lock_token = NULL, \
-                     needs_attention_at = CASE WHEN attention_reason LIKE '{GATEWAY_DISAGREEMENT}:%' THEN needs_attention_at END, \
-                     attention_reason = CASE WHEN attention_reason LIKE '{GATEWAY_DISAGREEMENT}:%' THEN attention_reason END"
+                     needs_attention_at = CASE WHEN attention_reason LIKE '{GATEWAY_REPORTED_LIKE}' THEN needs_attention_at END, \
+                     attention_reason = CASE WHEN attention_reason LIKE '{GATEWAY_REPORTED_LIKE}' THEN attention_reason END"
                 ));
             }
         }

@@ -165,6 +165,9 @@ label! {
         Nudged = "nudged",
         /// About no request of this service's (another downstream key, an unknown type).
         Unknown = "unknown",
+        /// Verified, but not readable (no retry would change that): kept for a person, its key
+        /// flagged if it names one of ours.
+        Unrecognized = "unrecognized",
     }
 }
 
@@ -178,6 +181,19 @@ label! {
         RefundFailed = "refund.failed",
         Other = "other",
         Unverified = "unverified",
+    }
+}
+
+impl EventKind {
+    /// The kind an event's `type` names: `other` for any the service does not act on.
+    pub fn of(type_name: &str) -> EventKind {
+        match type_name {
+            "charge.succeeded" => EventKind::ChargeSucceeded,
+            "charge.failed" => EventKind::ChargeFailed,
+            "refund.succeeded" => EventKind::RefundSucceeded,
+            "refund.failed" => EventKind::RefundFailed,
+            _ => EventKind::Other,
+        }
     }
 }
 

@@ -81,6 +81,18 @@ async fn only_a_whole_signature_over_the_exact_bytes_within_the_tolerance_is_acc
         let problem: Value = response.json().await.unwrap();
         assert_eq!(problem["type"], "https://payments.example/problems/invalid-signature", "{case}");
     }
+    // Two signature headers are none, even if one of them holds: the `v1`s belong in one header.
+    for headers in [[good.as_str(), "t=1,v1=00"], ["t=1,v1=00", good.as_str()]] {
+        let mut request = app.http.post(format!("{}/webhooks/gateway", app.address)).body(body.clone());
+        for header in headers {
+            request = request.header("Gateway-Signature", header);
+        }
+        let response = request.header("Content-Type", "application/json").send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{headers:?}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], "https://payments.example/problems/invalid-signature", "{headers:?}");
+        assert!(problem["detail"].as_str().unwrap().contains("more than once"), "{problem}");
+    }
     assert_eq!(written(&app).await, before, "a refused event writes nothing");
     let huge = vec![b' '; 64 * 1024 + 1];
     let response = app.post_event(&huge, Some(&signed(&huge, &[SECRET], now()))).await;
@@ -98,21 +110,128 @@ async fn only_a_whole_signature_over_the_exact_bytes_within_the_tolerance_is_acc
     }
     assert!(app.database_says("SELECT count(*) = 3 FROM gateway_events WHERE outcome = 'applied'").await);
 
-    // Signed, but not an event: 400, and nothing written.
-    let not_an_event = br#"{"hello":"world"}"#;
-    let response = app.post_event(not_an_event, Some(&signed(not_an_event, &[SECRET], now()))).await;
-    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
-    // Nor one stamped when no timestamp column can hold (a 503 would have had it sent forever).
-    for created in [-300_000_000_000_i64, -1, 253_402_300_800, 9_000_000_000_000_000] {
-        let mut stamped: Value = serde_json::from_slice(&body).unwrap();
-        stamped["created"] = json!(created);
-        let stamped = serde_json::to_vec(&stamped).unwrap();
-        let response = app.post_event(&stamped, Some(&signed(&stamped, &[SECRET], now()))).await;
-        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "created {created}");
-        let problem: Value = response.json().await.unwrap();
-        assert_eq!(problem["type"], "https://payments.example/problems/malformed-body", "created {created}");
-    }
     assert!(app.database_says("SELECT count(*) = 3 FROM gateway_events").await);
+}
+
+/// What gateways really send is read: a failure named by either field, or both, as a string or
+/// as a number; `created` in seconds, with a fraction, or in milliseconds. Each was a `400` the
+/// gateway sent again for ever.
+#[tokio::test]
+async fn events_are_read_as_real_gateways_write_them() {
+    let app = app().await;
+    let (payment, downstream) = charged(&app).await;
+    let at = now();
+    for created in [json!(at), json!(at as f64 + 0.75), json!(at * 1000 + 999)] {
+        let mut body: Value = serde_json::from_slice(&event(
+            "charge.succeeded",
+            json!({ "id": payment["gateway_charge_id"] }),
+            &downstream,
+        ))
+        .unwrap();
+        body["created"] = created.clone();
+        let body = serde_json::to_vec(&body).unwrap();
+        let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "applied", "created {created}");
+    }
+    let stamped = format!("SELECT count(*) = 3 FROM gateway_events WHERE created_at = to_timestamp({at})");
+    assert!(app.database_says(&stamped).await, "each read as the same second");
+
+    for (failure, recorded) in [
+        (json!({ "failure_code": "expired_card", "failure_reason": "expired_or_canceled_card" }), "expired_card"),
+        (json!({ "failure_reason": "lost_or_stolen_card" }), "lost_or_stolen_card"),
+        (json!({ "failure_code": 51 }), "51"),
+    ] {
+        let payment = app.paid(1000, "tok_refundFails").await;
+        let key = new_key();
+        let refund: Value =
+            app.post_refund(&key, &json!({ "payment": payment["id"], "amount": 300 })).await.json().await.unwrap();
+        assert_eq!(refund["status"], "pending");
+        app.gateway.settle_refunds().await;
+        let downstream = app.downstream_key(app.key_row(&key).await.unwrap().id);
+        let mut failed = app.gateway.refunds_for(&downstream).await.remove(0);
+        let object = failed.as_object_mut().unwrap();
+        object.remove("failure_reason");
+        object.remove("failure_code");
+        object.extend(failure.as_object().unwrap().clone());
+        let body = event("refund.failed", failed, &downstream);
+        let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "applied", "{failure}");
+        let now_refund: Value =
+            app.get(&format!("/v1/refunds/{}", refund["id"].as_str().unwrap())).await.json().await.unwrap();
+        assert_eq!((&now_refund["status"], &now_refund["failure_code"]), (&json!("failed"), &json!(recorded)));
+    }
+}
+
+/// An event that verifies but cannot be read is the gateway's, and no retry of it would make it
+/// readable: it is answered `200 unrecognized`, kept raw (up to 16 KiB) for a person, counted,
+/// and the key it names, if one of ours, is flagged, and stays flagged when the key finishes.
+#[tokio::test]
+async fn a_verified_event_that_cannot_be_read_is_kept_for_a_person_and_acknowledged() {
+    let app = app().await;
+    // A payment whose charge's answer was lost: its key waits at `started`.
+    let key = new_key();
+    app.gateway.fault("error_after", 1).await;
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let downstream = app.downstream_key(app.key_row(&key).await.unwrap().id);
+    let charge = app.gateway.charges_for(&downstream).await.remove(0);
+    let stamped = |created: Value| {
+        let mut body: Value = serde_json::from_slice(&event("charge.succeeded", charge.clone(), &downstream)).unwrap();
+        body["created"] = created;
+        serde_json::to_vec(&body).unwrap()
+    };
+    let mut long = stamped(json!("yesterday"));
+    long.extend(vec![b' '; 20 * 1024]);
+    let unreadable = [
+        ("a created time that is not a number", stamped(json!("yesterday"))),
+        ("a created time before 1970", stamped(json!(-1))),
+        ("a created time past 9999 even in milliseconds", stamped(json!(9_000_000_000_000_000_i64))),
+        ("no object", br#"{"id":"evt_1","type":"charge.succeeded","created":1}"#.to_vec()),
+        ("not JSON", b"charge succeeded".to_vec()),
+        ("a body longer than is kept", long),
+    ];
+    let app = &app;
+    let counted = |kind: &'static str| async move {
+        app.metrics().await.count("gateway_events_total", &[("type", kind), ("outcome", "unrecognized")])
+    };
+    let before = (counted("charge.succeeded").await, counted("other").await);
+    for (case, body) in &unreadable {
+        let response = app.post_event(body, Some(&signed(body, &[SECRET], now()))).await;
+        assert_eq!(response.status(), StatusCode::OK, "{case}");
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "unrecognized", "{case}");
+    }
+
+    // Every one kept, raw; those that name our key under its account.
+    let kept = |condition: String| async move {
+        app.database_says(&format!("SELECT count(*) = 1 FROM unreadable_gateway_events WHERE {condition}")).await
+    };
+    for (case, body) in &unreadable[..3] {
+        let raw = hex::encode(body);
+        assert!(
+            kept(format!("body = '\\x{raw}' AND account_id = '{}' AND reason <> ''", app.account_id)).await,
+            "{case}"
+        );
+    }
+    assert!(kept("account_id IS NULL AND body = 'charge succeeded' AND body_bytes = 16".into()).await);
+    assert!(kept(format!("octet_length(body) = 16384 AND body_bytes = {}", unreadable[5].1.len())).await);
+    let after = (counted("charge.succeeded").await, counted("other").await);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (5.0, 1.0), "counted by the type each names");
+    assert!(app.database_says("SELECT count(*) = 0 FROM gateway_events").await, "nothing applied");
+
+    // The key it names needs a person, with a reason that says why, in its story too; the
+    // client's retry finishes it, and it stays flagged.
+    let attention = needing_attention(&mut app.db().await).await.unwrap();
+    assert_eq!(attention.len(), 1);
+    assert!(
+        attention[0].attention_reason.starts_with("gateway_unreadable_event: "),
+        "{}",
+        attention[0].attention_reason
+    );
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+    let story: Value = app.key_story(&key).await.json().await.unwrap();
+    assert_eq!(
+        (&story["needs_attention"], &story["attention_reason"]),
+        (&json!(true), &json!("gateway_unreadable_event"))
+    );
 }
 
 #[tokio::test]

@@ -1,0 +1,1 @@
+DROP TABLE unreadable_gateway_events;
