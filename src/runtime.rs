@@ -23,6 +23,15 @@ impl ProcessRuntime {
         ProcessRuntime(Handle::try_current().ok())
     }
 
+    /// Starts `work` on that runtime (or on the caller's, for something made outside any), and
+    /// lets it run to its end on its own.
+    pub fn spawn(&self, work: impl Future<Output = ()> + Send + 'static) {
+        match &self.0 {
+            Some(runtime) => drop(runtime.spawn(work)),
+            None => drop(tokio::spawn(work)),
+        }
+    }
+
     /// Runs `work` on that runtime (or right here, for something made outside any runtime); an
     /// error only if that runtime dropped it, stopping.
     pub async fn run<T: Send + 'static>(&self, work: impl Future<Output = T> + Send + 'static) -> Result<T, JoinError> {

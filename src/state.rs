@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::accounts::ApiKeyCache;
 use crate::config::Settings;
 use crate::db::Pool;
+use crate::db::wake::Waker;
 use crate::gateway::GatewayClient;
 use crate::idempotency::{self, ReplayCache};
 use crate::metrics::Metrics;
@@ -25,12 +26,15 @@ pub struct AppState {
     pub api_keys: ApiKeyCache,
     /// What this process counts, served at `GET /metrics`.
     pub metrics: Arc<Metrics>,
+    /// Wakes the workers, in every process, after a write that gave them work.
+    pub wake: Arc<Waker>,
 }
 
 impl AppState {
     pub fn new(db: Pool, gateway: GatewayClient, settings: Settings) -> AppState {
         let metrics = Arc::new(Metrics::new());
         AppState {
+            wake: Waker::new(db.clone()),
             db,
             gateway: gateway.observed_by(metrics.clone()),
             settings,

@@ -14,8 +14,9 @@ use crate::startup::{WORKER_RUNNING, exit_on_second_signal, shutdown_signal};
 use crate::state::AppState;
 use crate::workers::Workers;
 
-/// A worker drives one request at a time per worker kind: a few connections are plenty.
-const POOL_SIZE: u32 = 4;
+/// A worker drives one request at a time per worker kind: a few connections are plenty, and one
+/// more listens for wake-ups.
+const POOL_SIZE: u32 = 5;
 
 pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let settings = args.protocol.settings()?;

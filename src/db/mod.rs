@@ -11,6 +11,7 @@ pub mod migrate;
 pub mod schema;
 pub mod statistics;
 mod text_enum;
+pub mod wake;
 
 pub(crate) use text_enum::text_enum;
 

@@ -7,9 +7,10 @@ use serde_json::json;
 use super::error::ApiError;
 use super::extract::{RawBody, Repeated, sent_once};
 use crate::db;
+use crate::db::wake::Wake;
 use crate::events::{self, GatewayEvent};
 use crate::gateway::signature::{self, SIGNATURE_HEADER, SignatureError};
-use crate::metrics::EventKind;
+use crate::metrics::{EventKind, EventOutcome};
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
@@ -32,7 +33,7 @@ pub async fn receive_gateway_event(
     let verified =
         header.and_then(|header| signature::verify(header.map(|v| v.as_bytes()), &body, secrets, now, tolerance));
     if let Err(error) = verified {
-        state.metrics.gateway_event(EventKind::Unverified, crate::metrics::EventOutcome::InvalidSignature);
+        state.metrics.gateway_event(EventKind::Unverified, EventOutcome::InvalidSignature);
         tracing::warn!(%error, "refused a gateway event");
         return Err(ApiError::InvalidSignature(error));
     }
@@ -51,5 +52,11 @@ pub async fn receive_gateway_event(
         }
     };
     state.metrics.gateway_event(kind, outcome);
+    // Committed: the worker that acts on what the event changed looks at once.
+    match (kind, outcome) {
+        (_, EventOutcome::Nudged) => state.wake.wake(Wake::Completer),
+        (EventKind::RefundSucceeded | EventKind::RefundFailed, EventOutcome::Applied) => state.wake.wake(Wake::Outbox),
+        _ => {}
+    }
     Ok(HttpResponse::Ok().json(json!({ "received": true, "outcome": outcome.as_str() })))
 }

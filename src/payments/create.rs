@@ -44,6 +44,7 @@ use super::view::{PaymentView, expired_key_response, final_response};
 use super::writes::{self, PaymentChange};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
+use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
@@ -360,6 +361,7 @@ impl<'a> PaymentPhases<'a> {
         let audit = audit(account_id, payment.id, run.actor(), "payment.finished", data, &request_id);
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
         let _: Payment = run.finish(response, writes).await?;
+        self.state.wake.wake(Wake::Outbox);
         let failure = payment.failure().map_or("none", |failure| failure.as_str());
         self.state.metrics.payment_finished(payment.status.as_str(), failure);
         Ok(())

@@ -35,6 +35,7 @@ use super::view::{RefundView, Refusal, expired_key_response, final_response};
 use super::writes::{self, Started};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
+use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, GatewayError, WrongGateway};
 use crate::idempotency::{
@@ -355,6 +356,10 @@ impl<'a> RefundPhases<'a> {
             finish: writes::Finish { event: Some(&event), audit },
         };
         let _: writes::Finished = run.finish(response, writes).await?;
+        self.state.wake.wake(Wake::Outbox);
+        if refund.status == RefundStatus::Pending {
+            self.state.wake.wake(Wake::Settler);
+        }
         self.state.metrics.refund_finished(refund.status.as_str());
         Ok(())
     }

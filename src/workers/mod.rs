@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::Rng;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 pub use analyzer::Analyzer;
 pub use completer::Completer;
@@ -35,6 +35,7 @@ pub use reaper::Reaper;
 pub use settler::Settler;
 
 use crate::config::WorkerSettings;
+use crate::db::wake::{Wake, Woken};
 use crate::state::AppState;
 
 /// What one `run_once` did.
@@ -63,6 +64,7 @@ pub struct Workers {
     pub settler: Settler,
     pub analyzer: Analyzer,
     interval: Duration,
+    state: Arc<AppState>,
 }
 
 impl Workers {
@@ -72,25 +74,31 @@ impl Workers {
             reaper: Reaper::new(state.clone(), settings),
             outbox: Outbox::new(state.clone(), settings)?,
             settler: Settler::new(state.clone(), settings),
-            analyzer: Analyzer::new(state),
+            analyzer: Analyzer::new(state.clone()),
             interval: settings.interval,
+            state,
         })
     }
 
     /// Runs every worker until `stop` turns true. A unit of work under way when it does is
-    /// finished first, so a request being completed is not left half-done by a clean stop.
+    /// finished first, so a request being completed is not left half-done by a clean stop. Each
+    /// worker looks for work every interval, and at once when a write anywhere wakes it (see
+    /// [`crate::db::wake`]).
     pub async fn run(self, stop: watch::Receiver<bool>) {
+        let woken = Woken::default();
+        let never = || Arc::new(Notify::new());
         tokio::join!(
-            run_loop(self.completer, self.interval, stop.clone()),
-            run_loop(self.reaper, self.interval, stop.clone()),
-            run_loop(self.outbox, self.interval, stop.clone()),
-            run_loop(self.settler, self.interval, stop.clone()),
-            run_loop(self.analyzer, self.interval, stop),
+            woken.listen(&self.state.db, stop.clone()),
+            run_loop(self.completer, self.interval, woken.of(Wake::Completer), stop.clone()),
+            run_loop(self.reaper, self.interval, never(), stop.clone()),
+            run_loop(self.outbox, self.interval, woken.of(Wake::Outbox), stop.clone()),
+            run_loop(self.settler, self.interval, woken.of(Wake::Settler), stop.clone()),
+            run_loop(self.analyzer, self.interval, never(), stop),
         );
     }
 }
 
-async fn run_loop<W: Worker>(worker: W, interval: Duration, mut stop: watch::Receiver<bool>) {
+async fn run_loop<W: Worker>(worker: W, interval: Duration, woken: Arc<Notify>, mut stop: watch::Receiver<bool>) {
     tracing::info!(worker = W::NAME, "started");
     while !*stop.borrow() {
         match worker.run_once().await {
@@ -102,6 +110,7 @@ async fn run_loop<W: Worker>(worker: W, interval: Duration, mut stop: watch::Rec
         let pause = interval.mul_f64(rand::rng().random_range(0.5..1.5));
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
+            _ = woken.notified() => {}
             _ = stop.changed() => {}
         }
     }

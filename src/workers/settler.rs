@@ -12,6 +12,7 @@ use crate::metrics::SettlerOutcome;
 use serde_json::json;
 
 use crate::audit::Actor;
+use crate::db::wake::Wake;
 use crate::refunds::{Backoff, DueRefund, SettledBy, Settlement, lease_due_refund, settle_refund};
 use crate::request_id::RequestId;
 use crate::state::AppState;
@@ -71,6 +72,7 @@ impl Settler {
                 match settle_refund(&mut conn, &due.refund, &settlement, by).await? {
                     Some(refund) => {
                         tracing::info!(status = %refund.status, attempt = due.attempts, "settled a pending refund");
+                        self.state.wake.wake(Wake::Outbox);
                         match settlement {
                             Settlement::Succeeded => SettlerOutcome::Succeeded,
                             Settlement::Failed { .. } => SettlerOutcome::Failed,

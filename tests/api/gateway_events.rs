@@ -574,6 +574,85 @@ async fn with_no_retry_and_an_hours_backoff_the_gateways_event_finishes_the_paym
     assert_eq!(gateway.stats().await.charges, 1);
 }
 
+/// The workers look for work once a minute, and no client retries: the gateway's event, the
+/// events the finished payment and refund stage, and a pending refund's settlement each wake the
+/// worker that acts on them (PostgreSQL's `NOTIFY`, after the commit), so each is done within
+/// seconds, not at the next tick.
+#[tokio::test]
+async fn with_the_workers_looking_once_a_minute_an_event_and_what_it_stages_are_acted_on_at_once() {
+    use wiremock::matchers::method;
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (account, api_key) = payments::accounts::create(&mut conn, "events").await.unwrap();
+    let receiver = wiremock::MockServer::start().await;
+    wiremock::Mock::given(method("POST")).respond_with(wiremock::ResponseTemplate::new(200)).mount(&receiver).await;
+    let env = [
+        ("DATABASE_URL", database.url.as_str()),
+        ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_WORKER_INTERVAL_MS", "60000"),
+        ("PAYMENTS_WEBHOOK_URL", &receiver.uri()),
+    ];
+    let serve = Process::serve_with(&["serve", "--private-mock-gateway"], &env).await;
+    let gateway = GatewayControl::new(&serve.mock_gateway_url().await);
+    let post = |path: &str, key: &str, body: Value| {
+        reqwest::Client::new()
+            .post(format!("{}{path}", serve.url))
+            .bearer_auth(&api_key)
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+    };
+    // Past the workers' first look, made as each starts.
+    let database_says = |condition: String| {
+        let url = database.url.clone();
+        async move { TestApp::database_says_on(&mut AsyncPgConnection::establish(&url).await.unwrap(), &condition).await }
+    };
+    let delivered = |event: &'static str| {
+        let receiver = &receiver;
+        async move {
+            let requests = receiver.received_requests().await.unwrap();
+            requests.iter().any(|request| request.body_json::<Value>().is_ok_and(|body| body["type"] == event))
+        }
+    };
+
+    gateway.fault("error_after", 1).await;
+    let key = new_key();
+    assert_eq!(post("/v1/payments", &key, payment_body()).await.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    let finished = format!(
+        "SELECT recovery_point = 'finished' FROM idempotency_keys WHERE account_id = '{}' AND idempotency_key = '{key}'",
+        account.id
+    );
+    wait_until(Duration::from_secs(15), "the event wakes the completer, which finishes the payment", || {
+        database_says(finished.clone())
+    })
+    .await;
+    wait_until(Duration::from_secs(15), "the outbox is woken to deliver payment.succeeded", || {
+        delivered("payment.succeeded")
+    })
+    .await;
+
+    // The connection the server listens on is cut: it listens again on another.
+    let cut = "SELECT count(pg_terminate_backend(pid)) = 1 FROM pg_stat_activity
+               WHERE datname = current_database() AND (query LIKE 'LISTEN %' OR query = 'SELECT 1')";
+    assert!(database_says(cut.into()).await, "one connection listens");
+
+    // A refund the gateway settles later: its settlement, applied from the gateway's event,
+    // stages refund.succeeded, which goes out at once too.
+    let paid: Value =
+        post("/v1/payments", &new_key(), json!({ "amount": 1000, "currency": "usd", "source": "tok_refundPending" }))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    let refund = post("/v1/refunds", &new_key(), json!({ "payment": paid["id"], "amount": 400 })).await.unwrap();
+    assert_eq!(refund.json::<Value>().await.unwrap()["status"], "pending");
+    gateway.settle_refunds().await;
+    wait_until(Duration::from_secs(15), "the settlement's event goes out at once", || delivered("refund.succeeded"))
+        .await;
+    assert_eq!(gateway.stats().await.charges, 2);
+}
+
 #[derive(diesel::QueryableByName)]
 struct InboxRow {
     #[diesel(sql_type = diesel::sql_types::Text)]
