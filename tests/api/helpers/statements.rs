@@ -9,10 +9,14 @@ use diesel::connection::{Instrumentation, InstrumentationEvent, set_default_inst
 /// The statements of one test database's service connections.
 #[derive(Debug, Default, Clone)]
 pub struct Statements {
-    /// SQL texts put in a connection's statement cache (once per connection).
-    pub prepared: Vec<String>,
-    /// Everything executed, in order: prepared statements and plain ones (BEGIN, COMMIT).
+    /// SQL texts put in a connection's statement cache (once per connection), each with the
+    /// connection's number (in the order the process opened them).
+    pub prepared: Vec<(usize, String)>,
+    /// Everything executed, in order: prepared statements and plain ones (BEGIN, COMMIT), but
+    /// the workers' wake-ups.
     pub executed: Vec<String>,
+    /// The wake-ups sent after commits (`NOTIFY ...`): coalesced, so not a cost of each request.
+    pub wake_ups: Vec<String>,
 }
 
 static RECORDED: LazyLock<Mutex<HashMap<String, Statements>>> = LazyLock::new(Default::default);
@@ -32,6 +36,8 @@ pub fn statements(database: &str) -> Statements {
 
 #[derive(Default)]
 struct Recorder {
+    /// Which of the process's connections it records.
+    connection: usize,
     database: Option<String>,
     /// Only the service's pool sets `application_name = 'payments'`: the tests' own connections
     /// (for seeding and assertions) are not recorded.
@@ -42,6 +48,8 @@ impl Instrumentation for Recorder {
     fn on_connection_event(&mut self, event: InstrumentationEvent<'_>) {
         match event {
             InstrumentationEvent::StartEstablishConnection { url, .. } => {
+                static OPENED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+                self.connection = OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.database =
                     url.split_once("dbname='").and_then(|(_, rest)| rest.split_once('\'')).map(|(db, _)| db.to_owned());
             }
@@ -49,13 +57,15 @@ impl Instrumentation for Recorder {
                 let sql = query.to_string();
                 if sql.contains("application_name = 'payments'") {
                     self.is_service = true;
+                } else if sql.starts_with("NOTIFY ") {
+                    self.record(|statements| statements.wake_ups.push(sql));
                 } else {
                     self.record(|statements| statements.executed.push(sql));
                 }
             }
             InstrumentationEvent::CacheQuery { sql, .. } => {
-                let sql = sql.to_owned();
-                self.record(|statements| statements.prepared.push(sql));
+                let (connection, sql) = (self.connection, sql.to_owned());
+                self.record(|statements| statements.prepared.push((connection, sql)));
             }
             _ => {}
         }
