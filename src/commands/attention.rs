@@ -1,16 +1,16 @@
 //! `payments attention list|retry`: the operator's side of keys the completer gave up on.
 
 use anyhow::Context;
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel::sql_types::{Text, Uuid as SqlUuid};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use uuid::Uuid;
 
 use super::open_database;
 use crate::config::DatabaseArgs;
 use crate::db::embedded::Sharing;
+use crate::db::wake::Wake;
 use crate::gateway::recordable_identity;
 use crate::idempotency::{needing_attention, retry_needing_attention};
-use crate::payments::Payment;
-use crate::refunds::Refund;
 
 /// Prints the keys that need attention, oldest first.
 pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
@@ -51,17 +51,19 @@ pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) 
         );
     }
     let (url, embedded) = open_database(&database, Sharing::JoinRunning).await?;
-    let mut conn = AsyncPgConnection::establish(&url).await?;
+    let mut conn = crate::db::establish(&url).await?;
     // Both or neither: a gateway recorded for a key left on the list would be a correction no
-    // worker acts on.
+    // worker acts on. The completer is woken when it commits.
     let done = conn
         .transaction::<_, anyhow::Error, _>(async |conn| {
             if let Some(gateway) = gateway {
-                let moved = Payment::move_to_gateway(conn, key_id, gateway).await?
-                    || Refund::move_to_gateway(conn, key_id, gateway).await?;
-                anyhow::ensure!(moved, "no key {key_id} needs attention with a pending payment or refund");
+                anyhow::ensure!(
+                    record_gateway(conn, key_id, gateway).await?,
+                    "no key {key_id} needs attention, unfinished and not being driven, with a pending payment or refund"
+                );
             }
             anyhow::ensure!(retry_needing_attention(conn, key_id).await?, "no key {key_id} needs attention");
+            conn.batch_execute(&format!("NOTIFY {}", Wake::Completer.channel())).await?;
             Ok(())
         })
         .await;
@@ -74,4 +76,50 @@ pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) 
         None => println!("key {key_id} handed back to the workers"),
     }
     Ok(())
+}
+
+/// Records `gateway` as the one that holds what the key row `key_id` made: its pending payment,
+/// or its pending refund and that refund's payment (whose next refunds are then asked there
+/// too), each with an operator's audit record. Only for a key that needs attention, is not
+/// finished and that nobody drives (its row is locked first, so no phase commits meanwhile);
+/// whether it recorded anything.
+async fn record_gateway(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: &str) -> diesel::QueryResult<bool> {
+    let recorded = diesel::sql_query(
+        "WITH key AS (
+             SELECT account_id, id FROM idempotency_keys
+             WHERE id = $1 AND needs_attention_at IS NOT NULL AND recovery_point <> 'finished'
+               AND (locked_until IS NULL OR locked_until < now())
+             FOR UPDATE
+         ), refund AS (
+             SELECT r.account_id, r.id, r.payment_id, r.gateway FROM refunds r, key
+             WHERE r.account_id = key.account_id AND r.idempotency_key_id = key.id AND r.status = 'pending'
+             FOR UPDATE OF r
+         ), payment AS (
+             SELECT p.account_id, p.id, p.gateway FROM payments p, key
+             WHERE p.account_id = key.account_id
+               AND (p.idempotency_key_id = key.id AND p.status = 'pending' OR p.id IN (SELECT payment_id FROM refund))
+             FOR UPDATE OF p
+         ), moved_refund AS (
+             UPDATE refunds r SET gateway = $2, updated_at = now() FROM refund
+             WHERE r.account_id = refund.account_id AND r.id = refund.id
+             RETURNING r.account_id, r.id
+         ), moved_payment AS (
+             UPDATE payments p SET gateway = $2, updated_at = now() FROM payment
+             WHERE p.account_id = payment.account_id AND p.id = payment.id
+             RETURNING p.account_id, p.id
+         )
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         SELECT account_id, 'refund.gateway_changed', 'refund', id, 'operator',
+                jsonb_build_object('from', gateway, 'to', $2::text)
+         FROM refund WHERE EXISTS (SELECT FROM moved_refund)
+         UNION ALL
+         SELECT account_id, 'payment.gateway_changed', 'payment', id, 'operator',
+                jsonb_build_object('from', gateway, 'to', $2::text)
+         FROM payment WHERE EXISTS (SELECT FROM moved_payment)",
+    )
+    .bind::<SqlUuid, _>(key_id)
+    .bind::<Text, _>(gateway)
+    .execute(conn)
+    .await?;
+    Ok(recorded > 0)
 }

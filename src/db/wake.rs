@@ -88,6 +88,17 @@ impl Waker {
         }
     }
 
+    /// Wakes `worker` once `delay` has passed: for work that falls due later (a refund the
+    /// gateway left pending, first looked up a few seconds on). Lost if the process dies
+    /// meanwhile, as any wake-up may be.
+    pub fn wake_after(self: &Arc<Self>, worker: Wake, delay: Duration) {
+        let waker = self.clone();
+        self.runtime.spawn(async move {
+            tokio::time::sleep(delay).await;
+            waker.wake(worker);
+        });
+    }
+
     /// Sends what was asked, then again after [`MIN_GAP`] if more was asked meanwhile.
     async fn send(self: Arc<Self>) {
         loop {

@@ -22,7 +22,7 @@ use uuid::Uuid;
 use super::event::{GatewayEvent, Unreadable};
 use crate::audit::Actor;
 use crate::db::{self, StoreError};
-use crate::idempotency::{GATEWAY_UNREADABLE_EVENT, RecoveryPoint, gateway_report_reason};
+use crate::idempotency::{GATEWAY_REPORTED_LIKE, GATEWAY_UNREADABLE_EVENT, RecoveryPoint, gateway_report_reason};
 use crate::metrics::{EventKind, EventOutcome};
 use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
 use crate::request_id::RequestId;
@@ -257,8 +257,9 @@ fn compare_refund(status: RefundStatus, object_id: Option<&str>, event: &Gateway
     }
 }
 
-/// Flags the key for a person (unless it is flagged already, or reaped), for what its gateway
-/// reported (`code`, one of the `GATEWAY_` reason codes, and `detail`). No money moves.
+/// Flags the key for a person (unless its gateway reported about it already, or it is reaped),
+/// for what its gateway reported (`code`, one of the `GATEWAY_` reason codes, and `detail`), in
+/// place of a worker's giving up, which a finish or a hand-back would clear. No money moves.
 async fn flag(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,
@@ -267,17 +268,18 @@ async fn flag(
     detail: &str,
     request_id: &RequestId,
 ) -> QueryResult<()> {
-    diesel::sql_query(
+    diesel::sql_query(format!(
         "WITH marked AS (
              UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3
-             WHERE account_id = $1 AND id = $2 AND needs_attention_at IS NULL
+             WHERE account_id = $1 AND id = $2
+               AND (needs_attention_at IS NULL OR attention_reason NOT LIKE '{GATEWAY_REPORTED_LIKE}')
              RETURNING account_id, id
          )
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
          SELECT account_id, 'idempotency_key.needs_attention', 'idempotency_key', id, 'gateway',
                 jsonb_build_object('reason_code', $4::text, 'reason', $3::text), $5
-         FROM marked",
-    )
+         FROM marked"
+    ))
     .bind::<SqlUuid, _>(account_id)
     .bind::<SqlUuid, _>(key_id)
     .bind::<Text, _>(gateway_report_reason(code, detail))

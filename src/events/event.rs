@@ -62,8 +62,9 @@ impl EventObject {
 }
 
 /// A time as gateways write it: Unix seconds, as an integer or with a fraction (dropped), or Unix
-/// milliseconds. A count of seconds past the year 9999 ([`CREATED`]) is taken as milliseconds: a
-/// time in milliseconds since 1973 is one, and no event is stamped after 9999.
+/// milliseconds. A count of seconds past the year 9999 ([`CREATED`]) is taken as milliseconds:
+/// every time in milliseconds since January 1978 is one, and no event is stamped after 9999 (so
+/// a count meant as seconds that large is read as a time in the late 1970s, not refused).
 fn unix_seconds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<i64, D::Error> {
     let number = serde_json::Number::deserialize(deserializer)?;
     // An f64 beyond i64 saturates, and is then out of range.

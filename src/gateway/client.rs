@@ -16,6 +16,10 @@ use tracing::Instrument;
 /// does). See [`GatewayClient`] for the one rule that makes an answer's identity.
 pub const IDENTITY_HEADER: &str = "Gateway-Account";
 
+/// The idempotency key of the look-up that asks who answers (see [`GatewayClient::identify`]): no
+/// downstream key of ours looks like it, so it finds nothing.
+const NOBODYS_KEY: &str = "payments:who-answers";
+
 /// The longest gateway identity a payment can record (the `payments.gateway` column's limit).
 const MAX_IDENTITY_CHARS: usize = 500;
 
@@ -31,16 +35,16 @@ pub struct Answered<T> {
 }
 
 impl<T> Answered<T> {
-    /// Whether the answer speaks for `recorded`, the gateway a payment or a refund records:
-    /// - an answer that names a gateway speaks for that one;
-    /// - one that names none may come from a proxy or a load balancer in front of the gateway
-    ///   (its own `404`, `429` or `502`) as well as from a gateway that never names itself, so it
-    ///   speaks only for the address's identity: what a payment records when no gateway there had
-    ///   named itself to the process yet;
-    /// - and such a payment is held by the first gateway that names itself at the address: until
-    ///   then, the only gateway known there is "whichever answers at the address".
+    /// Whether the answer speaks for `recorded`, the gateway a payment or a refund records: an
+    /// answer that names a gateway speaks for that one only; one that names none may come from a
+    /// proxy or a load balancer in front of the gateway (its own `404`, `429` or `502`) as well as
+    /// from a gateway that never names itself, so it speaks only for the address's identity, what
+    /// a payment records when no answer at the address named a gateway.
     pub fn is_from(&self, recorded: &str) -> bool {
-        recorded == &*self.address || self.named.as_deref() == Some(recorded)
+        match &self.named {
+            Some(named) => **named == *recorded,
+            None => recorded == &*self.address,
+        }
     }
 
     /// Who gave the answer, for messages: the gateway it names, or the address.
@@ -141,9 +145,9 @@ impl GatewayClient {
     /// Which gateway answers at this address, as far as this process knows: the identity the last
     /// named answer gave. A new payment records it when it starts, before it is charged; the
     /// charge's answer then says who really answered (see [`Answered`]). While no answer has named
-    /// a gateway, the gateway is asked (`GET /v1/account`; its body is not used, so a gateway or
-    /// proxy that does not serve it is fine), and if that answer names none either, the address's
-    /// own identity is the answer, learned by nobody: the next payment asks again.
+    /// a gateway, the gateway is asked (see [`GatewayClient::identify`]), and if no answer names
+    /// one, the address's own identity is the answer, learned by nobody: the next payment asks
+    /// again.
     pub async fn id(&self) -> Result<Arc<str>, GatewayError> {
         match self.known_id() {
             Some(id) => Ok(id),
@@ -157,11 +161,19 @@ impl GatewayClient {
         self.id.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Asks who answers at this address now.
+    /// Asks who answers at this address now: `GET /v1/account`, and, if that answer names no
+    /// gateway (a proxy that passes only charges and refunds on answers it with a `404` of its
+    /// own), a look-up of charges by a key nobody uses, which every gateway we can reconcile with
+    /// serves. Their bodies are not used. A gateway that names itself on neither is taken for one
+    /// that never does: the address's identity.
     #[tracing::instrument(name = "gateway.identify", skip_all)]
     async fn identify(&self) -> Result<Arc<str>, GatewayError> {
-        let answered = self.send(self.http.get(self.account_url.clone())).await?;
-        Ok(answered.named.unwrap_or(answered.address))
+        for question in [self.account_url.clone(), with_key(&self.charges_url, NOBODYS_KEY)] {
+            if let Some(named) = self.send(self.http.get(question)).await?.named {
+                return Ok(named);
+            }
+        }
+        Ok(self.url_identity.clone())
     }
 
     /// What the gateway answering at this address holds under `idempotency_key` for `request`:
@@ -398,14 +410,14 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_speaks_for_the_gateway_it_names_and_one_that_names_none_for_the_address_only() {
+    fn an_answer_speaks_for_the_gateway_it_names_only_and_one_that_names_none_for_the_address_only() {
         let (named, unnamed) = (answered(Some("acct_a")), answered(None));
         assert!(named.is_from("acct_a"));
         assert!(!named.is_from("acct_b"), "another gateway");
         assert!(!unnamed.is_from("acct_a"), "a proxy's own answer says nothing of the gateway behind it");
         // A payment recorded before any gateway at the address named itself.
-        assert!(unnamed.is_from(ADDRESS));
-        assert!(named.is_from(ADDRESS), "the first gateway to name itself there");
+        assert!(unnamed.is_from(ADDRESS), "a payment recorded when nothing at the address named itself");
+        assert!(!named.is_from(ADDRESS), "a gateway that names itself is not one that never did");
     }
 
     #[test]

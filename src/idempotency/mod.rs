@@ -52,7 +52,7 @@ pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Asked, Remembered, ReplayCache};
 pub use store::{
-    Endpoint, GATEWAY_DISAGREEMENT, GATEWAY_UNREADABLE_EVENT, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse,
-    Transition, gateway_report_reason,
+    Endpoint, GATEWAY_DISAGREEMENT, GATEWAY_REPORTED_LIKE, GATEWAY_UNREADABLE_EVENT, KeyLock, LEASE_MARGIN, NewKey,
+    Reason, StoredResponse, Transition, gateway_report_reason,
 };
 pub use story::KeyRecord;

@@ -101,7 +101,7 @@ pub const GATEWAY_UNREADABLE_EVENT: &str = "gateway_unreadable_event";
 
 /// How every code of what a key's gateway reported begins, in SQL's `LIKE` (which is how a
 /// finish tells them from a worker's giving up).
-pub(super) const GATEWAY_REPORTED_LIKE: &str = "gateway\\_%";
+pub const GATEWAY_REPORTED_LIKE: &str = "gateway\\_%";
 
 /// The attention reason stored on a key its gateway reported about (`code`, one of the
 /// `GATEWAY_` codes above): the code first, then what the gateway said.

@@ -115,7 +115,7 @@ pub async fn complete_abandoned(
 
 /// Which gateway call gave the definitive answer: the charge request, or (for a payment an
 /// earlier run made) the look-up that found what that run did, which is then adopted.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 enum AnsweredBy {
     Charge,
@@ -293,8 +293,17 @@ impl<'a> PaymentPhases<'a> {
             }
         };
         let gateway = answered.holder(payment.gateway.as_deref());
+        // A charge request's answer that names no gateway, for a payment whose gateway names
+        // itself, is a proxy's (its own 403 or 404, say): it says nothing of the charge. (A
+        // charge of ours that a look-up lists is ours wherever it is.)
+        let said_by_a_gateway = answered.named.is_some() || answered.is_from(recorded);
         match outcome_of(answered.answer) {
-            Ok(outcome) => Ok(Charged { outcome, answered_by, gateway }),
+            Ok(outcome) if said_by_a_gateway || answered_by == AnsweredBy::LookUp => {
+                Ok(Charged { outcome, answered_by, gateway })
+            }
+            Ok(_) => Err(indeterminate(GatewayError::Unavailable(
+                "an answer that names no gateway, for a payment whose gateway names itself".into(),
+            ))),
             Err(error) => {
                 // Only a gateway that names itself moves the payment (see `Answered::is_from`).
                 if answered.named.is_some() && &*gateway != recorded {

@@ -211,29 +211,4 @@ impl Payment {
             .load(conn)
             .await
     }
-
-    /// An operator's correction: the gateway that holds what the key row `key_id` made, if that
-    /// is a payment still pending and the key needs attention, is `gateway` (see `payments
-    /// attention retry --gateway`). Recorded with its audit record; whether there was one to move.
-    pub async fn move_to_gateway(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: &str) -> QueryResult<bool> {
-        let moved = diesel::sql_query(
-            "WITH moved AS (
-                 UPDATE payments p SET gateway = $2, updated_at = now()
-                 FROM payments was JOIN idempotency_keys k
-                      ON k.account_id = was.account_id AND k.id = was.idempotency_key_id
-                 WHERE k.id = $1 AND k.needs_attention_at IS NOT NULL AND was.status = 'pending'
-                   AND p.account_id = was.account_id AND p.id = was.id
-                 RETURNING p.account_id, p.id, was.gateway AS was
-             )
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-             SELECT account_id, 'payment.gateway_changed', 'payment', id, 'operator',
-                    jsonb_build_object('from', was, 'to', $2::text)
-             FROM moved",
-        )
-        .bind::<diesel::sql_types::Uuid, _>(key_id)
-        .bind::<diesel::sql_types::Text, _>(gateway)
-        .execute(conn)
-        .await?;
-        Ok(moved == 1)
-    }
 }

@@ -357,8 +357,11 @@ impl<'a> RefundPhases<'a> {
         };
         let _: writes::Finished = run.finish(response, writes).await?;
         self.state.wake.wake(Wake::Outbox);
+        // A pending refund is due for the settler at once if its gateway's event came already,
+        // else after its first delay.
         if refund.status == RefundStatus::Pending {
             self.state.wake.wake(Wake::Settler);
+            self.state.wake.wake_after(Wake::Settler, FIRST_SETTLE_DELAY);
         }
         self.state.metrics.refund_finished(refund.status.as_str());
         Ok(())

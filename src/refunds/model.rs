@@ -129,42 +129,4 @@ impl Refund {
             .load(conn)
             .await
     }
-
-    /// An operator's correction: the gateway that holds the refunded charge, for what the key row
-    /// `key_id` made, if that is a refund still pending and the key needs attention, is `gateway`
-    /// (see `payments attention retry --gateway`). The payment is moved with it, so that its next
-    /// refunds are asked there too. Recorded with an audit record for each; whether there was a
-    /// refund to move.
-    pub async fn move_to_gateway(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: &str) -> QueryResult<bool> {
-        let moved = diesel::sql_query(
-            "WITH moved AS (
-                 UPDATE refunds r SET gateway = $2, updated_at = now()
-                 FROM refunds was JOIN idempotency_keys k
-                      ON k.account_id = was.account_id AND k.id = was.idempotency_key_id
-                 WHERE k.id = $1 AND k.needs_attention_at IS NOT NULL AND was.status = 'pending'
-                   AND r.account_id = was.account_id AND r.id = was.id
-                 RETURNING r.account_id, r.id, r.payment_id, was.gateway AS was
-             ),
-             payment AS (
-                 UPDATE payments p SET gateway = $2, updated_at = now()
-                 FROM moved, payments was
-                 WHERE p.account_id = moved.account_id AND p.id = moved.payment_id
-                   AND was.account_id = p.account_id AND was.id = p.id
-                 RETURNING p.account_id, p.id, was.gateway AS was
-             )
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-             SELECT account_id, 'refund.gateway_changed', 'refund', id, 'operator',
-                    jsonb_build_object('from', was, 'to', $2::text)
-             FROM moved
-             UNION ALL
-             SELECT account_id, 'payment.gateway_changed', 'payment', id, 'operator',
-                    jsonb_build_object('from', was, 'to', $2::text)
-             FROM payment",
-        )
-        .bind::<diesel::sql_types::Uuid, _>(key_id)
-        .bind::<diesel::sql_types::Text, _>(gateway)
-        .execute(conn)
-        .await?;
-        Ok(moved > 0)
-    }
 }

@@ -232,6 +232,24 @@ async fn a_verified_event_that_cannot_be_read_is_kept_for_a_person_and_acknowled
         (&story["needs_attention"], &story["attention_reason"]),
         (&json!(true), &json!("gateway_unreadable_event"))
     );
+
+    // A key a worker gave up on takes the gateway's reason instead, which its finish keeps.
+    let given_up = new_key();
+    let given_up_id = app.seed_key(&given_up, &payment_body(), "started", Lock::Free).await;
+    app.run_sql(&format!(
+        "UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = 'the gateway keeps failing'
+         WHERE id = '{given_up_id}'"
+    ))
+    .await;
+    let mut about_it: Value = serde_json::from_slice(&stamped(json!(-1))).unwrap();
+    about_it["request"]["idempotency_key"] = json!(app.downstream_key(given_up_id));
+    let about_it = serde_json::to_vec(&about_it).unwrap();
+    let response = app.post_event(&about_it, Some(&signed(&about_it, &[SECRET], now()))).await;
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "unrecognized");
+    let reason = format!(
+        "SELECT attention_reason LIKE 'gateway_unreadable_event: %' FROM idempotency_keys WHERE id = '{given_up_id}'"
+    );
+    assert!(app.database_says(&reason).await);
 }
 
 #[tokio::test]

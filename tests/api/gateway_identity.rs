@@ -145,8 +145,8 @@ async fn a_gateway_behind_a_proxy_that_hides_its_account_endpoint_is_one_gateway
     let app = TestApp::builder().gateway_url(&proxy.url).spawn().await;
     let identity: Value = reqwest::get(format!("{}/v1/account", gateway.url)).await.unwrap().json().await.unwrap();
 
-    // The identity look-up finds nothing (the proxy's 404), and the charge's answer names the
-    // gateway: the payment records who answered.
+    // The account question gets the proxy's 404, which names nobody; the look-up of a key nobody
+    // uses, asked next, names the gateway, and the payment records it.
     let first = new_key();
     assert_eq!(app.post_payment(&first, &payment_body()).await.status(), StatusCode::CREATED);
     assert_eq!(recorded_gateway(&app, &first).await, identity["id"].as_str().unwrap());
@@ -158,7 +158,8 @@ async fn a_gateway_behind_a_proxy_that_hides_its_account_endpoint_is_one_gateway
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
     let asked = GatewayControl::new(&gateway.url).stats().await;
-    assert_eq!((asked.charges, asked.requests, asked.look_ups), (2, 2, 1));
+    // The look-ups: who answers, then the retry's.
+    assert_eq!((asked.charges, asked.requests, asked.look_ups), (2, 2, 2));
     let trail = app.audit_trail().await;
     assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
 }
@@ -262,12 +263,11 @@ async fn a_proxys_own_502_in_front_of_a_gateway_that_names_itself_moves_no_payme
     let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
     let key = new_key();
 
-    // Nobody named: the payment records the address's identity, and the charge's outcome is
-    // unknown.
+    // The 502 named nobody; the look-up asked next named the gateway, which the payment records.
+    // The charge's 502 leaves its outcome unknown, and moves nothing.
     assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(recorded_gateway(&app, &key).await, gateway.uri() + "/", "no 502 named a gateway");
-    // The retry's look-up is answered by the first gateway to name itself at the address, which
-    // holds nothing: the payment's own, so it is charged there, once.
+    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy", "no 502 named a gateway");
+    // The retry looks the charge up where the payment says, finds none, and charges there, once.
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
     assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy");
@@ -275,30 +275,36 @@ async fn a_proxys_own_502_in_front_of_a_gateway_that_names_itself_moves_no_payme
     assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
 }
 
-/// A proxy's own 4xx (here a `429` of its rate limiter) names no gateway, so it teaches nothing:
-/// the payment stays with the gateway the process knows, and the retry charges there. Taken as
-/// the URL's, it moved the payment to a "gateway" that holds nothing, and no retry, completer run
-/// or `attention retry` could charge it again.
+/// A proxy's own 4xx names no gateway, so it teaches nothing and settles nothing: a `429` of its
+/// rate limiter, or a `403` of its firewall, to a charge for a payment whose gateway names
+/// itself leaves the outcome unknown, the payment stays with the gateway the process knows, and
+/// the retry charges there. Taken as the URL's, the 429 moved the payment to a "gateway" that
+/// holds nothing, and no retry, completer run or `attention retry` could charge it again; taken
+/// as the gateway's, the 403 failed the payment for good (a stored 502).
 #[tokio::test]
 async fn a_proxys_own_4xx_in_front_of_a_gateway_the_process_knows_moves_no_payment() {
-    let gateway = named_gateway_behind_a_proxy().await;
-    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
-    assert_eq!(&*app.gateway_id().await, "acct_behind_a_proxy", "the process knows its gateway");
-    proxy_answers_once(&gateway, "POST", "/v1/charges", ResponseTemplate::new(429).set_body_string("Slow down")).await;
-    let key = new_key();
+    for proxys in [ResponseTemplate::new(429).set_body_string("Slow down"), ResponseTemplate::new(403)] {
+        let gateway = named_gateway_behind_a_proxy().await;
+        let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+        assert_eq!(&*app.gateway_id().await, "acct_behind_a_proxy", "the process knows its gateway");
+        proxy_answers_once(&gateway, "POST", "/v1/charges", proxys).await;
+        let key = new_key();
 
-    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy");
-    let retry = app.post_payment(&key, &payment_body()).await;
-    assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
-    assert_eq!(&*app.gateway_id().await, "acct_behind_a_proxy", "the 429 taught the process nothing");
-    let trail = app.audit_trail().await;
-    assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+        assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy");
+        let retry = app.post_payment(&key, &payment_body()).await;
+        assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
+        assert_eq!(&*app.gateway_id().await, "acct_behind_a_proxy", "the 4xx taught the process nothing");
+        let trail = app.audit_trail().await;
+        assert!(!trail.iter().any(|(action, _)| action == "payment.gateway_changed"), "{trail:?}");
+    }
 }
 
 /// A fresh process whose question "who answers here?" gets a proxy's bare `404`, and whose
-/// first charge times out before it reaches the gateway: the payment records the address's
-/// identity, learnt from nobody, and the gateway that then names itself there settles it.
+/// first charge times out before it reaches the gateway: the look-up asked next names the
+/// gateway, which the payment records, and the retry settles it there. (Before, the 404 taught
+/// the process the URL's identity, the payment recorded it, and the gateway that named itself on
+/// the retry's look-up was "another gateway": `503` for ever.)
 #[tokio::test]
 async fn a_fresh_process_whose_identity_question_gets_a_bare_404_and_whose_charge_times_out_charges_once() {
     let gateway = named_gateway_behind_a_proxy().await;
@@ -309,10 +315,51 @@ async fn a_fresh_process_whose_identity_question_gets_a_bare_404_and_whose_charg
     let key = new_key();
 
     assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(recorded_gateway(&app, &key).await, gateway.uri() + "/", "the 404 taught nothing");
+    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy", "the 404 taught nothing");
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::CREATED, "{}", retry.text().await.unwrap());
-    assert_eq!(recorded_gateway(&app, &key).await, "acct_behind_a_proxy");
+}
+
+/// A payment recorded under the address's identity (nothing at the address named a gateway when
+/// it started) is not settled by the first gateway to name itself there: its charge may have
+/// been made, its answer lost, at a gateway since restarted with an empty memory, which would
+/// charge it again. It waits for a person, who knows where it was charged.
+#[tokio::test]
+async fn a_payment_recorded_before_any_gateway_named_itself_is_never_charged_by_a_gateway_that_names_itself_later() {
+    let gateway = MockServer::start().await;
+    // Nothing names a gateway: the payment records the address. The charge is made, by a
+    // gateway that names itself, but its answer comes too late.
+    for route in ["/v1/account", "/v1/charges"] {
+        proxy_answers_once(&gateway, "GET", route, ResponseTemplate::new(502)).await;
+    }
+    let charged = ResponseTemplate::new(200)
+        .insert_header("Gateway-Account", "acct_first")
+        .set_body_json(json!({ "id": "ch_lost", "status": "succeeded" }))
+        .set_delay(Duration::from_secs(2));
+    Mock::given(method("POST")).and(path("/v1/charges")).respond_with(charged).up_to_n_times(1).mount(&gateway).await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).gateway_timeout(Duration::from_millis(500)).spawn().await;
+    let key = new_key();
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(recorded_gateway(&app, &key).await, gateway.uri() + "/");
+
+    // The gateway is replaced by another, which names itself, with an empty memory.
+    let replaced = |status: u16| ResponseTemplate::new(status).insert_header("Gateway-Account", "acct_second");
+    Mock::given(method("GET"))
+        .and(path("/v1/charges"))
+        .respond_with(replaced(200).set_body_json(json!({ "object": "list", "data": [] })))
+        .mount(&gateway)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(replaced(200).set_body_json(json!({ "id": "ch_again", "status": "succeeded" })))
+        .mount(&gateway)
+        .await;
+
+    let retry = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(retry.status(), StatusCode::SERVICE_UNAVAILABLE, "{}", retry.text().await.unwrap());
+    let requests = gateway.received_requests().await.unwrap();
+    let charges = requests.iter().filter(|request| request.method.as_str() == "POST").count();
+    assert_eq!(charges, 1, "never asked to charge again");
 }
 
 /// A payment that records a gateway gone for good (or one recorded wrongly) needs a person: the
