@@ -91,15 +91,15 @@ async fn an_unreadable_success_is_a_503_and_the_retry_finishes() {
 
 #[tokio::test]
 async fn a_dropped_connection_is_a_503() {
-    // A "gateway" that says it has no identity of its own, and closes every charge request's
-    // connection without a word.
+    // A "gateway" that says it has no identity of its own (a bare 404 to the questions of who it
+    // is), and closes every charge request's connection without a word.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
             let mut request = [0; 4096];
             let read = tokio::io::AsyncReadExt::read(&mut socket, &mut request).await.unwrap_or(0);
-            if request[..read].starts_with(b"GET /v1/account") {
+            if request[..read].starts_with(b"GET ") {
                 let not_found = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
                 let _ = tokio::io::AsyncWriteExt::write_all(&mut socket, not_found).await;
             }
