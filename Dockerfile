@@ -3,8 +3,9 @@
 # mode is for running from a checkout.
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock build.rs openapi.yaml ./
+COPY Cargo.toml Cargo.lock openapi.yaml ./
 COPY migrations migrations
+COPY crates crates
 COPY src src
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

@@ -1,15 +1,15 @@
 //! The command line: one binary, one subcommand per role.
 
 use clap::{Parser, Subcommand};
+use payments_service::config::{
+    CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, StatsArgs, WorkerCommandArgs,
+};
+use payments_service::telemetry::LogFormat;
 
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
 use crate::commands::chaos::ChaosArgs;
 use crate::commands::pay::PayArgs;
 use crate::commands::refund::RefundArgs;
-use crate::config::{
-    CreateAccountArgs, DatabaseArgs, GatewayArgs, MigrateArgs, ServeArgs, StatsArgs, WorkerCommandArgs,
-};
-use crate::telemetry::LogFormat;
 
 /// A reference payment API: idempotency keys, atomic phases and recovery points on PostgreSQL.
 #[derive(Parser)]

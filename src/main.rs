@@ -1,8 +1,10 @@
 use std::process::ExitCode;
 
+mod cli;
+mod commands;
+
 use clap::Parser;
-use payments::cli::{AccountsCommand, AttentionCommand, Cli, Command};
-use payments::commands;
+use cli::{AccountsCommand, AttentionCommand, Cli, Command};
 
 /// mimalloc rather than the C library's allocator: the API allocates and frees many small buffers
 /// per request (each statement's bound values, the gateway call's), and glibc's `malloc` and
@@ -13,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    payments::telemetry::init(cli.log_format);
+    payments_service::telemetry::init(cli.log_format);
     // Most commands succeed or fail; `pay` and `chaos` say with their exit code how a run ended.
     let done = |()| ExitCode::SUCCESS;
     match cli.command {

@@ -2,11 +2,11 @@
 
 use anyhow::{Context, bail};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
+use payments_service::accounts;
+use payments_service::config::CreateAccountArgs;
+use payments_service::db::embedded::Sharing;
 
 use super::open_database;
-use crate::accounts;
-use crate::config::CreateAccountArgs;
-use crate::db::embedded::Sharing;
 
 pub async fn create(args: CreateAccountArgs) -> anyhow::Result<()> {
     let name = args.name.trim();

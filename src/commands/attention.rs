@@ -3,14 +3,14 @@
 use anyhow::Context;
 use diesel::sql_types::{Text, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use payments_service::config::DatabaseArgs;
+use payments_service::db::embedded::Sharing;
+use payments_service::db::wake::Wake;
+use payments_service::gateway::recordable_identity;
+use payments_service::idempotency::{needing_attention, retry_needing_attention};
 use uuid::Uuid;
 
 use super::open_database;
-use crate::config::DatabaseArgs;
-use crate::db::embedded::Sharing;
-use crate::db::wake::Wake;
-use crate::gateway::recordable_identity;
-use crate::idempotency::{needing_attention, retry_needing_attention};
 
 /// Prints the keys that need attention, oldest first.
 pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
@@ -51,7 +51,7 @@ pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) 
         );
     }
     let (url, embedded) = open_database(&database, Sharing::JoinRunning).await?;
-    let mut conn = crate::db::establish(&url).await?;
+    let mut conn = payments_service::db::establish(&url).await?;
     // Both or neither: a gateway recorded for a key left on the list would be a correction no
     // worker acts on. The completer is woken when it commits.
     let done = conn

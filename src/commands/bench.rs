@@ -1,5 +1,5 @@
 //! `payments bench` and its helper `payments bench-endpoint`: the flags, turned into a
-//! [`bench::Plan`]. The benchmark itself is in [`crate::bench`].
+//! [`bench::Plan`]. The benchmark itself is in [`payments_lab::bench`].
 //!
 //! The flags live here rather than in `config.rs`: they configure a run of the benchmark, not the
 //! service, and none of them is read from the environment.
@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use payments_lab::bench::{self, Deployment, Plan, Scenario};
 use reqwest::Url;
 
 use super::parse_duration;
-use crate::bench::{self, Deployment, Plan, Scenario};
 
 /// Concurrent requests in flight, as in the reference workloads (`pgbench -c 32`, `wrk -c32`).
 pub const DEFAULT_CLIENTS: u32 = 32;

@@ -1,15 +1,15 @@
 //! `payments chaos`: the flags, turned into a [`chaos::Plan`]. The run itself is in
-//! [`crate::chaos`].
+//! [`payments_lab::chaos`].
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use payments_lab::chaos::{self, Deployment, EventStorm, Extent, Mix, Plan};
 use reqwest::Url;
 
 use super::parse_duration;
-use crate::chaos::{self, Deployment, EventStorm, Extent, Mix, Plan};
 
 /// The exit code of a run in which an invariant was broken.
 pub const BROKEN: u8 = 3;

@@ -6,9 +6,9 @@ use std::net::TcpListener;
 
 use anyhow::Context;
 
-use crate::config::{GatewayArgs, webhook_secrets};
-use crate::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook};
-use crate::startup::shutdown_signal;
+use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook};
+use payments_service::config::{GatewayArgs, webhook_secrets};
+use payments_service::startup::shutdown_signal;
 
 pub async fn run(args: GatewayArgs) -> anyhow::Result<()> {
     let webhook = webhook(&args)?;

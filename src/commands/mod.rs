@@ -22,10 +22,10 @@ use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use reqwest::Url;
 
-use crate::config::DatabaseArgs;
-use crate::db::embedded::{EmbeddedDatabase, Sharing};
-use crate::startup::{METRICS_AT, MetricsServer, bind_usual_or_free};
-use crate::state::AppState;
+use payments_service::config::DatabaseArgs;
+use payments_service::db::embedded::{EmbeddedDatabase, Sharing};
+use payments_service::startup::{METRICS_AT, MetricsServer, bind_usual_or_free};
+use payments_service::state::AppState;
 
 /// Where `serve` or `worker` will serve its metrics: bound before anything slow starts, so that a
 /// taken address is refused at once.
@@ -76,7 +76,7 @@ impl MetricsListener {
 
 /// All outbox workers on a shared database share one outbox: one without a webhook consumes events
 /// by logging them, including events that a worker with a webhook was meant to deliver.
-pub fn warn_if_events_are_only_logged(settings: &crate::config::WorkerSettings) {
+pub fn warn_if_events_are_only_logged(settings: &payments_service::config::WorkerSettings) {
     if settings.webhook_url.is_none() {
         tracing::warn!(
             "PAYMENTS_WEBHOOK_URL is unset: this process's outbox logs the events it takes and drops them; give \
@@ -128,7 +128,7 @@ pub async fn open_database(
         None => {
             let embedded = EmbeddedDatabase::open(&args.data_dir, sharing).await?;
             let mut conn = AsyncPgConnection::establish(&embedded.url).await?;
-            crate::accounts::ensure_demo(&mut conn).await?;
+            payments_service::accounts::ensure_demo(&mut conn).await?;
             Ok((embedded.url.clone(), Some(embedded)))
         }
     }

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Args;
+use payments_client::NewPayment;
 
 use super::send::{self, ClientArgs};
-use crate::client::NewPayment;
 
 /// `payments pay`.
 #[derive(Clone, Args)]

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Args;
+use payments_client::NewRefund;
 
 use super::send::{self, ClientArgs};
-use crate::client::NewRefund;
 
 /// `payments refund`.
 #[derive(Clone, Args)]

@@ -1,5 +1,5 @@
 //! What `payments pay` and `payments refund` share: one request through the reference client
-//! ([`crate::client`]), for a person at a terminal or a script. Each attempt is a line on stderr;
+//! ([`payments_client`]), for a person at a terminal or a script. Each attempt is a line on stderr;
 //! the final answer's body goes to stdout; the exit code says how it ended (see [`Ended`]). A key
 //! given with `--key` may have been sent by an earlier run, so only an answer about that key ends
 //! such a run with `3`, `4` or `6`: anything else (a `401` after the API key changed, say) may hide
@@ -9,11 +9,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
+use payments_client::{Answer, Client, Endpoint, GaveUp, IdempotentRequest, KeySeen, Outcome, RetryPolicy};
+use payments_service::accounts::DEMO_API_KEY;
 use reqwest::Url;
 
 use super::parse_duration;
-use crate::accounts::DEMO_API_KEY;
-use crate::client::{self, Answer, Client, Endpoint, GaveUp, IdempotentRequest, KeySeen, Outcome, RetryPolicy};
 
 /// Where `payments serve` listens by default.
 const DEFAULT_URL: &str = "http://127.0.0.1:8080";
@@ -33,7 +33,7 @@ pub struct ClientArgs {
     #[arg(long, env = "PAYMENTS_API_KEY", hide_env_values = true, default_value = DEMO_API_KEY)]
     pub api_key: String,
     /// Attempts at most, the first included.
-    #[arg(long, default_value_t = client::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = payments_client::DEFAULT_MAX_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_attempts: u32,
     /// How long the whole request may take: no attempt goes on past it, and none starts with less
     /// than 3 s (or --timeout, if shorter) left.

@@ -6,20 +6,20 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::sync::Arc;
 
 use anyhow::Context;
+use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
+use payments_service::accounts::DEMO_API_KEY;
+use payments_service::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, ServeArgs, Settings};
+use payments_service::db;
+use payments_service::db::embedded::{EmbeddedDatabase, Sharing};
+use payments_service::gateway::GatewayClient;
+use payments_service::gateway::signature::WebhookSecret;
+use payments_service::metrics;
+use payments_service::startup::{Application, LISTENING, bind_usual_or_free, exit_on_second_signal, shutdown_signal};
+use payments_service::state::AppState;
+use payments_service::workers::Workers;
 use tokio::sync::watch;
 
 use super::{MetricsListener, advertise_gateway, open_database, warn_if_events_are_only_logged, withdraw_gateway};
-use crate::accounts::DEMO_API_KEY;
-use crate::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, ServeArgs, Settings};
-use crate::db;
-use crate::db::embedded::{EmbeddedDatabase, Sharing};
-use crate::gateway::GatewayClient;
-use crate::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
-use crate::gateway::signature::WebhookSecret;
-use crate::metrics;
-use crate::startup::{Application, LISTENING, bind_usual_or_free, exit_on_second_signal, shutdown_signal};
-use crate::state::AppState;
-use crate::workers::Workers;
 
 /// Connections per process. Each request holds one only while it runs a phase (never across the
 /// gateway call), so a few dozen serve many more concurrent requests.

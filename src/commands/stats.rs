@@ -1,11 +1,11 @@
 //! `payments stats`: each account's requests by how their key was taken in, from the database.
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
+use payments_service::config::StatsArgs;
+use payments_service::db::embedded::Sharing;
+use payments_service::metrics::{AccountRequests, per_account};
 
 use super::open_database;
-use crate::config::StatsArgs;
-use crate::db::embedded::Sharing;
-use crate::metrics::{AccountRequests, per_account};
 
 /// The header of the table, and the width of each column after the first.
 const COLUMNS: [&str; 9] = ["requests", "new", "resumed", "replayed", "409", "422", "410", "repeated", "account"];

@@ -3,16 +3,16 @@
 
 use std::sync::Arc;
 
+use payments_service::config::WorkerCommandArgs;
+use payments_service::db;
+use payments_service::db::embedded::Sharing;
+use payments_service::gateway::GatewayClient;
+use payments_service::startup::{WORKER_RUNNING, exit_on_second_signal, shutdown_signal};
+use payments_service::state::AppState;
+use payments_service::workers::Workers;
 use tokio::sync::watch;
 
 use super::{MetricsListener, advertised_gateway, open_database, warn_if_events_are_only_logged};
-use crate::config::WorkerCommandArgs;
-use crate::db;
-use crate::db::embedded::Sharing;
-use crate::gateway::GatewayClient;
-use crate::startup::{WORKER_RUNNING, exit_on_second_signal, shutdown_signal};
-use crate::state::AppState;
-use crate::workers::Workers;
 
 /// A worker drives one request at a time per worker kind: a few connections are plenty, and one
 /// more listens for wake-ups.

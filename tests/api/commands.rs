@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use diesel_async::AsyncConnection;
-use payments::idempotency::needing_attention;
+use payments_service::idempotency::needing_attention;
 use tokio::process::Command;
 
 use crate::helpers::{
@@ -137,7 +137,7 @@ async fn embedded_mode_never_serves_the_demo_key_beyond_loopback() {
 #[tokio::test]
 async fn serve_moves_its_mock_off_a_taken_usual_address_and_says_so() {
     // Hold the usual address, unless something else already does.
-    let _held = std::net::TcpListener::bind(payments::config::DEFAULT_GATEWAY_BIND);
+    let _held = std::net::TcpListener::bind(payments_service::config::DEFAULT_GATEWAY_BIND);
     let data_dir = unused_data_dir();
 
     let serve = crate::helpers::Process::serve_with(&["serve"], &[("PAYMENTS_DATA_DIR", data_dir.as_str())]).await;
@@ -205,8 +205,8 @@ async fn stats_read_only_the_hours_asked_for_through_the_index_on_hour() {
 
     // As `payments stats --hours 24` asks, on a connection of the service's (whose statements are
     // recorded).
-    let mut conn = payments::db::establish(&app.database.url).await.unwrap();
-    let accounts = payments::metrics::per_account(&mut conn, 24).await.unwrap();
+    let mut conn = payments_service::db::establish(&app.database.url).await.unwrap();
+    let accounts = payments_service::metrics::per_account(&mut conn, 24).await.unwrap();
     assert_eq!(accounts.len(), 50);
     // The last 24 hours (23 if the clock passed a whole hour since the rows were written).
     let hours = accounts[0].replayed;
@@ -232,7 +232,7 @@ async fn stats_read_only_the_hours_asked_for_through_the_index_on_hour() {
 async fn serve_with_a_held_gateway() -> (Process, HeldProxy, String, Process, TestDatabase) {
     let database = TestDatabase::create().await;
     let mut conn = diesel_async::AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments::accounts::create(&mut conn, "stopping").await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "stopping").await.unwrap();
     let gateway = Process::gateway().await;
     let proxy = HeldProxy::start(&gateway.url);
     let env = [("DATABASE_URL", database.url.as_str()), ("GATEWAY_URL", proxy.url.as_str())];

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use payments::idempotency::{claim_abandoned, needing_attention, retry_needing_attention};
-use payments::request_id::RequestId;
-use payments::workers::{Outcome, Worker};
+use payments_service::idempotency::{claim_abandoned, needing_attention, retry_needing_attention};
+use payments_service::request_id::RequestId;
+use payments_service::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::json;
 use wiremock::matchers::{method, path};
@@ -188,7 +188,8 @@ async fn two_completers_never_drive_one_key_at_once() {
     assert_eq!(second.await.unwrap(), Outcome::Idle, "the key is the first completer's");
 
     // The first drives the key and waits on the slow gateway...
-    let driving = tokio::spawn(async move { payments::payments::complete_abandoned(&state, first, &run).await });
+    let driving =
+        tokio::spawn(async move { payments_service::payments::complete_abandoned(&state, first, &run).await });
     wait_until(Duration::from_secs(10), "the first completer is charging", || async {
         charge_requests(&gateway).await.iter().any(|r| r.method.as_str() == "POST")
     })

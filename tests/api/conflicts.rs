@@ -2,9 +2,9 @@
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
-use payments::db::StoreError;
-use payments::db::schema::audit_records;
-use payments::idempotency::{KeyLock, PhaseError, RecoveryPoint, Transition, atomic_phase};
+use payments_service::db::StoreError;
+use payments_service::db::schema::audit_records;
+use payments_service::idempotency::{KeyLock, PhaseError, RecoveryPoint, Transition, atomic_phase};
 
 use crate::helpers::{KeyRowId, TestApp, audited_phase};
 
@@ -75,7 +75,7 @@ async fn a_phase_that_keeps_conflicting_gives_up_as_a_conflict_not_an_internal_e
 
     assert_eq!(runs, 3);
     let Err(PhaseError::Store(error @ StoreError::Conflict(_))) = result else { panic!("{result:?}") };
-    let response = actix_web::ResponseError::error_response(&payments::http::ApiError::from(error));
+    let response = actix_web::ResponseError::error_response(&payments_service::http::ApiError::from(error));
     assert_eq!(response.status().as_u16(), 503, "transient, so never a 500");
     assert!(response.headers().contains_key("retry-after"));
     let body = actix_web::body::to_bytes(response.into_body()).await.unwrap();

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use payments::db::schema::idempotency_keys as k;
+use payments_service::db::schema::idempotency_keys as k;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -54,7 +54,7 @@ impl Crashed {
     async fn of(path: &'static str, point: &str, after_a_payment: bool) -> Crashed {
         let database = TestDatabase::create().await;
         let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-        let (account, api_key) = payments::accounts::create(&mut conn, "crash").await.unwrap();
+        let (account, api_key) = payments_service::accounts::create(&mut conn, "crash").await.unwrap();
         let gateway = Process::gateway().await;
         let env = [
             ("PAYMENTS_FAULT_INJECTION", "1"),
@@ -134,7 +134,7 @@ impl Crashed {
             .get_result(&mut conn)
             .await
             .unwrap();
-        let downstream = payments::gateway::downstream_key(self.account_id, key_id);
+        let downstream = payments_service::gateway::downstream_key(self.account_id, key_id);
         if self.path == "/v1/refunds" {
             let stats = control.all_stats().await;
             assert_eq!((stats["charges"].as_u64(), stats["refunds"].as_u64()), (Some(1), Some(1)), "one refund");

@@ -228,5 +228,5 @@ async fn api_keys_are_remembered_for_a_stated_while_and_unknown_ones_never() {
     // revocation delay README states.
     app.run_sql("UPDATE accounts SET api_key_hash = sha256('sk_replaced') WHERE name = 'later'").await;
     assert_eq!(app.get_as("sk_not_yet", "/v1/payments").await.status(), StatusCode::OK);
-    assert_eq!(payments::accounts::API_KEY_CACHE_TTL, std::time::Duration::from_secs(60));
+    assert_eq!(payments_service::accounts::API_KEY_CACHE_TTL, std::time::Duration::from_secs(60));
 }

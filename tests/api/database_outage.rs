@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use payments::workers::Worker;
+use payments_service::workers::Worker;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
@@ -201,14 +201,14 @@ async fn a_503_after_the_claim_says_the_request_may_still_complete_and_it_does()
 fn a_connection_opened_from_a_runtime_that_stopped_since_still_serves() {
     let process = tokio::runtime::Runtime::new().unwrap();
     let database = process.block_on(TestDatabase::create());
-    let pool = process.block_on(async { payments::db::pool(&database.url, 1) });
+    let pool = process.block_on(async { payments_service::db::pool(&database.url, 1) });
     let http_worker = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     http_worker.block_on(async {
-        let mut conn = payments::db::connect(&pool).await.unwrap();
+        let mut conn = payments_service::db::connect(&pool).await.unwrap();
         diesel::sql_query("SELECT 1").execute(&mut conn).await.unwrap();
     });
     // A request elsewhere holds that connection (across its phases) as the worker stops.
-    let mut held = process.block_on(payments::db::connect(&pool)).unwrap();
+    let mut held = process.block_on(payments_service::db::connect(&pool)).unwrap();
     drop(http_worker);
 
     process.block_on(async {

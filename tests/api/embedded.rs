@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use payments::gateway::signature::{self, WebhookSecret};
+use payments_service::gateway::signature::{self, WebhookSecret};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -25,7 +25,7 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
         ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
     ];
 
-    let mut serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
+    let mut serve = Process::start(&["serve"], &env, payments_service::startup::LISTENING).await;
     let printed = |text: &'static str| {
         let mut stdout = serve.stdout.clone();
         async move { stdout.wait_for(|lines| lines.iter().any(|line| line.contains(text))).await.is_ok() }
@@ -107,7 +107,7 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
         .iter()
         .find_map(|line| line.strip_prefix("gateway: in-process mock at ").map(str::to_owned));
     let mock = mock.expect("serve names its mock gateway");
-    let worker = Process::start(&["worker"], &env, payments::startup::WORKER_RUNNING).await;
+    let worker = Process::start(&["worker"], &env, payments_service::startup::WORKER_RUNNING).await;
     assert!(worker.url.contains(&format!("gateway {mock}/")), "{} should name {mock}", worker.url);
     drop(worker);
 
@@ -116,7 +116,7 @@ async fn serve_with_embedded_defaults_takes_payments_and_stops_cleanly() {
     assert!(!data_dir.join("data/postmaster.pid").exists(), "the cluster stopped with the service");
 
     // The data survives a restart: the payment is replayed, not made again. The secret is new.
-    let mut serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
+    let mut serve = Process::start(&["serve"], &env, payments_service::startup::LISTENING).await;
     let mut stdout = serve.stdout.clone();
     let lines = stdout.wait_for(|lines| lines.iter().any(|line| line.starts_with("webhook secret: "))).await.unwrap();
     assert!(!lines.iter().any(|line| line.contains(&secret)), "a secret per run");

@@ -9,10 +9,10 @@ use std::time::Duration;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use nix::sys::signal::Signal;
-use payments::audit::Actor;
-use payments::db::schema::audit_records;
-use payments::idempotency::{PhaseError, Reason, RecoveryPoint, Transition, atomic_phase};
-use payments::workers::{Outcome, Worker};
+use payments_service::audit::Actor;
+use payments_service::db::schema::audit_records;
+use payments_service::idempotency::{PhaseError, Reason, RecoveryPoint, Transition, atomic_phase};
+use payments_service::workers::{Outcome, Worker};
 use reqwest::{RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 
@@ -88,7 +88,7 @@ impl TwoServers {
     async fn start() -> TwoServers {
         let database = TestDatabase::create().await;
         let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-        let (_, api_key) = payments::accounts::create(&mut conn, "paused").await.unwrap();
+        let (_, api_key) = payments_service::accounts::create(&mut conn, "paused").await.unwrap();
         let gateway = Process::gateway().await;
         let control = GatewayControl::new(&gateway.url);
         let env = [

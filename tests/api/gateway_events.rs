@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use payments::db::schema::refunds;
-use payments::gateway::signature::{WebhookSecret, sign};
-use payments::idempotency::needing_attention;
-use payments::workers::{Outcome, Worker};
+use payments_service::db::schema::refunds;
+use payments_service::gateway::signature::{WebhookSecret, sign};
+use payments_service::idempotency::needing_attention;
+use payments_service::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -310,7 +310,7 @@ async fn an_event_about_an_unfinished_key_makes_it_due_for_the_completer_at_once
 async fn the_same_event_fifty_times_at_once_over_two_servers_is_applied_once() {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments::accounts::create(&mut conn, "events").await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "events").await.unwrap();
     let gateway = Process::gateway().await;
     let env = [("PAYMENTS_GATEWAY_WEBHOOK_SECRETS", SECRET)];
     let servers = [
@@ -344,7 +344,7 @@ async fn the_same_event_fifty_times_at_once_over_two_servers_is_applied_once() {
         .get_result(&mut conn)
         .await
         .unwrap();
-    let downstream = payments::gateway::downstream_key(account_id, key_id);
+    let downstream = payments_service::gateway::downstream_key(account_id, key_id);
     let settled = control.refunds_for(&downstream).await.remove(0);
     assert_eq!(settled["status"], "succeeded");
     let body = event("refund.succeeded", settled, &downstream);
@@ -547,7 +547,7 @@ async fn a_refund_failing_after_it_succeeded_is_a_disagreement() {
 async fn with_no_retry_and_an_hours_backoff_the_gateways_event_finishes_the_payment() {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (account, api_key) = payments::accounts::create(&mut conn, "events").await.unwrap();
+    let (account, api_key) = payments_service::accounts::create(&mut conn, "events").await.unwrap();
     // `serve` with its in-process mock, which sends its events to it; the completer waits an hour
     // before driving a key on its own.
     let env = [
@@ -601,7 +601,7 @@ async fn with_the_workers_looking_once_a_minute_an_event_and_what_it_stages_are_
     use wiremock::matchers::method;
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (account, api_key) = payments::accounts::create(&mut conn, "events").await.unwrap();
+    let (account, api_key) = payments_service::accounts::create(&mut conn, "events").await.unwrap();
     let receiver = wiremock::MockServer::start().await;
     wiremock::Mock::given(method("POST")).respond_with(wiremock::ResponseTemplate::new(200)).mount(&receiver).await;
     let env = [

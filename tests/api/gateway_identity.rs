@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
-use payments::db::schema::payments as payments_table;
-use payments::idempotency::needing_attention;
-use payments::workers::{Outcome, Worker};
+use payments_service::db::schema::payments as payments_table;
+use payments_service::idempotency::needing_attention;
+use payments_service::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};

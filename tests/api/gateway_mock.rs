@@ -7,7 +7,7 @@ mod refunds;
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use payments::gateway::mock::{Controls, FaultPlan, MockGateway};
+use payments_mock_gateway::{Controls, FaultPlan, MockGateway};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 

@@ -8,9 +8,11 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
-use payments::gateway::mock::{Controls, FaultPlan, MockGateway};
-use payments::gateway::{Answered, ChargeRequest, GatewayClient, GatewayError, Refund, RefundRequest, RefundStatus};
-use payments::metrics::Metrics;
+use payments_mock_gateway::{Controls, FaultPlan, MockGateway};
+use payments_service::gateway::{
+    Answered, ChargeRequest, GatewayClient, GatewayError, Refund, RefundRequest, RefundStatus,
+};
+use payments_service::metrics::Metrics;
 use serde_json::{Value, json};
 use wiremock::matchers::{body_json, header, method, path, query_param};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -348,7 +350,7 @@ async fn refund_calls_are_counted_by_operation_and_outcome() {
     client.refund("r4", &refund_of(&charge, 1)).await.unwrap_err();
 
     let database = TestDatabase::create().await;
-    let scrape = Scrape(metrics.render(&payments::db::pool(&database.url, 1)).await);
+    let scrape = Scrape(metrics.render(&payments_service::db::pool(&database.url, 1)).await);
     let calls = |operation: &str, outcome: &str| {
         scrape.count("gateway_requests_total", &[("operation", operation), ("outcome", outcome)])
     };

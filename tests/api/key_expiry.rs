@@ -7,8 +7,8 @@ use std::time::Duration;
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::MigrationHarness;
-use payments::db::migrate::MIGRATIONS;
-use payments::workers::{Outcome, Worker};
+use payments_service::db::migrate::MIGRATIONS;
+use payments_service::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -113,7 +113,7 @@ async fn recording_expiries_rewrites_no_table_and_gives_up_rather_than_queue_req
     let url = database.url.clone();
     tokio::task::spawn_blocking(move || revert_to_before_expiries(&url)).await.unwrap();
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (account, _) = payments::accounts::create(&mut conn, "populated").await.unwrap();
+    let (account, _) = payments_service::accounts::create(&mut conn, "populated").await.unwrap();
     conn.batch_execute(&format!(
         "INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
                                        request_fingerprint, request_params, recovery_point, response_status,

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use payments::story::TRAIL_LIMIT;
-use payments::workers::Worker;
+use payments_service::story::TRAIL_LIMIT;
+use payments_service::workers::Worker;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -18,7 +18,7 @@ const EVENT_LOGGED: &str = "no PAYMENTS_WEBHOOK_URL set, so logged";
 async fn logs_of_one_payment(env: &[(&str, &str)]) -> Vec<String> {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments::accounts::create(&mut conn, "logs").await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "logs").await.unwrap();
     let gateway = Process::gateway().await;
     let mut server = Process::serve(&database.url, &gateway.url, &[], env).await;
 

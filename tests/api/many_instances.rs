@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use payments::db::schema::audit_records;
+use payments_service::db::schema::audit_records;
 use reqwest::StatusCode;
 use serde_json::json;
 
@@ -36,7 +36,7 @@ struct Cluster {
 async fn start() -> Cluster {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments::accounts::create(&mut conn, "many").await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "many").await.unwrap();
     let gateway = Process::gateway().await;
     let control = GatewayControl::new(&gateway.url);
     let servers = [

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use payments::problem::ProblemType;
-use payments::workers::Worker;
+use payments_service::workers::Worker;
+use payments_wire::problem::ProblemType;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -61,7 +61,7 @@ async fn serve_prints_where_its_metrics_are_and_serves_them_only_there() {
 async fn serve_moves_its_metrics_off_a_taken_usual_address_and_says_so_but_never_off_one_it_was_given() {
     let database = TestDatabase::create().await;
     // Hold the usual address, unless something else already does.
-    let _held = std::net::TcpListener::bind(payments::config::DEFAULT_METRICS_BIND);
+    let _held = std::net::TcpListener::bind(payments_service::config::DEFAULT_METRICS_BIND);
     let env = [
         ("DATABASE_URL", database.url.as_str()),
         ("PAYMENTS_BIND", "127.0.0.1:0"),
@@ -70,7 +70,7 @@ async fn serve_moves_its_metrics_off_a_taken_usual_address_and_says_so_but_never
     let args = ["serve", "--private-mock-gateway", "--no-workers"];
 
     // Not told where: a free port, and the line says why.
-    let serve = Process::start(&args, &env, payments::startup::LISTENING).await;
+    let serve = Process::start(&args, &env, payments_service::startup::LISTENING).await;
     let line = serve.stdout.borrow().iter().find(|line| line.starts_with("metrics: ")).cloned().unwrap();
     assert!(line.ends_with("/metrics (127.0.0.1:9464 is taken)"), "{line}");
     assert!(!line.starts_with("metrics: http://127.0.0.1:9464/"), "{line}");
@@ -300,12 +300,12 @@ async fn a_scrape_reads_the_outbox_from_an_index_and_counts_only_up_to_a_cap_wha
     )
     .await
     .unwrap();
-    let plan = plan_nodes(&mut conn, &format!("EXECUTE state({})", payments::metrics::COUNT_CAP)).await;
+    let plan = plan_nodes(&mut conn, &format!("EXECUTE state({})", payments_service::metrics::COUNT_CAP)).await;
     let outbox: Vec<_> = plan.iter().filter(|node| node.relation.as_deref() == Some("staged_jobs")).collect();
     assert!(outbox.iter().all(|node| node.node_type != "Seq Scan"), "no sequential scan of the outbox: {plan:#?}");
     assert!(outbox.iter().all(|node| node.index.is_some()), "each part from an index: {plan:#?}");
 
-    let cap = payments::metrics::COUNT_CAP as f64;
+    let cap = payments_service::metrics::COUNT_CAP as f64;
     assert_eq!(scrape.get("outbox_events_pending", &[]), Some(cap), "this many or more");
     assert_eq!(scrape.get("outbox_events_dead", &[]), Some(cap));
     let oldest = scrape.get("outbox_oldest_event_age_seconds", &[]).unwrap();

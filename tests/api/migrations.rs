@@ -39,7 +39,7 @@ use diesel::sql_types::{Array, BigInt, Integer, Nullable, Text, Uuid as SqlUuid}
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use diesel_migrations::MigrationHarness;
-use payments::db::migrate::MIGRATIONS;
+use payments_service::db::migrate::MIGRATIONS;
 use uuid::Uuid;
 
 use crate::helpers::TestDatabase;
@@ -530,10 +530,10 @@ async fn a_lock_timeout_in_database_url_stops_a_migration_queueing_behind_a_tran
     ];
 
     for url in &urls {
-        let error = payments::db::migrate::run_pending(url).await.unwrap_err();
+        let error = payments_service::db::migrate::run_pending(url).await.unwrap_err();
         assert!(error.to_string().contains("lock timeout"), "{url}: {error}");
     }
 
     reader.batch_execute("COMMIT").await.unwrap();
-    payments::db::migrate::run_pending(&urls[1]).await.unwrap();
+    payments_service::db::migrate::run_pending(&urls[1]).await.unwrap();
 }

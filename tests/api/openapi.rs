@@ -2,14 +2,14 @@
 
 use std::collections::BTreeSet;
 
-use payments::audit::Actor;
-use payments::http::{ENDPOINTS, OPENAPI_YAML};
-use payments::idempotency::IdempotencyKey;
-use payments::idempotency::RecoveryPoint;
-use payments::payments::CreatePaymentBody;
-use payments::problem::ProblemType;
-use payments::refunds::RefundStatus;
-use payments::story::TRAIL_LIMIT;
+use payments_service::audit::Actor;
+use payments_service::http::{ENDPOINTS, OPENAPI_YAML};
+use payments_service::idempotency::IdempotencyKey;
+use payments_service::idempotency::RecoveryPoint;
+use payments_service::payments::CreatePaymentBody;
+use payments_service::refunds::RefundStatus;
+use payments_service::story::TRAIL_LIMIT;
+use payments_wire::problem::ProblemType;
 use regex::Regex;
 use reqwest::StatusCode;
 use serde_json::{Value, json};

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, RunQueryDsl};
-use payments::db::schema::{audit_records, staged_jobs};
-use payments::workers::{Outcome, Worker};
+use payments_service::db::schema::{audit_records, staged_jobs};
+use payments_service::workers::{Outcome, Worker};
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -240,7 +240,7 @@ async fn a_batch_is_leased_without_reading_the_whole_backlog() {
     // One transaction around the lease (which runs as a nested one) and the count of what it read.
     let mut conn = app.db().await;
     conn.begin_test_transaction().await.unwrap();
-    let leased = payments::outbox::lease_due_events(&mut conn, Duration::from_secs(30), 50).await.unwrap();
+    let leased = payments_service::outbox::lease_due_events(&mut conn, Duration::from_secs(30), 50).await.unwrap();
     let read: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
         "pg_stat_get_xact_tuples_fetched('staged_jobs'::regclass) + \
          pg_stat_get_xact_tuples_returned('staged_jobs'::regclass)",

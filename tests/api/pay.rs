@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use payments::client::{Client, KeySeen, NewPayment, Next, Outcome, RetryPolicy};
+use payments_client::{Client, KeySeen, NewPayment, Next, Outcome, RetryPolicy};
 use serde_json::Value;
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};

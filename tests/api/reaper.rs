@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use payments::workers::{Outcome, Worker};
+use payments_service::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -54,8 +54,11 @@ async fn finished_keys_past_retention_are_deleted_in_batches_and_unfinished_ones
     let mut conn = app.db().await;
     let audited: i64 = diesel_async::RunQueryDsl::get_result(
         diesel::QueryDsl::count(diesel::QueryDsl::filter(
-            payments::db::schema::audit_records::table,
-            diesel::ExpressionMethods::eq(payments::db::schema::audit_records::action, "idempotency_key.reaped"),
+            payments_service::db::schema::audit_records::table,
+            diesel::ExpressionMethods::eq(
+                payments_service::db::schema::audit_records::action,
+                "idempotency_key.reaped",
+            ),
         )),
         &mut conn,
     )

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use payments::client::Client;
+use payments_client::Client;
 use serde_json::Value;
 
 use crate::helpers::{ClientRun, TestApp, new_key};

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use uuid::Uuid;
 
 use diesel_async::RunQueryDsl;
-use payments::workers::Worker;
+use payments_service::workers::Worker;
 
 use crate::helpers::{GatewayControl, OpenTransaction, TestApp, new_key, wait_until};
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use payments::workers::Worker;
+use payments_service::workers::Worker;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};

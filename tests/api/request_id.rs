@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use payments::db::schema::audit_records;
-use payments::problem::ProblemType;
+use payments_service::db::schema::audit_records;
+use payments_wire::problem::ProblemType;
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -176,7 +176,7 @@ async fn a_stored_problem_names_the_request_that_finished_it_and_its_replay_is_t
 async fn every_log_line_of_a_request_carries_its_id() {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments::accounts::create(&mut conn, "logs").await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "logs").await.unwrap();
     let gateway = Process::gateway().await;
     let env = [("PAYMENTS_LOG_FORMAT", "json"), ("RUST_LOG", "payments=debug")];
     let server = Process::serve(&database.url, &gateway.url, &[], &env).await;

@@ -7,11 +7,11 @@ use diesel::sql_types::{Bool, Text};
 use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use diesel_migrations::MigrationHarness;
-use payments::db::migrate::MIGRATIONS;
+use payments_service::db::migrate::MIGRATIONS;
 
 use crate::helpers::TestDatabase;
 
-const SCHEMA_RS: &str = include_str!("../../src/db/schema.rs");
+const SCHEMA_RS: &str = include_str!("../../crates/service/src/db/schema.rs");
 
 #[derive(QueryableByName, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Column {

@@ -5,8 +5,8 @@
 use diesel::QueryableByName;
 use diesel::sql_types::Text;
 use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
-use payments::db::statistics::{MIN_ROWS, analyze_grown_tables, grown_tables};
-use payments::workers::{Outcome, Worker};
+use payments_service::db::statistics::{MIN_ROWS, analyze_grown_tables, grown_tables};
+use payments_service::workers::{Outcome, Worker};
 
 use crate::helpers::{TestApp, plan_nodes};
 

@@ -213,8 +213,8 @@ async fn a_content_type_sent_twice_is_400_wherever_a_body_is_read() {
     .to_string();
     let signature = |body: &str| {
         let at = chrono::Utc::now().timestamp();
-        payments::gateway::signature::sign(
-            &[payments::gateway::signature::WebhookSecret::new(secret)],
+        payments_service::gateway::signature::sign(
+            &[payments_service::gateway::signature::WebhookSecret::new(secret)],
             at,
             body.as_bytes(),
         )

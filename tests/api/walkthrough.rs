@@ -32,7 +32,7 @@ async fn the_readme_walkthrough_answers_as_written() {
         ("PAYMENTS_MOCK_GATEWAY_BIND", "127.0.0.1:0"),
         ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
     ];
-    let serve = Process::start(&["serve"], &env, payments::startup::LISTENING).await;
+    let serve = Process::start(&["serve"], &env, payments_service::startup::LISTENING).await;
     let gateway = serve.mock_gateway_url().await;
     let workdir = tempdir();
     // The first block defines the helpers every later block uses.

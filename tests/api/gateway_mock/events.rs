@@ -9,8 +9,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::dev::ServerHandle;
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
-use payments::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook};
-use payments::gateway::signature::{self, SIGNATURE_HEADER, SignatureError, WebhookSecret};
+use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook};
+use payments_service::gateway::signature::{self, SIGNATURE_HEADER, SignatureError, WebhookSecret};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;

@@ -14,7 +14,7 @@ impl Scrape {
     }
 
     /// What a process with `state` would answer at `GET /metrics`.
-    pub async fn of_state(state: &payments::state::AppState) -> Scrape {
+    pub async fn of_state(state: &payments_service::state::AppState) -> Scrape {
         Scrape(state.metrics.render(&state.db).await)
     }
 

@@ -63,7 +63,7 @@ impl Process {
     /// always; `worker` with `PAYMENTS_METRICS_BIND`).
     pub fn metrics_url(&self) -> String {
         let lines = self.stdout.borrow();
-        let line = lines.iter().find_map(|line| line.strip_prefix(payments::startup::METRICS_AT));
+        let line = lines.iter().find_map(|line| line.strip_prefix(payments_service::startup::METRICS_AT));
         let url = line.and_then(|rest| rest.split_whitespace().next());
         url.unwrap_or_else(|| panic!("no metrics line before the ready line in {lines:?}")).to_owned()
     }
@@ -90,7 +90,7 @@ impl Process {
         ];
         all.extend_from_slice(env);
         let args: Vec<&str> = ["serve"].iter().chain(args).copied().collect();
-        Process::start(&args, &all, payments::startup::LISTENING).await
+        Process::start(&args, &all, payments_service::startup::LISTENING).await
     }
 
     /// `payments <args>` (a `serve` of some kind) with exactly these variables, on free ports
@@ -98,14 +98,14 @@ impl Process {
     pub async fn serve_with(args: &[&str], env: &[(&str, &str)]) -> Process {
         let mut all = vec![("PAYMENTS_BIND", "127.0.0.1:0"), ("PAYMENTS_METRICS_BIND", "127.0.0.1:0")];
         all.extend_from_slice(env);
-        Process::start(args, &all, payments::startup::LISTENING).await
+        Process::start(args, &all, payments_service::startup::LISTENING).await
     }
 
     /// `payments worker` against `database_url`, with these extra variables.
     pub async fn worker(database_url: &str, gateway_url: &str, env: &[(&str, &str)]) -> Process {
         let mut all = vec![("DATABASE_URL", database_url), ("GATEWAY_URL", gateway_url)];
         all.extend_from_slice(env);
-        Process::start(&["worker"], &all, payments::startup::WORKER_RUNNING).await
+        Process::start(&["worker"], &all, payments_service::startup::WORKER_RUNNING).await
     }
 
     /// `payments gateway` on a free port.

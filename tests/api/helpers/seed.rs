@@ -4,10 +4,10 @@
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
-use payments::db::schema::{idempotency_keys, payments as payments_table};
-use payments::idempotency::{Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, claim};
-use payments::payments::CreatePaymentBody;
-use payments::request_id::RequestId;
+use payments_service::db::schema::{idempotency_keys, payments as payments_table};
+use payments_service::idempotency::{Claim, Fingerprint, IdempotencyKey, KeyLock, NewKey, claim};
+use payments_service::payments::CreatePaymentBody;
+use payments_service::request_id::RequestId;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -26,13 +26,13 @@ pub fn audited_phase(more: &str, from: &str) -> TestWrites {
     }
 }
 
-/// A phase's writes and result as SQL text, for [`payments::idempotency::atomic_phase`].
+/// A phase's writes and result as SQL text, for [`payments_service::idempotency::atomic_phase`].
 pub struct TestWrites {
     writes: diesel::query_builder::SqlQuery,
     result: diesel::query_builder::SqlQuery,
 }
 
-impl payments::idempotency::PhaseWrites for TestWrites {
+impl payments_service::idempotency::PhaseWrites for TestWrites {
     fn walk_writes<'b>(&'b self, pass: diesel::query_builder::AstPass<'_, 'b, diesel::pg::Pg>) -> QueryResult<()> {
         diesel::query_builder::QueryFragment::walk_ast(&self.writes, pass)
     }
@@ -75,7 +75,7 @@ impl KeyRequest {
         NewKey {
             account_id: self.account_id,
             key: &self.key,
-            endpoint: &payments::payments::ENDPOINT,
+            endpoint: &payments_service::payments::ENDPOINT,
             fingerprint: Fingerprint::of(&self.params),
             params: &self.params,
             request_id: &self.request_id,
@@ -159,6 +159,6 @@ impl TestApp {
 
     /// The downstream key the service sends the gateway for one of this account's key rows.
     pub fn downstream_key(&self, key_id: Uuid) -> String {
-        payments::gateway::downstream_key(self.account_id, key_id)
+        payments_service::gateway::downstream_key(self.account_id, key_id)
     }
 }

@@ -8,14 +8,14 @@ use std::time::Duration;
 use actix_web::dev::ServerHandle;
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use payments::config::{Settings, WorkerSettings};
-use payments::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
-use payments::gateway::GatewayClient;
-use payments::gateway::mock::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
-use payments::gateway::signature::WebhookSecret;
-use payments::startup::{Application, MetricsServer};
-use payments::state::AppState;
-use payments::workers::{Worker, Workers};
+use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
+use payments_service::config::{Settings, WorkerSettings};
+use payments_service::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
+use payments_service::gateway::GatewayClient;
+use payments_service::gateway::signature::WebhookSecret;
+use payments_service::startup::{Application, MetricsServer};
+use payments_service::state::AppState;
+use payments_service::workers::{Worker, Workers};
 use reqwest::Response;
 use serde_json::{Value, json};
 use uuid::Uuid;
@@ -72,7 +72,7 @@ impl TestAppBuilder {
     /// Accept gateway events signed with any of these secrets.
     pub fn webhook_secrets(mut self, secrets: &[&str]) -> Self {
         self.settings.gateway_webhook_secrets =
-            secrets.iter().map(|secret| payments::gateway::signature::WebhookSecret::new(*secret)).collect();
+            secrets.iter().map(|secret| payments_service::gateway::signature::WebhookSecret::new(*secret)).collect();
         self
     }
 
@@ -103,7 +103,8 @@ impl TestAppBuilder {
 
     pub async fn spawn_on(self, database: TestDatabase) -> TestApp {
         let mut conn = AsyncPgConnection::establish(&database.url).await.expect("connecting to the test database");
-        let (account, api_key) = payments::accounts::create(&mut conn, "test").await.expect("creating an account");
+        let (account, api_key) =
+            payments_service::accounts::create(&mut conn, "test").await.expect("creating an account");
         self.start(database, account.id, api_key).await
     }
 
@@ -123,7 +124,7 @@ impl TestAppBuilder {
         };
         let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
         let state = Arc::new(AppState::new(
-            payments::db::pool(self.database_url.as_deref().unwrap_or(&database.url), 10),
+            payments_service::db::pool(self.database_url.as_deref().unwrap_or(&database.url), 10),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
             self.settings,
         ));
@@ -295,7 +296,7 @@ impl TestApp {
 
     /// Creates another account in the same database, and returns its API key.
     pub async fn create_account(&self, name: &str) -> String {
-        payments::accounts::create(&mut self.db().await, name).await.unwrap().1
+        payments_service::accounts::create(&mut self.db().await, name).await.unwrap().1
     }
 
     /// The gateway this app charges through.
@@ -337,7 +338,7 @@ impl TestApp {
     /// (its metrics too: `Scrape::of_state`).
     pub fn state_at_gateway(&self, gateway_url: &str) -> Arc<AppState> {
         Arc::new(AppState::new(
-            payments::db::pool(&self.database.url, 4),
+            payments_service::db::pool(&self.database.url, 4),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
             self.state.settings.clone(),
         ))
@@ -361,11 +362,11 @@ impl TestApp {
 
     /// The service's own connections that are idle now, each checked out once: what the
     /// service's statements were prepared on.
-    pub async fn idle_service_connections(&self) -> Vec<payments::db::PooledConnection> {
+    pub async fn idle_service_connections(&self) -> Vec<payments_service::db::PooledConnection> {
         let idle = self.state.db.state().idle_connections;
         let mut connections = Vec::new();
         for _ in 0..idle {
-            connections.push(payments::db::connect(&self.state.db).await.expect("an idle connection"));
+            connections.push(payments_service::db::connect(&self.state.db).await.expect("an idle connection"));
         }
         connections
     }

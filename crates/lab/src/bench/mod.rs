@@ -1,0 +1,387 @@
+//! `payments bench`: the service under load, measured as a user would run it.
+//!
+//! It starts a deployment of its own (see [`world`]: durable PostgreSQL, `payments gateway`,
+//! `payments serve`), or is pointed at one, and runs each scenario for the same duration with the
+//! same number of requests in flight:
+//!
+//! - `new`: a new payment per request;
+//! - `replay`: replays of payments made beforehand, each checked to be the stored answer;
+//! - `duplicates`: groups of concurrent requests with one key, each checked to make one payment;
+//! - `refund`: a new refund per request, of part of a payment made beforehand, each client
+//!   refunding payments of its own.
+//!
+//! For each it reports throughput and latency percentiles (an HDR histogram per client task,
+//! merged), the answers by status, and what a request cost: CPU time of each process (from
+//! `/proc`), statements run (`pg_stat_statements`) and WAL written, all taken as differences from
+//! just before the load to the end of the outbox's drain after it, so that delivering a payment's
+//! event is counted with the payment. The outbox backlog is sampled during the load, and the
+//! time it takes to empty after it is measured. With `--references` it then measures the
+//! references (see [`reference`]) in the same run and prints the ratios.
+//!
+//! It prints its results as tables on stdout and, with `--json`, writes them as one object; with
+//! `--plot DIR`, it draws what it saw as charts (see [`charts`]).
+
+mod charts;
+mod database;
+pub mod endpoint;
+mod load;
+mod procfs;
+mod reference;
+mod report;
+mod sampler;
+mod world;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use anyhow::Context;
+use reqwest::Url;
+
+use crate::progress::Progress;
+use charts::{Charts, Seen};
+use database::{Counters, Probe, drain};
+use load::{Driver, Finished};
+use procfs::{Watched, rss_kib};
+use reference::{BareEndpoint, Pgbench};
+use report::{
+    BareCpu, BareReport, Before, Cost, LoadReport, Machine, Outbox, Ratios, References, Report, ScenarioReport,
+    Scenarios, ServiceCpu, Settings,
+};
+use sampler::Sampler;
+use world::World;
+
+pub use load::Scenario;
+pub use world::Pids;
+
+/// Payments each client makes before the first scenario, so that connections are open and
+/// statements prepared when the measurement starts.
+const WARM_UP_PAYMENTS_PER_CLIENT: usize = 4;
+
+/// Payments made for each client to refund before the `refund` scenario: each takes a thousand
+/// refunds of [`load::REFUND_AMOUNT`], more than a client sends in minutes.
+const REFUND_PAYMENTS_PER_CLIENT: usize = 8;
+
+/// How long refunds are sent before the `refund` scenario, as the payments' warm-up does for
+/// them: connections open, statements prepared, and, once analyzed, the refunds table's
+/// statistics no longer those of an empty table.
+const REFUND_WARM_UP: Duration = Duration::from_millis(500);
+
+/// What to run.
+pub struct Plan {
+    pub clients: usize,
+    pub duration: Duration,
+    pub scenarios: Vec<Scenario>,
+    /// Finished payments the `replay` scenario picks from.
+    pub replay_keys: usize,
+    pub references: bool,
+    pub json: Option<PathBuf>,
+    /// Where to write the charts, if anywhere.
+    pub plot: Option<PathBuf>,
+    pub deployment: Deployment,
+}
+
+/// What to measure.
+pub enum Deployment {
+    /// A deployment the benchmark starts, and stops at the end.
+    Own,
+    /// A running one.
+    Existing { url: Url, api_key: String, database_url: Option<String>, pids: Pids },
+}
+
+/// Runs the benchmark, prints the report, and writes it as JSON if asked.
+pub async fn run(plan: Plan) -> anyhow::Result<()> {
+    let progress = Progress::new();
+    let starting = progress.step("starting the service");
+    let world = match &plan.deployment {
+        Deployment::Own => World::start().await?,
+        Deployment::Existing { url, api_key, database_url, pids } => {
+            World::existing(url.clone(), api_key.clone(), database_url.clone(), *pids)?
+        }
+    };
+    starting.finish(&format!("at {}", world.api_url));
+    let measured = measure(&plan, &world, &progress).await;
+    // Whatever happened, what was started is stopped.
+    let stopping = progress.step("stopping");
+    let stopped = world.stop().await;
+    drop(stopping);
+    let (report, charts) = measured?;
+    println!("{}", report.table());
+    if let Some(path) = &plan.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(dir) = &plan.plot {
+        let settings = format!("{} clients, {:.0} s each", plan.clients, plan.duration.as_secs_f64());
+        for written in charts.write(dir, &settings)? {
+            progress.note(&format!("wrote {}", written.display()));
+        }
+    }
+    stopped
+}
+
+/// The processes whose CPU time is reported.
+struct Processes {
+    api: Option<Watched>,
+    gateway: Option<Watched>,
+    postgres: Option<Watched>,
+    bench: Watched,
+}
+
+type CpuSample = [Option<u64>; 4];
+
+impl Processes {
+    fn of(world: &World) -> Processes {
+        Processes {
+            api: world.pids.api.map(Watched::process),
+            gateway: world.pids.gateway.map(Watched::process),
+            postgres: world.pids.postgres.map(Watched::tree),
+            bench: Watched::this_process(),
+        }
+    }
+
+    fn sample(&self) -> CpuSample {
+        [self.api, self.gateway, self.postgres, Some(self.bench)].map(|watched| watched.and_then(|w| w.cpu_us()))
+    }
+
+    fn per_request(before: CpuSample, after: CpuSample, requests: u64) -> ServiceCpu {
+        let per = |i: usize| per_request(before[i].zip(after[i]).map(|(b, a)| a.saturating_sub(b)), requests);
+        ServiceCpu { api: per(0), gateway: per(1), postgres: per(2), bench: per(3) }
+    }
+}
+
+fn per_request(total: Option<u64>, requests: u64) -> Option<f64> {
+    total.filter(|_| requests > 0).map(|total| total as f64 / requests as f64)
+}
+
+async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Result<(Report, Charts)> {
+    let probe = match &world.database_url {
+        Some(url) => Some(Arc::new(Probe::connect(url).await.context("connecting to the service's database")?)),
+        None => None,
+    };
+    let driver = Driver::new(&world.api_url, &world.api_key, plan.clients)?;
+    let processes = Processes::of(world);
+
+    let warming = progress.step("warming up");
+    driver.finished_payments(plan.clients * WARM_UP_PAYMENTS_PER_CLIENT, plan.clients).await?;
+    drain(probe.as_deref()).await?;
+    // Measured as a deployment runs after its first minute, not as a fresh database plans.
+    if let Some(probe) = &probe {
+        probe.analyze().await?;
+    }
+    drop(warming);
+
+    let rss_before = world.pids.api.and_then(rss_kib);
+    let mut scenarios = Scenarios::default();
+    let mut charts = Charts::default();
+    for &scenario in &plan.scenarios {
+        let finished = match scenario {
+            Scenario::Replay => {
+                let making = progress.step("making payments to replay");
+                let finished = driver.finished_payments(plan.replay_keys, plan.clients).await?;
+                drain(probe.as_deref()).await?;
+                drop(making);
+                Some(finished)
+            }
+            Scenario::Refund => {
+                let making = progress.step("making payments to refund");
+                let finished =
+                    driver.finished_payments(plan.clients * REFUND_PAYMENTS_PER_CLIENT, plan.clients).await?;
+                let warm_up = Some(finished.clone());
+                driver.run(Scenario::Refund, warm_up, plan.clients, REFUND_WARM_UP, Arc::default()).await;
+                drain(probe.as_deref()).await?;
+                if let Some(probe) = &probe {
+                    probe.analyze().await?;
+                }
+                drop(making);
+                Some(finished)
+            }
+            _ => None,
+        };
+        let ran = Run { plan, world, probe: probe.clone(), driver: &driver, processes: &processes, progress };
+        let (report, seen) = ran.scenario(scenario, finished).await?;
+        charts.scenarios.push((scenario, seen));
+        match scenario {
+            Scenario::New => scenarios.new = Some(report),
+            Scenario::Replay => scenarios.replay = Some(report),
+            Scenario::Duplicates => scenarios.duplicates = Some(report),
+            Scenario::Refund => scenarios.refund = Some(report),
+        }
+    }
+    let rss_after = world.pids.api.and_then(rss_kib);
+
+    let references = match plan.references {
+        true => references(plan, world, probe.as_deref(), progress, &mut charts).await?,
+        false => References::default(),
+    };
+    let postgresql = match &probe {
+        Some(probe) => Some(probe.server_version().await?),
+        None => None,
+    };
+    let report = Report {
+        machine: machine(postgresql),
+        settings: Settings {
+            clients: plan.clients,
+            duration_s: plan.duration.as_secs_f64(),
+            scenarios: plan.scenarios.clone(),
+            replay_keys: plan.replay_keys,
+            references: plan.references,
+            deployment: match plan.deployment {
+                Deployment::Own => "own",
+                Deployment::Existing { .. } => "existing",
+            },
+        },
+        ratios: Ratios::of(&scenarios, &references),
+        scenarios,
+        api_rss_kib: Before { before: rss_before, after: rss_after },
+        references,
+    };
+    Ok((report, charts))
+}
+
+/// One scenario's run, with everything it reads.
+struct Run<'a> {
+    plan: &'a Plan,
+    world: &'a World,
+    probe: Option<Arc<Probe>>,
+    driver: &'a Driver,
+    processes: &'a Processes,
+    progress: &'a Progress,
+}
+
+impl Run<'_> {
+    async fn scenario(&self, scenario: Scenario, finished: Option<Finished>) -> anyhow::Result<(ScenarioReport, Seen)> {
+        let name = format!("{scenario:?}").to_lowercase();
+        let counters_before = self.counters().await?;
+        let deliveries_before = self.world.deliveries();
+        let cpu_before = self.processes.sample();
+
+        let sent = Arc::new(AtomicU64::new(0));
+        let phase = self.progress.timed(&name, self.plan.duration, Some(sent.clone()));
+        let sampler = Sampler::start(self.probe.clone(), sent.clone());
+        let load = self.driver.run(scenario, finished, self.plan.clients, self.plan.duration, sent).await;
+        let cpu_at_end = self.processes.sample();
+        let samples = sampler.stop().await?;
+        let counters_at_end = self.counters().await?;
+        phase.finish(&format!("{:.0} req/s", load.requests as f64 / load.elapsed.as_secs_f64()));
+
+        let draining = self.progress.step("outbox draining");
+        let drained_in = drain(self.probe.as_deref()).await?;
+        drop(draining);
+        let cpu_after = self.processes.sample();
+        let counters_after = self.counters().await?;
+        let deliveries_after = self.world.deliveries();
+
+        let mut load_report = LoadReport::of(&load);
+        let cost = |counters_after: Option<Counters>, cpu_after| {
+            let delta = |f: fn(&Counters) -> Option<u64>| {
+                let (before, after) = (counters_before.as_ref().and_then(f), counters_after.as_ref().and_then(f));
+                before.zip(after).map(|(before, after)| after.saturating_sub(before))
+            };
+            Cost {
+                cpu_us_per_request: Processes::per_request(cpu_before, cpu_after, load.requests),
+                statements_per_request: per_request(delta(|c| c.statements), load.requests),
+                wal_bytes_per_request: per_request(delta(|c| Some(c.wal_bytes)), load.requests),
+            }
+        };
+        let created = |made: fn(&Counters) -> u64| {
+            counters_before.zip(counters_after).map(|(before, after)| made(&after) - made(&before))
+        };
+        let (payments_created, refunds_created) = (created(|c| c.payments), created(|c| c.refunds));
+        if scenario == Scenario::Duplicates
+            && let Some(created) = payments_created
+        {
+            // Each group must have made exactly one payment (nothing else pays meanwhile).
+            load_report.violations += created.abs_diff(load.groups);
+        }
+        let report = ScenarioReport {
+            load: load_report,
+            groups: (scenario == Scenario::Duplicates).then_some(load.groups),
+            cost: cost(counters_after, cpu_after),
+            during_load: cost(counters_at_end, cpu_at_end),
+            payments_created,
+            refunds_created,
+            outbox: Outbox {
+                backlog_max: samples.backlog_max(),
+                drain_ms: drained_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+                deliveries: deliveries_before.zip(deliveries_after).map(|(before, after)| after - before),
+            },
+        };
+        Ok((report, Seen { latency_us: Some(load.latency_us), samples }))
+    }
+
+    async fn counters(&self) -> anyhow::Result<Option<Counters>> {
+        match &self.probe {
+            Some(probe) => Ok(Some(probe.counters().await?)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The references, one after another, with the same clients and duration; what they were seen
+/// doing goes into `charts` (pgbench's latencies only if they are drawn: logging each
+/// transaction is work pgbench does not do otherwise).
+async fn references(
+    plan: &Plan,
+    world: &World,
+    probe: Option<&Probe>,
+    progress: &Progress,
+    charts: &mut Charts,
+) -> anyhow::Result<References> {
+    let mut references = References::default();
+    match world.database_url {
+        Some(_) => {
+            let preparing = progress.step("preparing pgbench");
+            let pgbench = Pgbench::prepare(world).await?;
+            drop(preparing);
+            let (clients, duration, latencies) = (plan.clients, plan.duration, plan.plot.is_some());
+            let scripts = [
+                (reference::NEW_PAYMENT, &mut references.pgbench_new_payment),
+                (reference::REPLAY, &mut references.pgbench_replay),
+                (reference::REFUND, &mut references.pgbench_refund),
+            ];
+            for (script, report) in scripts {
+                let (run, seen) = pgbench.run(script, clients, duration, probe, progress, latencies).await?;
+                *report = Some(run);
+                charts.pgbench.push((script, seen));
+            }
+        }
+        None => progress.note("pgbench references skipped: they need the database (--database-url)"),
+    }
+
+    let bare = BareEndpoint::start(world, plan.clients).await?;
+    // As for the service: connections open before the measurement starts.
+    bare.load(plan.clients, Duration::from_millis(200), Arc::default()).await;
+    let watched = [bare.watched(), Some(Watched::this_process())];
+    let before = watched.map(|w| w.and_then(|w| w.cpu_us()));
+    let sent = Arc::new(AtomicU64::new(0));
+    let phase = progress.timed("bare endpoint", plan.duration, Some(sent.clone()));
+    let sampler = Sampler::start(None, sent.clone());
+    let load = bare.load(plan.clients, plan.duration, sent).await;
+    let after = watched.map(|w| w.and_then(|w| w.cpu_us()));
+    let samples = sampler.stop().await?;
+    phase.finish(&format!("{:.0} req/s", load.requests as f64 / load.elapsed.as_secs_f64()));
+    bare.stop().await?;
+    let per = |i: usize| per_request(before[i].zip(after[i]).map(|(b, a)| a.saturating_sub(b)), load.requests);
+    references.bare_endpoint = Some(BareReport {
+        load: LoadReport::of(&load),
+        cpu_us_per_request: BareCpu { endpoint: per(0), bench: per(1) },
+    });
+    charts.bare_endpoint = Some(Seen { latency_us: Some(load.latency_us), samples });
+    Ok(references)
+}
+
+/// The machine the figures were taken on.
+fn machine(postgresql: Option<String>) -> Machine {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("model name").and_then(|rest| rest.split_once(':')).map(|(_, m)| m.trim()));
+    Machine {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|k| k.trim().to_owned()),
+        cpu_model: cpu_model.map(str::to_owned),
+        postgresql,
+    }
+}

@@ -1,0 +1,148 @@
+//! The deployment under test. By default the benchmark starts one of its own, as a user would:
+//! a throwaway PostgreSQL cluster with durable settings (every commit flushed to disk: durability
+//! is part of the job) and `pg_stat_statements` preloaded; a database migrated by `payments
+//! migrate`; an account made by `payments accounts create`; `payments gateway` and `payments
+//! serve` as processes of their own; and a webhook receiver for the outbox's events. Or it
+//! measures a running deployment it is pointed at.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use payments_service::db::cluster::Cluster;
+use payments_service::startup::LISTENING;
+use reqwest::Url;
+
+use crate::child::{Child, payments};
+use crate::webhook::WebhookSink;
+use crate::{OwnDatabase, Scratch};
+
+/// What the benchmark's own cluster runs with beyond the usual: statement counts, `BEGIN` and
+/// `COMMIT` included. Nothing that trades durability for speed: fsync and synchronous_commit stay on.
+const SERVER_SETTINGS: &[&str] =
+    &["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=on"];
+
+/// The benchmark's scratch directories: `/tmp/payments-bench-<pid>`.
+const SCRATCH_PREFIX: &str = "payments-bench-";
+
+/// The processes whose CPU time the report can show.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pids {
+    pub api: Option<u32>,
+    pub gateway: Option<u32>,
+    /// The postmaster: with its children, all of PostgreSQL.
+    pub postgres: Option<u32>,
+}
+
+/// A deployment to measure, and what the benchmark knows of it.
+pub struct World {
+    pub api_url: Url,
+    pub api_key: String,
+    pub database_url: Option<String>,
+    pub pids: Pids,
+    /// Where the benchmark keeps its files (the references' SQL, logs), removed at the end.
+    pub scratch: PathBuf,
+    /// Fields drop in order: the processes before the cluster they use, the scratch directory
+    /// holding that cluster last.
+    own: Option<Own>,
+    _scratch: Scratch,
+}
+
+struct Own {
+    serve: Child,
+    gateway: Child,
+    webhook: WebhookSink,
+    cluster: Option<Cluster>,
+}
+
+impl World {
+    /// Starts a deployment of the benchmark's own.
+    pub async fn start() -> anyhow::Result<World> {
+        let scratch = Scratch::create(SCRATCH_PREFIX)?;
+        let OwnDatabase { cluster, url: database_url, api_key } =
+            OwnDatabase::start(&scratch.path().join("pg"), SERVER_SETTINGS, "bench").await?;
+
+        let quiet = [("RUST_LOG", "warn")];
+        let gateway = payments(&["gateway", "--bind", "127.0.0.1:0"], &quiet)?;
+        let log = scratch.path().join("gateway.log");
+        let gateway = Child::start("payments gateway", gateway, &log, "payments gateway listening on").await?;
+        let webhook = WebhookSink::start()?;
+        let env = [
+            ("DATABASE_URL", database_url.as_str()),
+            ("GATEWAY_URL", gateway.address.as_str()),
+            ("PAYMENTS_BIND", "127.0.0.1:0"),
+            // Never the usual 9464, which a `serve` of the user's may hold.
+            ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+            ("PAYMENTS_WEBHOOK_URL", webhook.url.as_str()),
+            // Logging every request would cost more than some of what is measured.
+            ("RUST_LOG", "warn"),
+        ];
+        let log = scratch.path().join("serve.log");
+        let serve = Child::start("payments serve", payments(&["serve"], &env)?, &log, LISTENING).await?;
+
+        let pids =
+            Pids { api: serve.pid(), gateway: gateway.pid(), postgres: postmaster_pid(&scratch.path().join("pg")) };
+        Ok(World {
+            api_url: serve.address.parse().context("the address serve printed")?,
+            api_key,
+            database_url: Some(database_url),
+            pids,
+            scratch: scratch.path().to_owned(),
+            own: Some(Own { serve, gateway, webhook, cluster: Some(cluster) }),
+            _scratch: scratch,
+        })
+    }
+
+    /// A running deployment.
+    pub fn existing(api_url: Url, api_key: String, database_url: Option<String>, pids: Pids) -> anyhow::Result<World> {
+        let scratch = Scratch::create(SCRATCH_PREFIX)?;
+        Ok(World {
+            api_url,
+            api_key,
+            database_url,
+            pids,
+            scratch: scratch.path().to_owned(),
+            own: None,
+            _scratch: scratch,
+        })
+    }
+
+    /// Events the service's outbox delivered to the benchmark's webhook so far (own deployment).
+    pub fn deliveries(&self) -> Option<u64> {
+        self.own.as_ref().map(|own| own.webhook.deliveries())
+    }
+
+    /// The connection string of another database beside the service's, on the same server.
+    pub fn sibling_database_url(&self, name: &str) -> Option<String> {
+        let url = self.database_url.as_ref()?;
+        if let Some(cluster) = self.own.as_ref().and_then(|own| own.cluster.as_ref()) {
+            return Some(cluster.url(name));
+        }
+        match Url::parse(url) {
+            Ok(mut parsed) if parsed.scheme().starts_with("postgres") => {
+                parsed.set_path(name);
+                Some(parsed.to_string())
+            }
+            // The key=value form: the last value of a key wins.
+            _ => Some(format!("{url} dbname='{name}'")),
+        }
+    }
+
+    /// Stops what the benchmark started, in dependency order: the API (which drains its requests
+    /// and lets its workers finish), the gateway, the webhook, then the cluster.
+    pub async fn stop(mut self) -> anyhow::Result<()> {
+        let Some(mut own) = self.own.take() else { return Ok(()) };
+        own.serve.stop().await?;
+        own.gateway.stop().await?;
+        own.webhook.stop().await;
+        if let Some(cluster) = own.cluster.take() {
+            tokio::task::spawn_blocking(move || cluster.stop()).await??;
+        }
+        Ok(())
+    }
+}
+
+/// The postmaster's pid, from the first line of `postmaster.pid`.
+fn postmaster_pid(root: &Path) -> Option<u32> {
+    let contents = std::fs::read_to_string(root.join("data/postmaster.pid")).ok()?;
+    contents.lines().next()?.trim().parse().ok()
+}

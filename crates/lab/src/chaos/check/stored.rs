@@ -1,0 +1,233 @@
+//! What the database holds for the run's keys: their rows, the payments and refunds they made, the
+//! payments' refund totals, how many times each phase committed, and the gateway's events about
+//! them (the inbox's rows, how often each was applied, the keys they flagged).
+
+use std::collections::HashMap;
+
+use diesel::prelude::*;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use uuid::Uuid;
+
+use payments_service::db::schema::{audit_records, gateway_events, idempotency_keys, payments, refunds};
+use payments_service::events::DISAGREEMENT;
+
+/// The audit actions of the two key phases after `started`, of a payment and of a refund: each
+/// commits once per payment or refund, or a request that lost its key wrote after another had
+/// taken it over.
+pub const PAYMENT_PHASES: [&str; 2] = ["payment.charge_recorded", "payment.finished"];
+pub const REFUND_PHASES: [&str; 2] = ["refund.outcome_recorded", "refund.finished"];
+
+/// The audit action of a gateway event applied: one per event in the inbox, written with its row.
+const EVENT_RECEIVED: &str = "gateway_event.received";
+
+/// The audit action of a key flagged for a person (its `reason_code` says why).
+const NEEDS_ATTENTION: &str = "idempotency_key.needs_attention";
+
+/// What the database holds for the run's keys.
+#[derive(Debug, Default)]
+pub struct Stored {
+    /// Key → (recovery point, needs attention).
+    pub keys: HashMap<String, (String, bool)>,
+    /// Key → its payments (one, unless something is badly wrong).
+    pub payments: HashMap<String, Vec<StoredPayment>>,
+    /// Key → its refunds (none for a refusal, one otherwise).
+    pub refunds: HashMap<String, Vec<StoredRefund>>,
+    /// The refunded payments' running totals, by payment.
+    pub totals: HashMap<Uuid, Totals>,
+    /// Payment or refund → how many times each of its key phases ([`PAYMENT_PHASES`],
+    /// [`REFUND_PHASES`]) was recorded for it.
+    pub phases: HashMap<Uuid, [u32; 2]>,
+    /// The inbox's rows of the gateway's events about the run's keys: (event id, outcome).
+    pub inbox: Vec<(String, String)>,
+    /// Event id → how many times the trail says it was applied ([`EVENT_RECEIVED`] records).
+    pub received: HashMap<String, u32>,
+    /// The keys that a gateway event flagged as disagreeing with what they recorded (even if the
+    /// flag was cleared since).
+    pub disagreements: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredPayment {
+    pub id: Uuid,
+    pub status: String,
+    pub charge_id: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StoredRefund {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    /// Its key row: with the account, what the downstream key is derived from.
+    pub key_id: Uuid,
+    pub payment_id: Uuid,
+    pub amount: i64,
+    pub status: String,
+    pub gateway_refund_id: Option<String>,
+}
+
+/// A refunded payment's amount and running totals, as the database keeps them.
+#[derive(Debug, Clone)]
+pub struct Totals {
+    pub amount: i64,
+    pub refunded: i64,
+    pub pending: i64,
+    pub charge_id: Option<String>,
+}
+
+impl Stored {
+    /// Reads the key rows, payments and refunds of `keys` (UUIDv4s: no other account's keys are
+    /// among them).
+    pub async fn read(database_url: &str, keys: &[String]) -> anyhow::Result<Stored> {
+        let mut conn = AsyncPgConnection::establish(database_url).await?;
+        let key_rows: Vec<(String, Uuid, Uuid, String, bool)> = idempotency_keys::table
+            .filter(idempotency_keys::idempotency_key.eq_any(keys))
+            .select((
+                idempotency_keys::idempotency_key,
+                idempotency_keys::account_id,
+                idempotency_keys::id,
+                idempotency_keys::recovery_point,
+                idempotency_keys::needs_attention_at.is_not_null(),
+            ))
+            .load(&mut conn)
+            .await?;
+        let mut accounts: Vec<Uuid> = key_rows.iter().map(|row| row.1).collect();
+        accounts.sort_unstable();
+        accounts.dedup();
+        let key_ids: Vec<Uuid> = key_rows.iter().map(|row| row.2).collect();
+        let payment_rows: Vec<(String, Uuid, String, Option<String>)> = payments::table
+            .filter(payments::idempotency_key.eq_any(keys))
+            .select((payments::idempotency_key, payments::id, payments::status, payments::gateway_charge_id))
+            .load(&mut conn)
+            .await?;
+        type RefundRow = (String, Uuid, Uuid, Uuid, Uuid, i64, String, Option<String>);
+        let refund_rows: Vec<RefundRow> = refunds::table
+            .filter(refunds::idempotency_key.eq_any(keys))
+            .select((
+                refunds::idempotency_key,
+                refunds::id,
+                refunds::account_id,
+                refunds::idempotency_key_id,
+                refunds::payment_id,
+                refunds::amount,
+                refunds::status,
+                refunds::gateway_refund_id,
+            ))
+            .load(&mut conn)
+            .await?;
+        let refunded: Vec<Uuid> = refund_rows.iter().map(|row| row.4).collect();
+        let total_rows: Vec<(Uuid, i64, i64, i64, Option<String>)> = payments::table
+            .filter(payments::id.eq_any(&refunded))
+            .select((
+                payments::id,
+                payments::amount,
+                payments::amount_refunded,
+                payments::amount_refund_pending,
+                payments::gateway_charge_id,
+            ))
+            .load(&mut conn)
+            .await?;
+        let made: Vec<Uuid> = payment_rows.iter().map(|row| row.1).chain(refund_rows.iter().map(|row| row.1)).collect();
+        let phase_rows: Vec<(Uuid, String, serde_json::Value)> = audit_records::table
+            .filter(audit_records::resource_id.eq_any(&made))
+            .filter(audit_records::action.eq_any(PAYMENT_PHASES.iter().chain(&REFUND_PHASES)))
+            .select((audit_records::resource_id, audit_records::action, audit_records::data))
+            .load(&mut conn)
+            .await?;
+        let inbox: Vec<(String, String)> = gateway_events::table
+            .filter(gateway_events::account_id.eq_any(&accounts))
+            .filter(gateway_events::idempotency_key_id.eq_any(&key_ids))
+            .select((gateway_events::event_id, gateway_events::outcome))
+            .load(&mut conn)
+            .await?;
+        let received: Vec<serde_json::Value> = audit_records::table
+            .filter(audit_records::account_id.eq_any(&accounts))
+            .filter(audit_records::resource_id.eq_any(&made))
+            .filter(audit_records::action.eq(EVENT_RECEIVED))
+            .select(audit_records::data)
+            .load(&mut conn)
+            .await?;
+        let flags: Vec<(Uuid, serde_json::Value)> = audit_records::table
+            .filter(audit_records::account_id.eq_any(&accounts))
+            .filter(audit_records::resource_type.eq("idempotency_key"))
+            .filter(audit_records::resource_id.eq_any(&key_ids))
+            .filter(audit_records::action.eq(NEEDS_ATTENTION))
+            .select((audit_records::resource_id, audit_records::data))
+            .load(&mut conn)
+            .await?;
+
+        let mut stored = Stored { inbox, ..Stored::default() };
+        for (made, action, data) in phase_rows {
+            // A key's phases name the recovery point they reach; whatever else writes these
+            // actions (a worker settling a refund) is no phase of the key.
+            if data["recovery_point"].is_null() {
+                continue;
+            }
+            let phase =
+                [PAYMENT_PHASES, REFUND_PHASES].iter().find_map(|phases| phases.iter().position(|p| *p == action));
+            stored.phases.entry(made).or_default()[phase.expect("filtered on the phases")] += 1;
+        }
+        for data in received {
+            *stored.received.entry(data["event_id"].as_str().unwrap_or_default().to_owned()).or_default() += 1;
+        }
+        let flagged: Vec<Uuid> = flags
+            .into_iter()
+            .filter(|(_, data)| data["reason_code"] == DISAGREEMENT)
+            .map(|(key_id, _)| key_id)
+            .collect();
+        for (key, _, key_id, recovery_point, attention) in key_rows {
+            if flagged.contains(&key_id) {
+                stored.disagreements.push(key.clone());
+            }
+            stored.keys.insert(key, (recovery_point, attention));
+        }
+        for (key, id, status, charge_id) in payment_rows {
+            stored.payments.entry(key).or_default().push(StoredPayment { id, status, charge_id });
+        }
+        for (key, id, account_id, key_id, payment_id, amount, status, gateway_refund_id) in refund_rows {
+            let refund = StoredRefund { id, account_id, key_id, payment_id, amount, status, gateway_refund_id };
+            stored.refunds.entry(key).or_default().push(refund);
+        }
+        for (id, amount, refunded, pending, charge_id) in total_rows {
+            stored.totals.insert(id, Totals { amount, refunded, pending, charge_id });
+        }
+        Ok(stored)
+    }
+
+    pub fn succeeded(&self) -> impl Iterator<Item = &StoredPayment> {
+        self.payments.values().flatten().filter(|payment| payment.status == "succeeded")
+    }
+
+    pub fn all_refunds(&self) -> impl Iterator<Item = &StoredRefund> {
+        self.refunds.values().flatten()
+    }
+
+    /// The payments whose request finished (succeeded or failed): each must have had its event.
+    pub fn finished_payments(&self) -> impl Iterator<Item = &StoredPayment> {
+        self.payments.values().flatten().filter(|payment| payment.status != "pending")
+    }
+}
+
+/// How many of `keys` the database holds unfinished, or needing attention: one count, polled
+/// while the system settles.
+pub async fn unsettled(database_url: &str, keys: &[String]) -> anyhow::Result<i64> {
+    let mut conn = AsyncPgConnection::establish(database_url).await?;
+    let unsettled = idempotency_keys::table
+        .filter(idempotency_keys::idempotency_key.eq_any(keys))
+        .filter(idempotency_keys::recovery_point.ne("finished").or(idempotency_keys::needs_attention_at.is_not_null()))
+        .count()
+        .get_result(&mut conn)
+        .await?;
+    Ok(unsettled)
+}
+
+/// How many refunds of `keys` are still pending: one count, polled while they settle.
+pub async fn pending_refunds(database_url: &str, keys: &[String]) -> anyhow::Result<i64> {
+    let mut conn = AsyncPgConnection::establish(database_url).await?;
+    let pending = refunds::table
+        .filter(refunds::idempotency_key.eq_any(keys))
+        .filter(refunds::status.eq("pending"))
+        .count()
+        .get_result(&mut conn)
+        .await?;
+    Ok(pending)
+}

@@ -1,0 +1,258 @@
+//! The load: many payments at once through the reference client, each with its own key, some
+//! carrying a crash point on their first attempt, some abandoned after one try, some declined.
+//! A share of the payments that succeed are then refunded by the same client: by several refunds
+//! at once, each with a key of its own, for parts of the payment or all it has left, so that they
+//! race for its money and some are refused; some of them on charges whose refunds the gateway
+//! leaves pending (and a few of those fail). Refunds carry crash points and are abandoned too.
+//! Every answer a client sees is kept, for the checks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use payments_client::{Answer, Attempt, Client, Finished, KeySeen, NewPayment, NewRefund, Outcome, RetryPolicy};
+use payments_service::faults::FAULT_HEADER;
+use rand::Rng;
+use tokio::time::Instant;
+
+use super::timeline::Timeline;
+
+/// The crash points a payment request can carry (see [`payments_service::faults`]).
+const CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_charge", "crash=after_charge_created"];
+
+/// The crash points a refund request can carry.
+const REFUND_CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_refund", "crash=after_refund_created"];
+
+/// At most this many refunds of one payment are sent at once: enough that together they often
+/// ask for more than it has.
+const MAX_REFUNDS_AT_ONCE: usize = 3;
+
+/// The share of the refunds that ask for all the payment has left; the others ask for a part of
+/// it, between a quarter and three quarters of its amount.
+const WHOLE_REFUND: f64 = 0.25;
+
+/// The share of the charges made for pending refunds whose refunds then fail.
+const FAILING_REFUNDS: f64 = 0.25;
+
+/// How hard the chaos clients try: a request cut short by a crash holds its key for the
+/// services' lock timeout (11 s), so a client must outlast a few of those.
+pub const PERSISTENT: RetryPolicy = RetryPolicy {
+    max_attempts: 200,
+    deadline: Duration::from_secs(120),
+    base_delay: Duration::from_millis(100),
+    max_delay: Duration::from_secs(2),
+    attempt_timeout: Duration::from_secs(15),
+};
+
+/// How many payments to make.
+#[derive(Debug, Clone, Copy)]
+pub enum Extent {
+    Keys(u64),
+    For(Duration),
+}
+
+/// The shares of payments (and refunds) that get each treatment.
+#[derive(Debug, Clone, Copy)]
+pub struct Mix {
+    /// The first attempt carries a crash point: the server it reaches aborts there.
+    pub crash: f64,
+    /// The client tries once and walks away, whatever the answer.
+    pub abandon: f64,
+    /// The card is declined.
+    pub decline: f64,
+    /// Of the payments not declined, those refunded once they succeed.
+    pub refund: f64,
+    /// Of those, the ones charged with `tok_refundPending` (a quarter of them `tok_refundFails`):
+    /// the gateway leaves their refunds pending, to settle later.
+    pub pending_refund: f64,
+}
+
+/// What a key asked for.
+#[derive(Debug, Clone)]
+pub enum Request {
+    Payment(NewPayment),
+    Refund(NewRefund),
+}
+
+/// One key's story, as its client saw it.
+#[derive(Debug)]
+pub struct KeyRun {
+    pub key: String,
+    pub request: Request,
+    pub crash_point: Option<&'static str>,
+    pub abandoned: bool,
+    /// Every answer, in order (the final replay's included).
+    pub answers: Vec<Answer>,
+    /// The client stopped without a definitive answer (abandoned keys always do, unless their
+    /// one try got one).
+    pub gave_up: bool,
+}
+
+/// Live counts, for the progress display, and the timeline each key and attempt is recorded in.
+#[derive(Debug, Default)]
+pub struct Live {
+    /// Payments made (their keys).
+    pub keys: AtomicU64,
+    /// Refunds asked for (their keys).
+    pub refunds: AtomicU64,
+    pub attempts: AtomicU64,
+    pub timeline: Arc<Timeline>,
+}
+
+/// Runs the load with `clients` payments (each with the refunds that follow it) in flight at once.
+pub async fn drive(
+    client: &Client,
+    mix: Mix,
+    extent: Extent,
+    clients: usize,
+    live: &Arc<Live>,
+) -> anyhow::Result<Vec<KeyRun>> {
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let next = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let (client, runs, next, live) = (client.clone(), runs.clone(), next.clone(), live.clone());
+            tokio::spawn(async move {
+                loop {
+                    let more = match extent {
+                        Extent::Keys(keys) => next.fetch_add(1, Ordering::Relaxed) < keys,
+                        Extent::For(duration) => started.elapsed() < duration,
+                    };
+                    if !more {
+                        break;
+                    }
+                    let done = one_payment(&client, mix, &live).await;
+                    runs.lock().unwrap_or_else(PoisonError::into_inner).extend(done);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        // A client that panicked would leave its keys out of the checks unseen.
+        task.await?;
+    }
+    Ok(std::mem::take(&mut *runs.lock().unwrap_or_else(PoisonError::into_inner)))
+}
+
+/// One payment, treated as `mix` draws, and its refunds if it is to be refunded and succeeds.
+async fn one_payment(client: &Client, mix: Mix, live: &Live) -> Vec<KeyRun> {
+    let (declined, refunded, amount) = {
+        let mut rng = rand::rng();
+        let declined = rng.random_bool(mix.decline);
+        (declined, !declined && rng.random_bool(mix.refund), rng.random_range(100..100_000))
+    };
+    let source = match () {
+        _ if declined => "tok_chargeDeclined",
+        _ if refunded && rand::rng().random_bool(mix.pending_refund) => {
+            match rand::rng().random_bool(FAILING_REFUNDS) {
+                true => "tok_refundFails",
+                false => "tok_refundPending",
+            }
+        }
+        _ => "tok_visa",
+    };
+    let payment = NewPayment { amount, currency: "usd".into(), source: source.into(), description: None };
+    let (run, outcome) = one_key(client, mix, &CRASH_POINTS, Request::Payment(payment), live).await;
+    live.keys.fetch_add(1, Ordering::Relaxed);
+    let payment_id = match outcome {
+        Outcome::Succeeded(answer) if refunded => answer.object_id(),
+        _ => None,
+    };
+    let Some(payment_id) = payment_id else { return vec![run] };
+    let refunds = rand::rng().random_range(1..=MAX_REFUNDS_AT_ONCE);
+    let refunds = (0..refunds).map(|_| {
+        let amount = {
+            let mut rng = rand::rng();
+            (!rng.random_bool(WHOLE_REFUND)).then(|| rng.random_range(amount / 4..=amount * 3 / 4))
+        };
+        let refund = NewRefund { payment: payment_id.clone(), amount, reason: None };
+        one_key(client, mix, &REFUND_CRASH_POINTS, Request::Refund(refund), live)
+    });
+    let mut runs = vec![run];
+    for (run, _) in futures_util::future::join_all(refunds).await {
+        live.refunds.fetch_add(1, Ordering::Relaxed);
+        runs.push(run);
+    }
+    runs
+}
+
+/// One request with a key of its own, treated as `mix` draws (a crash point among
+/// `crash_points`, abandoned after one try), as the client saw it and how it ended.
+async fn one_key(
+    client: &Client,
+    mix: Mix,
+    crash_points: &[&'static str],
+    request: Request,
+    live: &Live,
+) -> (KeyRun, Outcome) {
+    let (crash_point, abandoned) = {
+        let mut rng = rand::rng();
+        let crash_point = rng.random_bool(mix.crash).then(|| crash_points[rng.random_range(0..crash_points.len())]);
+        (crash_point, rng.random_bool(mix.abandon))
+    };
+    let key = Client::new_key();
+    live.timeline.key(&key);
+    let client =
+        if abandoned { client.with_policy(RetryPolicy { max_attempts: 1, ..PERSISTENT }) } else { client.clone() };
+    let headers: Vec<(&str, &str)> = crash_point.map(|point| (FAULT_HEADER, point)).into_iter().collect();
+    let mut answers = Vec::new();
+    let finished =
+        request.send(&client, &key, KeySeen::No, &headers, |attempt| keep(attempt, &mut answers, live)).await;
+    let run = KeyRun {
+        key,
+        request,
+        crash_point: crash_point.map(|point| point.trim_start_matches("crash=")),
+        abandoned,
+        answers,
+        gave_up: matches!(finished.outcome, Outcome::GaveUp { .. }),
+    };
+    (run, finished.outcome)
+}
+
+impl Request {
+    /// Sends it through `client`, whichever endpoint it is for.
+    async fn send(
+        &self,
+        client: &Client,
+        key: &str,
+        seen: KeySeen,
+        first_attempt_headers: &[(&str, &str)],
+        observe: impl FnMut(&Attempt),
+    ) -> Finished {
+        match self {
+            Request::Payment(payment) => client.send_with(key, seen, payment, first_attempt_headers, observe).await,
+            Request::Refund(refund) => client.send_with(key, seen, refund, first_attempt_headers, observe).await,
+        }
+    }
+
+    pub fn is_refund(&self) -> bool {
+        matches!(self, Request::Refund(_))
+    }
+}
+
+fn keep(attempt: &Attempt, answers: &mut Vec<Answer>, live: &Live) {
+    live.attempts.fetch_add(1, Ordering::Relaxed);
+    live.timeline.attempt(&attempt.result);
+    if let Ok(answer) = &attempt.result {
+        answers.push(answer.clone());
+    }
+}
+
+/// Once the system has settled, asks for every key's answer once more, as a client coming back
+/// would; each answer joins the key's others. Returns the attempts it took (kept off the run's
+/// timeline, whose attempts are the storm's).
+pub async fn replay_all(client: &Client, runs: &mut [KeyRun], clients: usize) -> u64 {
+    let live = Live::default();
+    futures_util::stream::iter(runs.iter_mut())
+        .for_each_concurrent(clients, |run| {
+            let live = &live;
+            async move {
+                let (key, request, answers) = (&run.key, &run.request, &mut run.answers);
+                request.send(client, key, KeySeen::Maybe, &[], |attempt| keep(attempt, answers, live)).await;
+            }
+        })
+        .await;
+    live.attempts.load(Ordering::Relaxed)
+}

@@ -1,0 +1,102 @@
+#![doc = include_str!("../README.md")]
+
+pub mod bench;
+pub mod chaos;
+pub mod child;
+pub mod plot;
+pub mod progress;
+pub mod relay;
+pub mod webhook;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+
+use child::payments;
+use payments_service::db::cluster::{Cluster, Durability};
+
+/// The service's database in a cluster of our own.
+const DATABASE: &str = "payments";
+
+/// A cluster of our own, with the service's database migrated by `payments migrate` and an
+/// account made by `payments accounts create`.
+pub struct OwnDatabase {
+    pub cluster: Cluster,
+    pub url: String,
+    /// The account's API key.
+    pub api_key: String,
+}
+
+impl OwnDatabase {
+    /// Starts a durable cluster under `root` with these server settings, and makes the database
+    /// and an account named `account` in it.
+    pub async fn start(root: &Path, settings: &'static [&'static str], account: &str) -> anyhow::Result<OwnDatabase> {
+        let root = root.to_owned();
+        let cluster =
+            tokio::task::spawn_blocking(move || Cluster::start_with_settings(&root, Durability::Durable, settings))
+                .await??;
+        execute(&cluster.url("postgres"), &format!("CREATE DATABASE {DATABASE}")).await?;
+        let url = cluster.url(DATABASE);
+        let with_database = [("DATABASE_URL", url.as_str())];
+        child::output("payments migrate", payments(&["migrate"], &with_database)?).await?;
+        let created = payments(&["accounts", "create", account], &with_database)?;
+        let created = child::output("payments accounts create", created).await?;
+        let api_key = created.lines().last().context("no API key printed")?.trim().to_owned();
+        Ok(OwnDatabase { cluster, url, api_key })
+    }
+
+    /// Stops the cluster.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        let cluster = self.cluster;
+        tokio::task::spawn_blocking(move || cluster.stop()).await?
+    }
+}
+
+/// Runs one statement on `url`.
+pub async fn execute(url: &str, sql: &str) -> anyhow::Result<()> {
+    let mut conn = AsyncPgConnection::establish(url).await?;
+    diesel::sql_query(sql).execute(&mut conn).await.with_context(|| format!("running {sql}"))?;
+    Ok(())
+}
+
+/// A run's directory under the system's temporary directory, removed when dropped. A run that was
+/// killed leaves its directory behind (its cluster stops by itself: see [`payments_service::db::cluster`]),
+/// and the next run with the same prefix removes it.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    /// `<tmp>/<prefix><pid>`, such as `/tmp/payments-bench-4242`.
+    pub fn create(prefix: &str) -> anyhow::Result<Scratch> {
+        for entry in std::fs::read_dir(std::env::temp_dir())?.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name.to_str().and_then(|name| name.strip_prefix(prefix)) else { continue };
+            let alive = pid
+                .parse::<i32>()
+                .is_ok_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
+            if !alive {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("{prefix}{}", std::process::id()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Scratch(dir))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Keeps the directory (and the logs in it) for someone to read: it is not removed.
+    pub fn keep(self) -> PathBuf {
+        let path = self.0.clone();
+        std::mem::forget(self);
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

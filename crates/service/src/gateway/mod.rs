@@ -1,0 +1,13 @@
+//! The payment gateway: our client for it (charges and refunds). The mock we run in tests and
+//! demos is a crate of its own (`payments-mock-gateway`); the signature on its events is
+//! `payments-wire`'s, which both sides share.
+
+mod answers;
+mod charge;
+mod client;
+mod refund;
+
+pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key, parse_downstream_key};
+pub use client::{Answered, GatewayClient, recordable_identity};
+pub use payments_wire::{IDENTITY_HEADER, signature};
+pub use refund::{Refund, RefundRequest, RefundStatus};
