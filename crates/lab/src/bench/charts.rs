@@ -10,24 +10,15 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use hdrhistogram::Histogram;
 use plotters::style::RGBColor;
 
 use super::load::Scenario;
 use super::reference::Script;
-use super::sampler::Samples;
+use super::sampler::{Samples, Seen};
 use crate::plot::{self, Distribution, Line, Look, OverTime, PALETTE, Panel};
 
 const LATENCY: &str = "bench-latency.svg";
 const THROUGHPUT: &str = "bench-throughput.svg";
-
-/// What one run (a scenario or a reference) was seen doing.
-#[derive(Debug, Clone, Default)]
-pub struct Seen {
-    /// Microseconds per request (or pgbench transaction); `None` if not recorded.
-    pub latency_us: Option<Histogram<u64>>,
-    pub samples: Samples,
-}
 
 /// Everything the charts show.
 #[derive(Default)]

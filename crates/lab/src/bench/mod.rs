@@ -40,7 +40,7 @@ use anyhow::Context;
 use reqwest::Url;
 
 use crate::progress::Progress;
-use charts::{Charts, Seen};
+use charts::Charts;
 use database::{Counters, Probe, drain};
 use load::{Driver, Finished};
 use procfs::{Watched, rss_kib};
@@ -49,7 +49,7 @@ use report::{
     BareCpu, BareReport, Before, Cost, LoadReport, Machine, Outbox, Ratios, References, Report, ScenarioReport,
     Scenarios, ServiceCpu, Settings,
 };
-use sampler::Sampler;
+use sampler::{Sampler, Seen};
 use world::World;
 
 pub use load::Scenario;

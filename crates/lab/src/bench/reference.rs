@@ -21,10 +21,10 @@ use payments_service::db::cluster::server_binaries;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use super::charts::Seen;
 use super::database::Probe;
 use super::load::{Driver, Load, MAX_LATENCY_US, Scenario};
 use super::procfs::{Watched, reaped_children_cpu_us};
+use super::sampler::Seen;
 use super::world::World;
 use crate::child::{self, Child};
 use crate::execute;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -15,6 +16,14 @@ use super::database::Probe;
 /// about a millisecond, and that CPU is counted in the service's: four times a second keeps it
 /// near 0.1% of a core while still catching the peak.
 const INTERVAL: Duration = Duration::from_millis(250);
+
+/// What one run (a scenario or a reference) was seen doing.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    /// Microseconds per request (or pgbench transaction); `None` if not recorded.
+    pub latency_us: Option<Histogram<u64>>,
+    pub samples: Samples,
+}
 
 /// What the samples found, each as (seconds since sampling started, value).
 #[derive(Debug, Clone, Default)]

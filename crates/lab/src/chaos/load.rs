@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use payments_client::{Answer, Attempt, Client, Finished, KeySeen, NewPayment, NewRefund, Outcome, RetryPolicy};
+use payments_client::{Answer, Attempt, Client, KeySeen, NewPayment, NewRefund, Outcome, RetryPolicy};
 use payments_service::faults::FAULT_HEADER;
 use rand::Rng;
 use tokio::time::Instant;
 
+use super::run::{KeyRun, Request};
 use super::timeline::Timeline;
 
 /// The crash points a payment request can carry (see [`payments_service::faults`]).
@@ -66,27 +67,6 @@ pub struct Mix {
     /// Of those, the ones charged with `tok_refundPending` (a quarter of them `tok_refundFails`):
     /// the gateway leaves their refunds pending, to settle later.
     pub pending_refund: f64,
-}
-
-/// What a key asked for.
-#[derive(Debug, Clone)]
-pub enum Request {
-    Payment(NewPayment),
-    Refund(NewRefund),
-}
-
-/// One key's story, as its client saw it.
-#[derive(Debug)]
-pub struct KeyRun {
-    pub key: String,
-    pub request: Request,
-    pub crash_point: Option<&'static str>,
-    pub abandoned: bool,
-    /// Every answer, in order (the final replay's included).
-    pub answers: Vec<Answer>,
-    /// The client stopped without a definitive answer (abandoned keys always do, unless their
-    /// one try got one).
-    pub gave_up: bool,
 }
 
 /// Live counts, for the progress display, and the timeline each key and attempt is recorded in.
@@ -209,27 +189,6 @@ async fn one_key(
         gave_up: matches!(finished.outcome, Outcome::GaveUp { .. }),
     };
     (run, finished.outcome)
-}
-
-impl Request {
-    /// Sends it through `client`, whichever endpoint it is for.
-    async fn send(
-        &self,
-        client: &Client,
-        key: &str,
-        seen: KeySeen,
-        first_attempt_headers: &[(&str, &str)],
-        observe: impl FnMut(&Attempt),
-    ) -> Finished {
-        match self {
-            Request::Payment(payment) => client.send_with(key, seen, payment, first_attempt_headers, observe).await,
-            Request::Refund(refund) => client.send_with(key, seen, refund, first_attempt_headers, observe).await,
-        }
-    }
-
-    pub fn is_refund(&self) -> bool {
-        matches!(self, Request::Refund(_))
-    }
 }
 
 fn keep(attempt: &Attempt, answers: &mut Vec<Answer>, live: &Live) {

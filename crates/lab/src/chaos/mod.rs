@@ -26,6 +26,7 @@ mod check;
 mod gateway;
 mod load;
 mod report;
+mod run;
 mod timeline;
 mod world;
 

@@ -11,7 +11,7 @@ use payments_client::KeySeen;
 use super::Disturbed;
 use super::check::{GatewayEvents, Invariant, Stored, inbox_outcomes};
 use super::gateway::{EventStorm, GatewayStats};
-use super::load::{KeyRun, Request};
+use super::run::{KeyRun, Request};
 use crate::relay::Relayed;
 
 /// What the run did.

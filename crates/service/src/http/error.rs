@@ -223,18 +223,6 @@ impl From<tokio::task::JoinError> for ApiError {
     }
 }
 
-/// A raw body that could not be read (see [`super::extract::extractor_configs`]'s bound).
-impl From<actix_web::Error> for ApiError {
-    fn from(error: actix_web::Error) -> Self {
-        match error.as_error::<actix_web::error::PayloadError>() {
-            Some(actix_web::error::PayloadError::Overflow) => {
-                ApiError::PayloadTooLarge { limit: super::extract::MAX_EVENT_BYTES }
-            }
-            _ => ApiError::MalformedBody(format!("The body could not be read: {error}.")),
-        }
-    }
-}
-
 impl From<JsonPayloadError> for ApiError {
     fn from(error: JsonPayloadError) -> Self {
         match error {

@@ -199,3 +199,13 @@ pub fn extractor_configs(cfg: &mut web::ServiceConfig) {
     .app_data(web::PayloadConfig::new(MAX_EVENT_BYTES))
     .app_data(web::PathConfig::default().error_handler(|error, _| ApiError::from(error).into()));
 }
+
+/// A raw body that could not be read (see [`extractor_configs`]'s bound).
+impl From<actix_web::Error> for ApiError {
+    fn from(error: actix_web::Error) -> Self {
+        match error.as_error::<actix_web::error::PayloadError>() {
+            Some(actix_web::error::PayloadError::Overflow) => ApiError::PayloadTooLarge { limit: MAX_EVENT_BYTES },
+            _ => ApiError::MalformedBody(format!("The body could not be read: {error}.")),
+        }
+    }
+}

@@ -137,7 +137,7 @@ pub fn no_disagreement(stored: &Stored) -> Invariant {
 mod tests {
     use super::super::tests::{PAYMENT, answer, broken, charged, run, stored};
     use super::*;
-    use crate::chaos::load::KeyRun;
+    use crate::chaos::run::KeyRun;
     use payments_client::Endpoint;
 
     const ACKNOWLEDGED: &str = "each gateway event sent, acknowledged, and one inbox row";

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use payments_client::{Answer, KeySeen};
 use uuid::Uuid;
 
-use super::load::KeyRun;
+use super::run::KeyRun;
 use crate::webhook::Events;
 pub use events::{GatewayEvents, SentEvent, inbox_outcomes};
 pub use refunds::{GatewayCharge, refund_events_missing};
@@ -198,7 +198,7 @@ fn name_some(items: impl Iterator<Item = impl AsRef<str>>) -> String {
 mod tests {
     use super::stored::StoredPayment;
     use super::*;
-    use crate::chaos::load::Request;
+    use crate::chaos::run::Request;
     use payments_client::{Endpoint, NewPayment};
 
     pub(super) const PAYMENT: &str = "0194f5a0-0000-7000-8000-000000000001";

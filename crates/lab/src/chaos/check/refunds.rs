@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::stored::{Stored, StoredRefund};
 use super::{Invariant, Outside, answers_problem, committed_once, each_key, name_some, not_the_runs};
-use crate::chaos::load::KeyRun;
+use crate::chaos::run::KeyRun;
 use crate::webhook::Events;
 
 /// A charge as the gateway's `GET /v1/charges/{id}` shows it: its amount, and what its refunds
@@ -184,7 +184,7 @@ mod tests {
     use super::super::stored::{StoredPayment, Totals};
     use super::super::tests::{PAYMENT, answer, broken};
     use super::*;
-    use crate::chaos::load::Request;
+    use crate::chaos::run::Request;
     use payments_client::{Endpoint, NewPayment, NewRefund};
 
     fn refund_id() -> Uuid {
