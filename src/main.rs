@@ -7,8 +7,8 @@ use clap::Parser;
 use cli::{AccountsCommand, AttentionCommand, Cli, Command};
 
 /// mimalloc rather than the C library's allocator: the API allocates and frees many small buffers
-/// per request (each statement's bound values, the gateway call's), and glibc's `malloc` and
-/// `free`, merging freed chunks back together, took 18 % of its CPU under new payments.
+/// per request, and glibc's `malloc` and `free` were a large share of its CPU (docs/performance.md,
+/// "The allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -201,7 +201,7 @@ fn reachable(addr: SocketAddr) -> SocketAddr {
 }
 
 /// Starts the in-process mock gateway at `bind`, or, when none is given, at the standalone
-/// gateway's usual address so that the README's fault-control commands work as printed. If that
+/// gateway's usual address so that the walkthrough's fault-control commands work as printed. If that
 /// is taken it takes a free port, and says so loudly: it never charges anywhere unannounced, and
 /// every payment records the gateway that answers for it, so no other gateway is ever asked to
 /// charge it.

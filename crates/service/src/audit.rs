@@ -11,7 +11,8 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::db::schema::audit_records;
-use crate::db::{WrittenAfter, text_enum};
+use crate::db::sql::{Parameters, no_parameter};
+use crate::db::text_enum;
 
 text_enum! {
     /// Who made a change: the API on a client's request, or a background worker.
@@ -42,30 +43,21 @@ pub struct AuditRecord<'a> {
     pub request_id: Option<&'a str>,
 }
 
-impl WrittenAfter for AuditRecord<'_> {
-    /// The CTE `audited`.
-    fn walk_written_after<'b>(&'b self, source: &'static str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql(
-            "audited AS (INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, \
-             request_id) SELECT ",
-        );
-        out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(self.action)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(self.resource_type)?;
-        out.push_sql(", ");
-        out.push_bind_param::<SqlUuid, _>(&self.resource_id)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(&self.actor)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Jsonb, _>(&self.data)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Nullable<Text>, _>(&self.request_id)?;
-        out.push_sql(" FROM ");
-        out.push_sql(source);
-        out.push_sql(")");
-        Ok(())
+/// A record written by a statement: `{audit.account}`, `{audit.action}`, `{audit.resource_type}`,
+/// `{audit.resource_id}`, `{audit.actor}`, `{audit.data}` and `{audit.request_id}`, the row of
+/// `audit_records` it writes.
+impl Parameters for AuditRecord<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "audit.account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
+            "audit.action" => out.push_bind_param::<Text, _>(self.action),
+            "audit.resource_type" => out.push_bind_param::<Text, _>(self.resource_type),
+            "audit.resource_id" => out.push_bind_param::<SqlUuid, _>(&self.resource_id),
+            "audit.actor" => out.push_bind_param::<Text, _>(&self.actor),
+            "audit.data" => out.push_bind_param::<Jsonb, _>(&self.data),
+            "audit.request_id" => out.push_bind_param::<Nullable<Text>, _>(&self.request_id),
+            name => Err(no_parameter(name)),
+        }
     }
 }
 

@@ -17,7 +17,8 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::{self, StoreError, WrittenAfter};
+use crate::db::sql::{Parameters, no_parameter};
+use crate::db::{self, StoreError};
 
 /// An event about to be staged. Its id is fixed here, once, so every delivery attempt carries
 /// the same id and receivers can de-duplicate.
@@ -73,9 +74,9 @@ impl LeasedEvent {
 /// not left to the planner. A queue's statistics are out of date by nature (mostly they say the
 /// table is empty, as it was when last analyzed), and with them the planner reads every due
 /// event, and every delivered one not yet vacuumed away, through a bitmap, for each batch: a
-/// backlog then drains in a time that grows with its square (one benchmark run: 8,295 events, 73
-/// s). An index scan also marks the entries of delivered events dead as it passes them, so the
-/// next batch skips them.
+/// backlog then drains in a time that grows with its square (figures in docs/performance.md). An
+/// index scan also marks the entries of delivered events dead as it passes them, so the next
+/// batch skips them.
 pub async fn lease_due_events(
     conn: &mut AsyncPgConnection,
     lease: Duration,
@@ -85,8 +86,7 @@ pub async fn lease_due_events(
         "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)",
     );
     // `due` is materialized: taken once. As a subquery joined to the table, the planner may
-    // rescan it for each row of the table, and each rescan locks another batch (one benchmark
-    // run: 414 events leased per call, 619,153 buffers read, the backlog drained in 74 s).
+    // rescan it for each row of the table, and each rescan locks another batch.
     let take = diesel::sql_query(
         "WITH due AS MATERIALIZED (
              SELECT account_id, id FROM staged_jobs
@@ -189,18 +189,15 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-impl WrittenAfter for StagedEvent {
-    /// The CTE `staged`.
-    fn walk_written_after<'b>(&'b self, source: &'static str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("staged AS (INSERT INTO staged_jobs (account_id, job_name, job_args) SELECT ");
-        out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(self.job_name)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Jsonb, _>(&self.job_args)?;
-        out.push_sql(" FROM ");
-        out.push_sql(source);
-        out.push_sql(")");
-        Ok(())
+/// An event staged by a statement: `{event.account}`, `{event.name}` and `{event.args}`, the row of
+/// `staged_jobs` it writes (`INSERT INTO staged_jobs (account_id, job_name, job_args)`).
+impl Parameters for StagedEvent {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "event.account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
+            "event.name" => out.push_bind_param::<Text, _>(self.job_name),
+            "event.args" => out.push_bind_param::<Jsonb, _>(&self.job_args),
+            name => Err(no_parameter(name)),
+        }
     }
 }

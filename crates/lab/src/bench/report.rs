@@ -211,7 +211,7 @@ impl Ratios {
 }
 
 impl Report {
-    /// The tables, in Markdown, as the README's Performance section shows them.
+    /// The tables, in Markdown, as the guide's performance chapter shows them.
     pub fn table(&self) -> String {
         let mut out = String::new();
         let m = &self.machine;

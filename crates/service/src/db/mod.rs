@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod embedded;
 pub mod migrate;
 pub mod schema;
+pub mod sql;
 pub mod statistics;
 mod text_enum;
 pub mod wake;
@@ -18,9 +19,6 @@ pub(crate) use text_enum::text_enum;
 use std::future::Future;
 use std::time::Duration;
 
-use diesel::QueryResult;
-use diesel::pg::Pg;
-use diesel::query_builder::AstPass;
 use diesel::result::{DatabaseErrorKind, Error as DieselError};
 use diesel_async::pooled_connection::{
     AsyncDieselConnectionManager, ManagerConfig, PoolError, PoolableConnection, RecyclingMethod,
@@ -107,14 +105,6 @@ pub async fn establish(database_url: &str) -> diesel::ConnectionResult<AsyncPgCo
     );
     conn.batch_execute(&setup).await.map_err(|e| diesel::ConnectionError::BadConnection(e.to_string()))?;
     Ok(conn)
-}
-
-/// A row that a CTE of a statement writes once for each row of `source`, an earlier CTE of the
-/// same statement: so it is written only if that one returned a row (see
-/// [`crate::idempotency::atomic_phase`], where `source` is the fenced key row or what a phase
-/// wrote after it).
-pub trait WrittenAfter {
-    fn walk_written_after<'b>(&'b self, source: &'static str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()>;
 }
 
 /// Checks a connection out of the pool, within [`CHECKOUT_TIMEOUT`].

@@ -11,8 +11,8 @@
 //! it takes the newest, which for a probe by id or by key is the wrong one. Once the table grows,
 //! every probe reads all of the account's rows through that index. Autovacuum analyzes the table
 //! in the end, after its first 50 changes, but it looks at a database only once a minute
-//! (`autovacuum_naptime`): a fresh deployment ran at 60% for its first minute or so, whenever its
-//! connections happened to make their plans while the tables were small.
+//! (`autovacuum_naptime`): a fresh deployment ran slow for its first minute or so, whenever its
+//! connections happened to make their plans while the tables were small (docs/performance.md).
 //!
 //! So the workers analyze a probed table once, as soon as it holds [`MIN_ROWS`] rows while its
 //! statistics were taken from fewer (or never): in the first second or so of a fresh database,

@@ -8,10 +8,9 @@
 //! A wake-up is sent after the commit, not in the same transaction, and many are sent as one:
 //! PostgreSQL serialises the commits of every transaction that notifies (it holds a lock from the
 //! notification to the end of the commit, its flush to disk included), so one `NOTIFY` in every
-//! payment's `finished` would make payments commit one at a time (measured with pgbench on this
-//! kind of machine: 8,000 small commits a second without, 3,000 with). Sent after the commit, a
-//! wake-up never comes before the row it is about is there to be seen; coalesced, each process
-//! sends at most one [`MIN_GAP`] apart, however many writes ask.
+//! payment's `finished` would make payments commit one at a time (docs/workers.md has the
+//! figures). Sent after the commit, a wake-up never comes before the row it is about is there to
+//! be seen; coalesced, each process sends at most one [`MIN_GAP`] apart, however many writes ask.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

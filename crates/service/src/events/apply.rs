@@ -22,13 +22,14 @@ use uuid::Uuid;
 use super::event::{GatewayEvent, Unreadable};
 use crate::audit::Actor;
 use crate::db::{self, StoreError};
-use crate::idempotency::{GATEWAY_REPORTED_LIKE, GATEWAY_UNREADABLE_EVENT, RecoveryPoint, gateway_report_reason};
+use crate::gateway::reports::{self, REPORTED_LIKE, UNREADABLE_EVENT};
+use crate::idempotency::RecoveryPoint;
 use crate::metrics::{EventKind, EventOutcome};
 use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
 use crate::request_id::RequestId;
 
 /// The reason code of a key flagged because its gateway's event disagrees with what it recorded.
-pub use crate::idempotency::GATEWAY_DISAGREEMENT as DISAGREEMENT;
+pub use crate::gateway::reports::DISAGREEMENT;
 
 /// What the event is about, as the database has it: the payment or refund made under the key
 /// row our downstream key names, and whether that key is finished (none once it is reaped).
@@ -272,7 +273,7 @@ async fn flag(
         "WITH marked AS (
              UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = $3
              WHERE account_id = $1 AND id = $2
-               AND (needs_attention_at IS NULL OR attention_reason NOT LIKE '{GATEWAY_REPORTED_LIKE}')
+               AND (needs_attention_at IS NULL OR attention_reason NOT LIKE '{REPORTED_LIKE}')
              RETURNING account_id, id
          )
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
@@ -282,7 +283,7 @@ async fn flag(
     ))
     .bind::<SqlUuid, _>(account_id)
     .bind::<SqlUuid, _>(key_id)
-    .bind::<Text, _>(gateway_report_reason(code, detail))
+    .bind::<Text, _>(reports::reason(code, detail))
     .bind::<Text, _>(code)
     .bind::<Text, _>(request_id.as_str())
     .execute(conn)
@@ -323,7 +324,7 @@ pub async fn keep_unreadable(
         keeps.execute(conn).await?;
         if let (Some(account_id), Some(key_id)) = (account_id, key_id) {
             let detail = format!("the gateway sent an event about it that cannot be read: {reason}");
-            flag(conn, account_id, key_id, GATEWAY_UNREADABLE_EVENT, &detail, request_id).await?;
+            flag(conn, account_id, key_id, UNREADABLE_EVENT, &detail, request_id).await?;
         }
         Ok(EventOutcome::Unrecognized)
     }))

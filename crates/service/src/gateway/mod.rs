@@ -6,6 +6,7 @@ mod answers;
 mod charge;
 mod client;
 mod refund;
+pub mod reports;
 
 pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key, parse_downstream_key};
 pub use client::{Answered, GatewayClient, recordable_identity};

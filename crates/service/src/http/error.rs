@@ -243,9 +243,10 @@ impl From<QueryPayloadError> for ApiError {
 }
 
 impl From<PathError> for ApiError {
-    /// A path segment that does not parse (a malformed payment id) names nothing that exists.
+    /// A path segment that does not parse names nothing that exists: no endpoint. (A route about a
+    /// resource reads its id with `PathId`, whose not-found names that resource.)
     fn from(_: PathError) -> Self {
-        ApiError::PaymentNotFound
+        ApiError::RouteNotFound
     }
 }
 

@@ -1,6 +1,7 @@
 //! What handlers take from a request, each rejecting with an [`ApiError`].
 
 use std::future::{Ready, ready};
+use std::marker::PhantomData;
 
 use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
@@ -140,6 +141,25 @@ fn content_type_sent_once(req: &HttpRequest) -> Result<(), ApiError> {
         Err(Repeated) => Err(ApiError::InvalidRequest(
             "Content-Type is sent more than once; send the body's type once, `application/json`.".into(),
         )),
+    }
+}
+
+/// The `{id}` of a route about one resource, `R` (a payment, a refund). An id that does not parse
+/// names no such resource: it is `R`'s not-found, never another resource's.
+pub struct PathId<R>(pub Uuid, pub PhantomData<R>);
+
+/// A resource a route names by id, and the answer when the id names none.
+pub trait Named {
+    fn not_found() -> ApiError;
+}
+
+impl<R: Named> FromRequest for PathId<R> {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let id = req.match_info().get("id").and_then(|id| Uuid::parse_str(id).ok());
+        ready(id.map(|id| PathId(id, PhantomData)).ok_or_else(R::not_found))
     }
 }
 

@@ -4,6 +4,7 @@ pub mod error;
 mod extract;
 mod health;
 mod idempotency_keys;
+mod idempotent;
 mod observe;
 mod payments;
 mod refunds;

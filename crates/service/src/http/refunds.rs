@@ -2,15 +2,16 @@
 
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
-use tracing::Instrument;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody};
-use super::payments::{DEFAULT_PAGE, MAX_PAGE, stored_response};
+use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, Named, PathId};
+use super::idempotent;
+use super::payments::{DEFAULT_PAGE, MAX_PAGE};
 use crate::db;
+use crate::idempotency::KeyedRequest;
 use crate::payments::Payment;
-use crate::refunds::{self, CreateRefundBody, CreateRequest, Refund, RefundList, RefundView};
+use crate::refunds::{self, CreateRefundBody, Refund, RefundList, RefundView};
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
@@ -24,25 +25,24 @@ pub async fn create_refund(
         JsonBody<CreateRefundBody>,
     )>,
 ) -> Result<HttpResponse, ApiError> {
-    let create = CreateRequest::new(account, key.0, body.0.validate()?);
-    // As a payment's: a finished key's answer in memory is answered here, with no task.
-    if let Some(replayed) = create.answer_from_memory(&state) {
-        let replayed = replayed?;
-        return Ok(stored_response(replayed.response, replayed.replayed));
-    }
-    let state = state.into_inner();
-    // In a task of its own, as a payment is: a client that hangs up must not cut the request short.
-    let create = async move { refunds::create_refund(&state, create, fault.0, &request_id).await };
-    let created = tokio::spawn(create.in_current_span()).await??;
-    Ok(stored_response(created.response, created.replayed))
+    let request = KeyedRequest::new(account, key.0, &refunds::ENDPOINT, body.0.validate()?);
+    idempotent::answer(state, request, move |state, request| async move {
+        refunds::create_refund(&state, request, fault.0, &request_id).await
+    })
+    .await
 }
 
-/// `GET /v1/refunds/{id}`. An id that is not one names no refund.
+impl Named for Refund {
+    fn not_found() -> ApiError {
+        ApiError::RefundNotFound
+    }
+}
+
+/// `GET /v1/refunds/{id}`
 pub async fn get_refund(
     state: web::Data<AppState>,
-    Authenticated(account, id): Authenticated<web::Path<String>>,
+    Authenticated(account, PathId(id, _)): Authenticated<PathId<Refund>>,
 ) -> Result<HttpResponse, ApiError> {
-    let id = Uuid::parse_str(&id).map_err(|_| ApiError::RefundNotFound)?;
     let mut conn = db::connect(&state.db).await?;
     let refund = db::query(Refund::find(&mut conn, account, id)).await?;
     let refund = refund.ok_or(ApiError::RefundNotFound)?;

@@ -14,6 +14,7 @@ use super::RecoveryPoint;
 use super::clock::{Deadline, since_boot};
 use super::phase::{MAX_ATTEMPTS, PhaseWrites};
 use super::store::{KeyLock, Lease, NewKey, StoredResponse, millis};
+use crate::db::sql::{Parameters, no_parameter, split_result, walk_sql};
 use crate::db::{self, StoreError};
 
 /// What the claim found, in the order the protocol checks it; `S`, what the key's first phase
@@ -69,7 +70,7 @@ pub enum Claim<S> {
 /// `expired`, `inserted`, `taken`, `key_audited`, `claimed`, `fence`; columns `claim_*`).
 ///
 /// Every CTE names the account as a parameter (`account_id = $n`, never from a join), so that a
-/// database distributed by account finds each of them on one shard (see README, Spread by
+/// database distributed by account finds each of them on one shard (see docs/performance.md, Spread by
 /// account on Citus).
 ///
 /// `lease` is how long our lock lasts unless renewed: this process's lock timeout.
@@ -196,8 +197,7 @@ impl<W> Clone for ClaimQuery<'_, W> {
 
 impl<W> Copy for ClaimQuery<'_, W> {}
 
-/// The claim's CTEs. Each `{name}` is a parameter (see [`ClaimQuery::walk_parameter`]); the text
-/// has no other braces.
+/// The claim's CTEs, each `{name}` a parameter (see [`crate::db::sql`]).
 const CLAIM_SQL: &str = "
 existing AS (
     SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k
@@ -253,22 +253,7 @@ existing AS (
     FROM expired x
 )";
 
-impl<W> ClaimQuery<'_, W> {
-    /// Walks `template`, binding each `{name}` in it.
-    fn walk_template<'b>(&'b self, template: &'static str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        let mut rest = template;
-        while let Some((before, after)) = rest.split_once('{') {
-            let (name, after) = after
-                .split_once('}')
-                .ok_or_else(|| diesel::result::Error::QueryBuilderError("an unclosed `{` in the claim".into()))?;
-            out.push_sql(before);
-            self.walk_parameter(name, out.reborrow())?;
-            rest = after;
-        }
-        out.push_sql(rest);
-        Ok(())
-    }
-
+impl<W> Parameters for ClaimQuery<'_, W> {
     fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let new = self.new;
         match name {
@@ -282,7 +267,7 @@ impl<W> ClaimQuery<'_, W> {
             "token" => out.push_bind_param::<SqlUuid, _>(&self.token),
             "lease_ms" => out.push_bind_param::<BigInt, _>(&self.lease_ms),
             "request_id" => out.push_bind_param::<Text, _>(new.request_id.as_str()),
-            other => Err(diesel::result::Error::QueryBuilderError(format!("no claim parameter `{other}`").into())),
+            other => Err(no_parameter(other)),
         }
     }
 }
@@ -290,18 +275,20 @@ impl<W> ClaimQuery<'_, W> {
 impl<W: PhaseWrites> QueryFragment<Pg> for ClaimQuery<'_, W> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("WITH ");
-        self.walk_template(CLAIM_SQL, out.reborrow())?;
+        walk_sql(CLAIM_SQL, self, out.reborrow())?;
         let Some(first) = self.first else {
             out.push_sql(" SELECT *, NULL::boolean AS claim_started FROM claimed");
             return Ok(());
         };
+        let (writes, result) = split_result(first.sql())
+            .ok_or_else(|| diesel::result::Error::QueryBuilderError("a phase's SQL without its result".into()))?;
         // The first phase's fence: the row `inserted` made, once the claim's record is written.
         out.push_sql(", fence AS (SELECT account_id, id FROM inserted WHERE EXISTS (SELECT FROM key_audited)");
-        first.walk_requirement(out.reborrow())?;
+        walk_sql(first.requirement(), first, out.reborrow())?;
         out.push_sql("), ");
-        first.walk_writes(out.reborrow())?;
+        walk_sql(writes, first, out.reborrow())?;
         out.push_sql(" SELECT c.*, f.* FROM claimed c LEFT JOIN (SELECT true AS claim_started, r.* FROM (");
-        first.walk_result(out.reborrow())?;
+        walk_sql(result, first, out.reborrow())?;
         out.push_sql(") r) f ON c.claim_fresh");
         Ok(())
     }

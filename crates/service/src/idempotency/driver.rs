@@ -14,9 +14,10 @@ use uuid::Uuid;
 use super::abandoned::Abandoned;
 use super::claim::{Claim, claim};
 use super::clock::Deadline;
+use super::fingerprint::{Canonical, Fingerprint};
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Asked, Remembered, ReplayCache};
-use super::store::{KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
+use super::store::{Endpoint, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::{self, Pool, PooledConnection, StoreError};
@@ -120,6 +121,47 @@ pub struct Reply {
     pub response: StoredResponse,
     /// True when the response is the stored answer to an earlier request with the same key.
     pub replayed: bool,
+}
+
+/// A request to an idempotent endpoint as its key judges it: the validated request, `R`, with its
+/// fingerprint worked out once, for the replay cache and the claim alike. Its stored form (a JSON
+/// value) is made only for the claim: a replay from memory has no use for it.
+pub struct KeyedRequest<R> {
+    pub account_id: Uuid,
+    pub key: IdempotencyKey,
+    pub endpoint: &'static Endpoint,
+    pub request: R,
+    fingerprint: Fingerprint,
+}
+
+impl<R: Canonical> KeyedRequest<R> {
+    pub fn new(account_id: Uuid, key: IdempotencyKey, endpoint: &'static Endpoint, request: R) -> KeyedRequest<R> {
+        let fingerprint = Fingerprint::of(&request);
+        KeyedRequest { account_id, key, endpoint, request, fingerprint }
+    }
+
+    /// The answer if the key is a finished one whose answer this process holds in memory (see
+    /// [`from_memory`]). `None`: the request needs [`KeyedRequest::answer`].
+    pub fn answer_from_memory(&self, ctx: Context<'_>) -> Option<Result<Reply, DriveError>> {
+        let KeyedRequest { account_id, ref key, endpoint, fingerprint, .. } = *self;
+        from_memory(ctx, &Asked { account_id, key, endpoint, fingerprint })
+    }
+
+    /// Answers the request (see [`answer`]) through the phases `phases` makes of it.
+    /// `request_id` names the HTTP request in the audit records it writes and in the problem it
+    /// may store.
+    pub async fn answer<P: Phases>(
+        self,
+        ctx: Context<'_>,
+        request_id: &RequestId,
+        phases: impl FnOnce(R) -> P,
+    ) -> Result<Reply, DriveError> {
+        let KeyedRequest { account_id, key, endpoint, request, fingerprint } = self;
+        let params = serde_json::to_value(&request)
+            .map_err(|error| DriveError::inconsistent(format!("a request that does not serialise: {error}")))?;
+        let new = NewKey { account_id, key: &key, endpoint, fingerprint, params: &params, request_id };
+        answer(ctx, &new, phases(request)).await
+    }
 }
 
 /// The answer to `asked` from this process's memory, if its key is a finished one held there: the

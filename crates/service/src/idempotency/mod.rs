@@ -43,7 +43,8 @@ pub use abandoned::{
 pub use claim::{Claim, claim};
 pub use clock::Deadline;
 pub use driver::{
-    Context, DriveError, LeaseRunningOut, Phases, Reply, Run, TakenIn, answer, from_memory, release, take_in,
+    Context, DriveError, KeyedRequest, LeaseRunningOut, Phases, Reply, Run, TakenIn, answer, from_memory, release,
+    take_in,
 };
 pub use fingerprint::{Canonical, Fingerprint};
 pub use key::{IdempotencyKey, KeyError};
@@ -51,8 +52,5 @@ pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, ato
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Asked, Remembered, ReplayCache};
-pub use store::{
-    Endpoint, GATEWAY_DISAGREEMENT, GATEWAY_REPORTED_LIKE, GATEWAY_UNREADABLE_EVENT, KeyLock, LEASE_MARGIN, NewKey,
-    Reason, StoredResponse, Transition, gateway_report_reason,
-};
+pub use store::{Endpoint, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
 pub use story::KeyRecord;

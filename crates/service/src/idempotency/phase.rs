@@ -7,7 +7,8 @@ use diesel::sql_types::{BigInt, Bytea, SmallInt, Text, Untyped, Uuid as SqlUuid}
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::clock::since_boot;
-use super::store::{GATEWAY_REPORTED_LIKE, KeyLock, Transition, millis};
+use super::store::{KeyLock, Transition, millis};
+use crate::db::sql::{Parameters, no_parameter, walk_sql};
 use crate::db::{self, StoreError};
 
 /// How often a phase runs before a serialization failure or deadlock is given up on. Such
@@ -81,26 +82,35 @@ where
     }
 }
 
-/// What a phase writes besides the key row: the CTEs of its statement after `fence`, and its
-/// final `SELECT` (see [`atomic_phase`]). Kept apart, so that a key's first phase can also run in
-/// the claim's statement, after a fence of its own (see [`super::claim`]).
-pub trait PhaseWrites: Send + Sync {
-    /// The CTEs after `fence`, as `name AS (...)`, separated by commas.
-    fn walk_writes<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()>;
+/// What a phase writes besides the key row: one SQL literal with named placeholders (see
+/// [`crate::db::sql`]), its values bound by the phase's [`Parameters`].
+pub trait PhaseWrites: Parameters + Send + Sync {
+    /// The phase's SQL after the `fence` CTE: its own CTEs (`name AS (...)`, each taking its rows
+    /// from `fence` or from a CTE that did, so that nothing is written once the lock is lost),
+    /// then the `SELECT` of its result: one row, or none when `fence` has none. The claim runs a
+    /// key's first phase in its own statement, after a fence of its own (see [`super::claim`]).
+    fn sql(&self) -> &'static str;
 
-    /// The phase's result: a `SELECT` of one row, or of none when `fence` has none.
-    fn walk_result<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()>;
+    /// What the fence requires besides our lock, as SQL (` AND <condition>`): that the rows the
+    /// writes change exist. None by default.
+    fn requirement(&self) -> &'static str {
+        ""
+    }
 
-    /// What the fence requires besides our lock, as ` AND <condition>`: that the rows the writes
-    /// change exist. None by default.
-    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        let _ = out;
-        Ok(())
+    /// What finishing the key does to a flag a person was to look at (`SET` items for
+    /// `needs_attention_at` and `attention_reason`). By default it clears it: a worker's giving up
+    /// on a key is moot once its client's retry finished it after all. An endpoint whose keys are
+    /// flagged for what a finish does not settle says so in its finishing phase.
+    fn attention_on_finish(&self) -> &'static str {
+        CLEARS_ATTENTION
     }
 }
 
-/// A phase's one statement: see [`atomic_phase`]. Kept prepared on each connection when its parts
-/// are safe to (ours are: one SQL text per phase), keyed by its SQL text.
+/// See [`PhaseWrites::attention_on_finish`].
+pub const CLEARS_ATTENTION: &str = "needs_attention_at = NULL, attention_reason = NULL";
+
+/// A phase's one statement: see [`atomic_phase`]. Kept prepared on each connection by its SQL
+/// text: one text per phase.
 struct PhaseStatement<'a, W> {
     fence: Fence<'a, W>,
     writes: &'a W,
@@ -109,11 +119,9 @@ struct PhaseStatement<'a, W> {
 impl<W: PhaseWrites> QueryFragment<Pg> for PhaseStatement<'_, W> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("WITH ");
-        self.fence.walk_ast(out.reborrow())?;
+        walk_sql(self.fence.sql(), &self.fence, out.reborrow())?;
         out.push_sql(", ");
-        self.writes.walk_writes(out.reborrow())?;
-        out.push_sql(" ");
-        self.writes.walk_result(out.reborrow())
+        walk_sql(self.writes.sql(), self.writes, out)
     }
 }
 
@@ -126,9 +134,32 @@ impl<W> Query for PhaseStatement<'_, W> {
     type SqlType = Untyped;
 }
 
-/// The key row's `transition` as the `fence` CTE of a phase's statement: an `UPDATE` of the row
-/// only while it still carries the lock's token (and the writes' requirement holds), returning its
-/// `account_id` and `id`, or nothing once the lock went stale and another request took the key over.
+/// The key row's transitions, as the `fence` CTE of a phase's statement: each moves the row only
+/// while it still carries our lock token (and the writes' requirement holds), returning its
+/// `account_id` and `id`, or nothing once the lock went stale and another request took the key
+/// over. Staying or advancing renews the lease; finishing stores the response, sets the key's one
+/// expiry (which every process and the reaper go by) and unlocks it.
+const STAY: &str = "fence AS (
+    UPDATE idempotency_keys SET locked_until = now() + {lease_ms} * interval '1 millisecond'
+    WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
+    RETURNING account_id, id
+)";
+const ADVANCE: &str = "fence AS (
+    UPDATE idempotency_keys
+    SET recovery_point = {recovery_point}, locked_until = now() + {lease_ms} * interval '1 millisecond'
+    WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
+    RETURNING account_id, id
+)";
+const FINISH: &str = "fence AS (
+    UPDATE idempotency_keys
+    SET recovery_point = 'finished', finished_at = now(), response_status = {status}, response_body = {body},
+        expires_at = now() + {retention_ms} * interval '1 millisecond', locked_until = NULL, lock_token = NULL,
+        {attention}
+    WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
+    RETURNING account_id, id
+)";
+
+/// The fence of a phase: the key row's `transition`, under our lock, with the writes' requirement.
 struct Fence<'a, W> {
     lock: &'a KeyLock,
     transition: &'a Transition,
@@ -149,51 +180,34 @@ impl<'a, W> Fence<'a, W> {
         };
         Fence { lock, transition, writes, lease_ms: millis(lock.lease()), status, retention_ms }
     }
+
+    fn sql(&self) -> &'static str {
+        match self.transition {
+            Transition::Stay => STAY,
+            Transition::Advance(_) => ADVANCE,
+            Transition::Finish { .. } => FINISH,
+        }
+    }
 }
 
-impl<W: PhaseWrites> QueryFragment<Pg> for Fence<'_, W> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl<W: PhaseWrites> Parameters for Fence<'_, W> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let lock = self.lock;
-        out.push_sql("fence AS (UPDATE idempotency_keys SET ");
-        match self.transition {
-            Transition::Stay => {}
-            Transition::Advance(point) => {
-                out.push_sql("recovery_point = ");
-                out.push_bind_param::<Text, _>(point)?;
-                out.push_sql(", ");
+        match (name, self.transition) {
+            ("key.account", _) => out.push_bind_param::<SqlUuid, _>(&lock.account_id),
+            ("key.id", _) => out.push_bind_param::<SqlUuid, _>(&lock.key_id),
+            ("key.token", _) => out.push_bind_param::<SqlUuid, _>(lock.token()),
+            ("lease_ms", _) => out.push_bind_param::<BigInt, _>(&self.lease_ms),
+            ("recovery_point", Transition::Advance(point)) => out.push_bind_param::<Text, _>(point),
+            ("status", _) => out.push_bind_param::<SmallInt, _>(&self.status),
+            ("body", Transition::Finish { response, .. }) => out.push_bind_param::<Bytea, _>(&response.body),
+            ("retention_ms", _) => out.push_bind_param::<BigInt, _>(&self.retention_ms),
+            ("requirement", _) => walk_sql(self.writes.requirement(), self.writes, out),
+            ("attention", _) => {
+                out.push_sql(self.writes.attention_on_finish());
+                Ok(())
             }
-            Transition::Finish { response, .. } => {
-                out.push_sql("recovery_point = 'finished', finished_at = now(), response_status = ");
-                out.push_bind_param::<SmallInt, _>(&self.status)?;
-                out.push_sql(", response_body = ");
-                out.push_bind_param::<Bytea, _>(&response.body)?;
-                // The key's one expiry, which every process and the reaper go by.
-                out.push_sql(", expires_at = now() + ");
-                out.push_bind_param::<BigInt, _>(&self.retention_ms)?;
-                out.push_sql(" * interval '1 millisecond'");
-                // Unlocked; and a key a worker gave up on may still be finished by its client's
-                // retry, which makes the giving up moot. What the gateway reported (a
-                // disagreement, an event it could not read) is not.
-                out.push_sql(&format!(
-                    ", locked_until = NULL, lock_token = NULL, \
-                     needs_attention_at = CASE WHEN attention_reason LIKE '{GATEWAY_REPORTED_LIKE}' THEN needs_attention_at END, \
-                     attention_reason = CASE WHEN attention_reason LIKE '{GATEWAY_REPORTED_LIKE}' THEN attention_reason END"
-                ));
-            }
+            (name, _) => Err(no_parameter(name)),
         }
-        if !matches!(self.transition, Transition::Finish { .. }) {
-            out.push_sql("locked_until = now() + ");
-            out.push_bind_param::<BigInt, _>(&self.lease_ms)?;
-            out.push_sql(" * interval '1 millisecond'");
-        }
-        out.push_sql(" WHERE account_id = ");
-        out.push_bind_param::<SqlUuid, _>(&lock.account_id)?;
-        out.push_sql(" AND id = ");
-        out.push_bind_param::<SqlUuid, _>(&lock.key_id)?;
-        out.push_sql(" AND lock_token = ");
-        out.push_bind_param::<SqlUuid, _>(lock.token())?;
-        self.writes.walk_requirement(out.reborrow())?;
-        out.push_sql(" RETURNING account_id, id)");
-        Ok(())
     }
 }

@@ -112,12 +112,11 @@ pub enum Remembered {
 
 /// The finished answers of this process's recent requests and replays, bounded in bytes.
 ///
-/// `quick_cache`, not `moka`: a look-up here is the whole of most replays, and moka records every
-/// read for housekeeping (recency, a frequency sketch, a timer wheel) that the reading thread runs
-/// every 64 reads, and needed an owned key to look one up; its look-up was 6.3% of the API's CPU
-/// under replays, this one 2.9% (README, "A replay's tail"). Nothing here expires by itself: each read checks the entry's
-/// expiry, on [`since_boot`] (a clock that counts while the machine sleeps, as the database's
-/// does), so an expired entry is never served, and is let go of when it is found.
+/// `quick_cache`, not `moka`: a look-up here is the whole of most replays, and moka's housekeeping
+/// on every read costs twice as much (docs/performance.md, "A replay's tail"). Nothing here
+/// expires by itself: each read checks the entry's expiry, on [`since_boot`] (a clock that counts
+/// while the machine sleeps, as the database's does), so an expired entry is never served, and is
+/// let go of when it is found.
 pub struct ReplayCache {
     cache: Cache<Entry, Arc<Finished>, Bytes>,
 }

@@ -90,26 +90,6 @@ pub enum Transition {
     Finish { response: StoredResponse, retention: Duration },
 }
 
-/// The reason code of a key whose gateway reported something other than what the key recorded.
-/// A worker's giving up is made moot when the key is finished after all (its client retried);
-/// this is about the outcome itself, so finishing the key keeps it flagged for a person.
-pub const GATEWAY_DISAGREEMENT: &str = "gateway_disagreement";
-
-/// The reason code of a key whose gateway sent an event about it that verified but could not be
-/// read: as about the outcome as a disagreement, and kept through a finish too.
-pub const GATEWAY_UNREADABLE_EVENT: &str = "gateway_unreadable_event";
-
-/// How every code of what a key's gateway reported begins, in SQL's `LIKE` (which is how a
-/// finish tells them from a worker's giving up).
-pub const GATEWAY_REPORTED_LIKE: &str = "gateway\\_%";
-
-/// The attention reason stored on a key its gateway reported about (`code`, one of the
-/// `GATEWAY_` codes above): the code first, then what the gateway said.
-pub fn gateway_report_reason(code: &str, detail: &str) -> String {
-    debug_assert!(code.starts_with("gateway_"));
-    format!("{code}: {detail}")
-}
-
 /// Why a driver let a key go: a short code from a closed set, which the key's owner may see (the
 /// key's story), and the full error, for operators only (it may name servers or database errors).
 #[derive(Debug, Clone, Copy)]

@@ -48,8 +48,8 @@ use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Charge, ChargeRequest, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, Asked, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint,
-    Reply, Run, StoredResponse, Transition, answer, from_memory,
+    Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
+    Run, StoredResponse, Transition,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
@@ -59,32 +59,11 @@ use crate::state::AppState;
 /// The endpoint: a payment key is bound to it (used on another, it is a mismatch).
 pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/payments", label: KeyEndpoint::Payments };
 
-/// A payment request as its key judges it: the validated request, with its fingerprint worked out
-/// once, for the replay cache and the claim alike. Its stored form (a JSON value) is made only for
-/// the claim: a replay from memory has no use for it.
-pub struct CreateRequest {
-    account_id: Uuid,
-    key: IdempotencyKey,
-    request: PaymentRequest,
-    fingerprint: Fingerprint,
-}
-
-impl CreateRequest {
-    pub fn new(account_id: Uuid, key: IdempotencyKey, request: PaymentRequest) -> CreateRequest {
-        let fingerprint = Fingerprint::of(&request);
-        CreateRequest { account_id, key, request, fingerprint }
-    }
-
-    /// The answer if the key is a finished one whose answer this process holds in memory (see
-    /// [`from_memory`]). `None`: the request needs [`create_payment`].
-    pub fn answer_from_memory(&self, state: &AppState) -> Option<Result<Reply, DriveError>> {
-        let CreateRequest { account_id, ref key, fingerprint, .. } = *self;
-        from_memory(state.keys(), &Asked { account_id, key, endpoint: &ENDPOINT, fingerprint })
-    }
-}
+/// A payment request as its key judges it (see [`KeyedRequest`]).
+pub type CreateRequest = KeyedRequest<PaymentRequest>;
 
 /// Creates a payment, or answers for the one this key already made, by the claim: ask
-/// [`CreateRequest::answer_from_memory`] first, which answers most replays without the database.
+/// [`KeyedRequest::answer_from_memory`] first, which answers most replays without the database.
 /// `request_id` names the HTTP request in the audit records it writes and in the problem it may
 /// store.
 #[tracing::instrument(name = "payments.create", skip_all, fields(account.id = %create.account_id, idempotency_key.id, payment.id))]
@@ -94,10 +73,7 @@ pub async fn create_payment(
     fault: Option<Fault>,
     request_id: &RequestId,
 ) -> Result<Reply, DriveError> {
-    let CreateRequest { account_id, key, request, fingerprint } = create;
-    let params = request.to_params();
-    let new = NewKey { account_id, key: &key, endpoint: &ENDPOINT, fingerprint, params: &params, request_id };
-    answer(state.keys(), &new, PaymentPhases::new(state, request, fault)).await
+    create.answer(state.keys(), request_id, |request| PaymentPhases::new(state, request, fault)).await
 }
 
 /// Finishes a request that a worker took over from its vanished client: the same phases, from

@@ -1,8 +1,10 @@
-//! What each phase of a payment writes, as the CTEs of its one statement: they follow the `fence`
-//! CTE that moves the key row (see [`crate::idempotency::atomic_phase`]), and each takes its rows
-//! from `fence` or from a CTE that did, so that nothing is written once the lock is lost. Each
-//! ends in a `SELECT` of the phase's result: the payment as the phase left it. Columns are named,
-//! never `*`: a statement stays prepared across a migration that adds a column.
+//! What each phase of a payment writes: the SQL of its one statement after the `fence` CTE that
+//! moves the key row (see [`crate::idempotency::atomic_phase`]), whole, one literal per phase.
+//! Each CTE takes its rows from `fence` or from a CTE that did, so that nothing is written once
+//! the lock is lost; each ends in a `SELECT` of the phase's result: the payment as the phase left
+//! it. Columns are named, never `*`: a statement stays prepared across a migration that adds a
+//! column. The account is a parameter wherever a table is read by it, never joined from another
+//! CTE: what a database distributed by account routes by.
 
 use diesel::pg::Pg;
 use diesel::prelude::*;
@@ -12,11 +14,12 @@ use uuid::Uuid;
 
 use super::model::{ChargeChanges, NewPayment};
 use crate::audit::AuditRecord;
-use crate::db::WrittenAfter;
+use crate::db::sql::{Parameters, no_parameter, walk_text};
+use crate::gateway::reports::KEEPS_REPORTS;
 use crate::idempotency::PhaseWrites;
 use crate::outbox::StagedEvent;
 
-/// The columns of [`super::Payment`], as a phase returns them.
+/// The columns of [`super::Payment`], as a phase returns them: `{payment.*}` in the SQL below.
 const PAYMENT: &str = "id, account_id, idempotency_key_id, idempotency_key, amount, currency, description, metadata, \
                        status, gateway_charge_id, failure_code, failure_message, created_at, updated_at, gateway, \
                        amount_refunded, amount_refund_pending";
@@ -29,46 +32,45 @@ pub struct Start<'a> {
 }
 
 impl PhaseWrites for Start<'_> {
-    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        let new = &self.payment;
-        out.push_sql(
-            "created AS (INSERT INTO payments (id, account_id, idempotency_key_id, idempotency_key, amount, currency, \
-             description, metadata, gateway) SELECT ",
-        );
-        out.push_bind_param::<SqlUuid, _>(&new.id)?;
-        out.push_sql(", ");
-        out.push_bind_param::<SqlUuid, _>(&new.account_id)?;
-        out.push_sql(", id, ");
-        out.push_bind_param::<Text, _>(new.idempotency_key)?;
-        out.push_sql(", ");
-        out.push_bind_param::<BigInt, _>(&new.amount)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.currency)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Nullable<Text>, _>(&new.description)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Jsonb, _>(&new.metadata)?;
-        out.push_sql(", ");
-        out.push_bind_param::<Text, _>(new.gateway)?;
-        // Only the key row's own earlier payment is expected; a clash on any other unique key
-        // (this client key under another key row) is an error, and nothing commits.
-        out.push_sql(" FROM fence ON CONFLICT (account_id, idempotency_key_id) DO NOTHING RETURNING ");
-        out.push_sql(PAYMENT);
-        out.push_sql("), ");
-        self.audit.walk_written_after("created", out.reborrow())
+    // Only the key row's own earlier payment is expected: a clash on any other unique key (this
+    // client key under another key row) is an error, and nothing commits. The statement's
+    // snapshot predates it, so a payment found by the last `SELECT` is an earlier run's.
+    fn sql(&self) -> &'static str {
+        "created AS (
+             INSERT INTO payments (id, account_id, idempotency_key_id, idempotency_key, amount, currency,
+                                   description, metadata, gateway)
+             SELECT {payment.id}, {account}, id, {key}, {amount}, {currency}, {description}, {metadata}, {gateway}
+             FROM fence
+             ON CONFLICT (account_id, idempotency_key_id) DO NOTHING
+             RETURNING {payment.*}
+         ), audited AS (
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                    {audit.data}, {audit.request_id}
+             FROM created
+         )
+         SELECT {payment.*} FROM created
+         UNION ALL
+         SELECT {payment.*} FROM payments
+         WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence) AND NOT EXISTS (SELECT FROM created)"
     }
+}
 
-    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+impl Parameters for Start<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let new = &self.payment;
-        // The statement's snapshot predates it: a payment found here is an earlier run's.
-        out.push_sql("SELECT ");
-        out.push_sql(PAYMENT);
-        out.push_sql(" FROM created UNION ALL SELECT ");
-        out.push_sql(PAYMENT);
-        out.push_sql(" FROM payments WHERE account_id = ");
-        out.push_bind_param::<SqlUuid, _>(&new.account_id)?;
-        out.push_sql(" AND idempotency_key_id = (SELECT id FROM fence) AND NOT EXISTS (SELECT FROM created)");
-        Ok(())
+        match name {
+            "payment.*" => walk_text(PAYMENT, out),
+            "payment.id" => out.push_bind_param::<SqlUuid, _>(&new.id),
+            "account" => out.push_bind_param::<SqlUuid, _>(&new.account_id),
+            "key" => out.push_bind_param::<Text, _>(new.idempotency_key),
+            "amount" => out.push_bind_param::<BigInt, _>(&new.amount),
+            "currency" => out.push_bind_param::<Text, _>(new.currency),
+            "description" => out.push_bind_param::<Nullable<Text>, _>(&new.description),
+            "metadata" => out.push_bind_param::<Jsonb, _>(&new.metadata),
+            "gateway" => out.push_bind_param::<Text, _>(new.gateway),
+            name => self.audit.walk_parameter(name, out),
+        }
     }
 }
 
@@ -91,49 +93,75 @@ pub enum PaymentChange<'a> {
     Gateway(&'a str),
 }
 
+/// The requirement of a phase that changes the payment: that it exists.
+const PAYMENT_EXISTS: &str = " AND EXISTS (SELECT FROM payments WHERE account_id = {account} AND id = {payment.id})";
+
 impl PhaseWrites for ChangePayment<'_> {
-    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("changed AS (UPDATE payments SET ");
-        match &self.change {
-            PaymentChange::Outcome { changes, gateway } => {
-                out.push_sql("gateway = ");
-                out.push_bind_param::<Text, _>(*gateway)?;
-                out.push_sql(", status = ");
-                out.push_bind_param::<Text, _>(&changes.status)?;
-                out.push_sql(", gateway_charge_id = ");
-                out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id)?;
-                out.push_sql(", failure_code = ");
-                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_code)?;
-                out.push_sql(", failure_message = ");
-                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)?;
+    fn sql(&self) -> &'static str {
+        match self.change {
+            PaymentChange::Outcome { .. } => {
+                "changed AS (
+                     UPDATE payments
+                     SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
+                         failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now()
+                     WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
+                     RETURNING {payment.*}
+                 ), audited AS (
+                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                            {audit.data}, {audit.request_id}
+                     FROM changed
+                 )
+                 SELECT {payment.*} FROM changed"
             }
-            PaymentChange::Gateway(gateway) => {
-                out.push_sql("gateway = ");
-                out.push_bind_param::<Text, _>(*gateway)?;
+            PaymentChange::Gateway(_) => {
+                "changed AS (
+                     UPDATE payments SET gateway = {gateway}, updated_at = now()
+                     WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
+                     RETURNING {payment.*}
+                 ), audited AS (
+                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                            {audit.data}, {audit.request_id}
+                     FROM changed
+                 )
+                 SELECT {payment.*} FROM changed"
             }
         }
-        out.push_sql(", updated_at = now()");
-        walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
-        out.push_sql(" AND EXISTS (SELECT FROM fence) RETURNING ");
-        out.push_sql(PAYMENT);
-        out.push_sql("), ");
-        self.audit.walk_written_after("changed", out.reborrow())
     }
 
-    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("SELECT ");
-        out.push_sql(PAYMENT);
-        out.push_sql(" FROM changed");
-        Ok(())
+    fn requirement(&self) -> &'static str {
+        PAYMENT_EXISTS
     }
+}
 
-    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
+impl Parameters for ChangePayment<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match (name, &self.change) {
+            ("payment.*", _) => walk_text(PAYMENT, out),
+            ("payment.id", _) => out.push_bind_param::<SqlUuid, _>(&self.payment_id),
+            ("account", _) => out.push_bind_param::<SqlUuid, _>(&self.audit.account_id),
+            ("gateway", PaymentChange::Outcome { gateway, .. } | PaymentChange::Gateway(gateway)) => {
+                out.push_bind_param::<Text, _>(*gateway)
+            }
+            ("status", PaymentChange::Outcome { changes, .. }) => out.push_bind_param::<Text, _>(&changes.status),
+            ("charge_id", PaymentChange::Outcome { changes, .. }) => {
+                out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id)
+            }
+            ("failure_code", PaymentChange::Outcome { changes, .. }) => {
+                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_code)
+            }
+            ("failure_message", PaymentChange::Outcome { changes, .. }) => {
+                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)
+            }
+            (name, _) if name.starts_with("audit.") => self.audit.walk_parameter(name, out),
+            (name, _) => Err(no_parameter(name)),
+        }
     }
 }
 
 /// `finished`: the outbox event and the audit record (the fence stores the response). Its result
-/// is the payment as it stands.
+/// is the payment as it stands. A flag the gateway's report put on the key stays.
 pub struct Finish<'a> {
     pub payment_id: Uuid,
     pub event: &'a StagedEvent,
@@ -141,43 +169,37 @@ pub struct Finish<'a> {
 }
 
 impl PhaseWrites for Finish<'_> {
-    fn walk_writes<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        self.event.walk_written_after("fence", out.reborrow())?;
-        out.push_sql(", ");
-        self.audit.walk_written_after("fence", out.reborrow())
+    fn sql(&self) -> &'static str {
+        "staged AS (
+             INSERT INTO staged_jobs (account_id, job_name, job_args)
+             SELECT {event.account}, {event.name}, {event.args} FROM fence
+         ), audited AS (
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                    {audit.data}, {audit.request_id}
+             FROM fence
+         )
+         SELECT {payment.*} FROM payments
+         WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)"
     }
 
-    fn walk_result<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("SELECT ");
-        out.push_sql(PAYMENT);
-        out.push_sql(" FROM payments");
-        walk_this_payment(&self.audit.account_id, &self.payment_id, out.reborrow())?;
-        out.push_sql(" AND EXISTS (SELECT FROM fence)");
-        Ok(())
+    fn requirement(&self) -> &'static str {
+        PAYMENT_EXISTS
     }
 
-    fn walk_requirement<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        walk_payment_exists(&self.audit.account_id, &self.payment_id, out)
+    fn attention_on_finish(&self) -> &'static str {
+        KEEPS_REPORTS
     }
 }
 
-/// ` WHERE account_id = $a AND id = $p`: the one payment a phase changes.
-fn walk_this_payment<'b>(account_id: &'b Uuid, payment_id: &'b Uuid, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-    out.push_sql(" WHERE account_id = ");
-    out.push_bind_param::<SqlUuid, _>(account_id)?;
-    out.push_sql(" AND id = ");
-    out.push_bind_param::<SqlUuid, _>(payment_id)?;
-    Ok(())
-}
-
-/// The fence's requirement of a phase that changes a payment: that the payment exists.
-fn walk_payment_exists<'b>(
-    account_id: &'b Uuid,
-    payment_id: &'b Uuid,
-    mut out: AstPass<'_, 'b, Pg>,
-) -> QueryResult<()> {
-    out.push_sql(" AND EXISTS (SELECT FROM payments");
-    walk_this_payment(account_id, payment_id, out.reborrow())?;
-    out.push_sql(")");
-    Ok(())
+impl Parameters for Finish<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "payment.*" => walk_text(PAYMENT, out),
+            "payment.id" => out.push_bind_param::<SqlUuid, _>(&self.payment_id),
+            "account" => out.push_bind_param::<SqlUuid, _>(&self.audit.account_id),
+            name if name.starts_with("event.") => self.event.walk_parameter(name, out),
+            name => self.audit.walk_parameter(name, out),
+        }
+    }
 }

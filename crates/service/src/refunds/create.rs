@@ -39,8 +39,8 @@ use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::gateway::{self, Answered, GatewayError, WrongGateway};
 use crate::idempotency::{
-    Abandoned, Asked, DriveError, Endpoint, Fingerprint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint,
-    Reply, Run, StoredResponse, Transition, answer, from_memory,
+    Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
+    Run, StoredResponse, Transition,
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
@@ -55,32 +55,11 @@ pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/refunds", 
 /// and the settler's backoff takes over for the slower ones.
 pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// A refund request as its key judges it: the validated request, with its fingerprint worked out
-/// once, for the replay cache and the claim alike. Its stored form (a JSON value) is made only for
-/// the claim: a replay from memory has no use for it.
-pub struct CreateRequest {
-    account_id: Uuid,
-    key: IdempotencyKey,
-    request: RefundRequest,
-    fingerprint: Fingerprint,
-}
-
-impl CreateRequest {
-    pub fn new(account_id: Uuid, key: IdempotencyKey, request: RefundRequest) -> CreateRequest {
-        let fingerprint = Fingerprint::of(&request);
-        CreateRequest { account_id, key, request, fingerprint }
-    }
-
-    /// The answer if the key is a finished one whose answer this process holds in memory (see
-    /// [`from_memory`]). `None`: the request needs [`create_refund`].
-    pub fn answer_from_memory(&self, state: &AppState) -> Option<Result<Reply, DriveError>> {
-        let CreateRequest { account_id, ref key, fingerprint, .. } = *self;
-        from_memory(state.keys(), &Asked { account_id, key, endpoint: &ENDPOINT, fingerprint })
-    }
-}
+/// A refund request as its key judges it (see [`KeyedRequest`]).
+pub type CreateRequest = KeyedRequest<RefundRequest>;
 
 /// Refunds a payment, or answers for the refund this key already asked for, by the claim: ask
-/// [`CreateRequest::answer_from_memory`] first, which answers most replays without the database.
+/// [`KeyedRequest::answer_from_memory`] first, which answers most replays without the database.
 /// `request_id` names the HTTP request in the audit records it writes and in the answer it may
 /// store.
 #[tracing::instrument(name = "refunds.create", skip_all, fields(account.id = %create.account_id, idempotency_key.id, refund.id))]
@@ -90,10 +69,7 @@ pub async fn create_refund(
     fault: Option<Fault>,
     request_id: &RequestId,
 ) -> Result<Reply, DriveError> {
-    let CreateRequest { account_id, key, request, fingerprint } = create;
-    let params = request.to_params();
-    let new = NewKey { account_id, key: &key, endpoint: &ENDPOINT, fingerprint, params: &params, request_id };
-    answer(state.keys(), &new, RefundPhases::new(state, request, fault)).await
+    create.answer(state.keys(), request_id, |request| RefundPhases::new(state, request, fault)).await
 }
 
 /// Finishes a refund request that a worker took over from its vanished client.
@@ -256,7 +232,7 @@ impl<'a> RefundPhases<'a> {
             data,
             request_id: Some(request_id.as_str()),
         };
-        let _: writes::Finished = run.finish(response, writes::Finish { event: None, audit }).await?;
+        let _: writes::Finished = run.finish(response, writes::Finish { audit }).await?;
         Ok(())
     }
 
@@ -353,7 +329,8 @@ impl<'a> RefundPhases<'a> {
             account_id,
             refund_id: refund.id,
             settle_in_ms: writes::millis(FIRST_SETTLE_DELAY),
-            finish: writes::Finish { event: Some(&event), audit },
+            event: &event,
+            audit,
         };
         let _: writes::Finished = run.finish(response, writes).await?;
         self.state.wake.wake(Wake::Outbox);

@@ -16,16 +16,17 @@ use std::time::Duration;
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Integer, Nullable, Text, Untyped};
+use diesel::sql_types::{BigInt, Integer, Nullable, Text, Untyped, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use serde_json::json;
 
 use super::create::event_of;
 use super::model::{REFUND_COLUMNS, Refund, RefundStatus};
 use super::view::RefundView;
-use super::writes::{millis, walk_settled_totals, walk_this_pending_refund};
+use super::writes::{SETTLED_TOTALS, millis};
 use crate::audit::{Actor, AuditRecord};
-use crate::db::{self, StoreError, WrittenAfter};
+use crate::db::sql::{Parameters, walk_sql, walk_text};
+use crate::db::{self, StoreError};
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 
@@ -137,8 +138,8 @@ pub async fn settle_refund(
     db::query(async { statement.get_result(conn).await.optional() }).await
 }
 
-/// The statement of [`settle_refund`]: each write takes its rows from `settled`, the refund's
-/// move out of `pending`, so none is made if another run moved it first.
+/// The statement of [`settle_refund`]: each write takes its rows from `refund`, the refund's move
+/// out of `pending`, so none is made if another run moved it first.
 struct Settle<'a> {
     refund: &'a Refund,
     status: RefundStatus,
@@ -148,25 +149,40 @@ struct Settle<'a> {
 }
 
 impl QueryFragment<Pg> for Settle<'_> {
-    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        out.push_sql("WITH settled AS (UPDATE refunds SET status = ");
-        out.push_bind_param::<Text, _>(&self.status)?;
-        out.push_sql(", failure_code = ");
-        out.push_bind_param::<Nullable<Text>, _>(&self.failure_code)?;
-        out.push_sql(", settle_at = NULL, updated_at = now()");
-        walk_this_pending_refund(&self.refund.account_id, &self.refund.id, out.reborrow())?;
-        out.push_sql(" RETURNING ");
-        out.push_sql(REFUND_COLUMNS);
-        out.push_sql("), ");
-        walk_settled_totals(&self.refund.account_id, "settled", out.reborrow())?;
-        out.push_sql(", ");
-        self.event.walk_written_after("settled", out.reborrow())?;
-        out.push_sql(", ");
-        self.audit.walk_written_after("settled", out.reborrow())?;
-        out.push_sql(" SELECT ");
-        out.push_sql(REFUND_COLUMNS);
-        out.push_sql(" FROM settled");
-        Ok(())
+    fn walk_ast<'b>(&'b self, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        walk_sql(
+            "WITH refund AS (
+                 UPDATE refunds SET status = {status}, failure_code = {failure_code}, settle_at = NULL, updated_at = now()
+                 WHERE account_id = {account} AND id = {refund.id} AND status = 'pending'
+                 RETURNING {refund.*}
+             ), {settled_totals}, staged AS (
+                 INSERT INTO staged_jobs (account_id, job_name, job_args)
+                 SELECT {event.account}, {event.name}, {event.args} FROM refund
+             ), audited AS (
+                 INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                 SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                        {audit.data}, {audit.request_id}
+                 FROM refund
+             )
+             SELECT {refund.*} FROM refund",
+            self,
+            out,
+        )
+    }
+}
+
+impl Parameters for Settle<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "account" => out.push_bind_param::<SqlUuid, _>(&self.refund.account_id),
+            "refund.id" => out.push_bind_param::<SqlUuid, _>(&self.refund.id),
+            "refund.*" => walk_text(REFUND_COLUMNS, out),
+            "settled_totals" => walk_sql(SETTLED_TOTALS, self, out),
+            "status" => out.push_bind_param::<Text, _>(&self.status),
+            "failure_code" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_code),
+            name if name.starts_with("event.") => self.event.walk_parameter(name, out),
+            name => self.audit.walk_parameter(name, out),
+        }
     }
 }
 
