@@ -6,6 +6,7 @@ mod health;
 mod idempotency_keys;
 mod idempotent;
 mod observe;
+mod page;
 mod payments;
 mod refunds;
 mod webhooks;

@@ -6,16 +6,12 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, Named, PathId};
-use super::idempotent;
+use super::{idempotent, page};
 use crate::db;
 use crate::idempotency::KeyedRequest;
 use crate::payments::{self, CreatePaymentBody, Payment, PaymentList, PaymentView};
 use crate::request_id::RequestId;
 use crate::state::AppState;
-
-/// Page size bounds of `GET /v1/payments` and `GET /v1/refunds`.
-pub(super) const DEFAULT_PAGE: i64 = 10;
-pub(super) const MAX_PAGE: i64 = 100;
 
 /// `POST /v1/payments`
 pub async fn create_payment(
@@ -64,10 +60,7 @@ pub async fn list_payments(
     state: web::Data<AppState>,
     Authenticated(account, query): Authenticated<web::Query<ListQuery>>,
 ) -> Result<HttpResponse, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!("limit must be from 1 to {MAX_PAGE}.")));
-    }
+    let limit = page::limit(query.limit)?;
     let mut conn = db::connect(&state.db).await?;
     let before = match query.starting_after {
         None => None,
@@ -77,8 +70,7 @@ pub async fn list_payments(
             None => return Err(ApiError::PaymentNotFound),
         },
     };
-    let mut page = db::query(Payment::list(&mut conn, account, before, limit)).await?;
-    let has_more = page.len() as i64 > limit;
-    page.truncate(limit as usize);
-    Ok(HttpResponse::Ok().json(PaymentList::new(&page, has_more)))
+    let mut fetched = db::query(Payment::list(&mut conn, account, before, limit)).await?;
+    let has_more = page::cut(&mut fetched, limit);
+    Ok(HttpResponse::Ok().json(PaymentList::new(&fetched, has_more)))
 }

@@ -6,8 +6,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, Named, PathId};
-use super::idempotent;
-use super::payments::{DEFAULT_PAGE, MAX_PAGE};
+use super::{idempotent, page};
 use crate::db;
 use crate::idempotency::KeyedRequest;
 use crate::payments::Payment;
@@ -63,10 +62,7 @@ pub async fn list_refunds(
     state: web::Data<AppState>,
     Authenticated(account, query): Authenticated<web::Query<ListQuery>>,
 ) -> Result<HttpResponse, ApiError> {
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE);
-    if !(1..=MAX_PAGE).contains(&limit) {
-        return Err(ApiError::InvalidRequest(format!("limit must be from 1 to {MAX_PAGE}.")));
-    }
+    let limit = page::limit(query.limit)?;
     let mut conn = db::connect(&state.db).await?;
     if db::query(Payment::find(&mut conn, account, query.payment)).await?.is_none() {
         return Err(ApiError::PaymentNotFound);
@@ -78,8 +74,7 @@ pub async fn list_refunds(
             None => return Err(ApiError::RefundNotFound),
         },
     };
-    let mut page = db::query(Refund::list(&mut conn, account, query.payment, before, limit)).await?;
-    let has_more = page.len() as i64 > limit;
-    page.truncate(limit as usize);
-    Ok(HttpResponse::Ok().json(RefundList::new(&page, has_more)))
+    let mut fetched = db::query(Refund::list(&mut conn, account, query.payment, before, limit)).await?;
+    let has_more = page::cut(&mut fetched, limit);
+    Ok(HttpResponse::Ok().json(RefundList::new(&fetched, has_more)))
 }
