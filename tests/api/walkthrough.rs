@@ -1,8 +1,9 @@
-//! README's walkthrough, run as written against a fresh `payments serve` in embedded mode, by a
-//! harness that takes any text and the section to run: every `sh` block in the section is run
-//! with bash (the service's and the mock gateway's addresses put in for the ones shown), and what
-//! it prints is held to the block shown after it: every status line, in order; every header
-//! named; every body field shown. README cannot drift from the service.
+//! The walkthroughs, run as written against a fresh `payments serve` in embedded mode: README's
+//! short one and the guide's full one (`docs/walkthrough.md`), each by the same harness. Every
+//! `sh` block in the section is run with bash (the service's and the mock gateway's addresses put
+//! in for the ones shown), and what it prints is held to the block shown after it: every status
+//! line, in order; every header named; every body field shown. Neither text can drift from the
+//! service.
 //!
 //! How a shown block is read: a line `...` stands for lines left out; in a body, a value that
 //! differs from run to run (an id, a timestamp, a request id, or any value written with `...` in
@@ -24,6 +25,13 @@ async fn the_readme_walkthrough_answers_as_written() {
     let steps = walkthrough(include_str!("../../README.md"), "## A walkthrough with curl");
     assert!(steps.len() >= 8, "README's walkthrough's steps: {}", steps.len());
     run_as_written("README", &steps).await;
+}
+
+#[tokio::test]
+async fn the_guides_walkthrough_answers_as_written() {
+    let steps = walkthrough(include_str!("../../docs/walkthrough.md"), "# A walkthrough with curl");
+    assert!(steps.len() >= 12, "the guide's walkthrough's steps: {}", steps.len());
+    run_as_written("docs/walkthrough.md", &steps).await;
 }
 
 /// Runs `steps` in order against a fresh `serve`, each after the first block (which defines the
