@@ -1,20 +1,21 @@
-//! The README's way of archiving the audit trail, run as it is printed there: old records move,
-//! batch by batch, into the archive table; recent ones stay; no batch reads the whole table.
+//! The guide's way of archiving the audit trail (`docs/operating.md`), run as it is printed there:
+//! old records move, batch by batch, into the archive table; recent ones stay; no batch reads the
+//! whole table.
 
 use diesel_async::RunQueryDsl;
 
 use crate::helpers::{TestApp, new_key, payment_body, plan_nodes};
 
-const README: &str = include_str!("../../README.md");
+const OPERATING: &str = include_str!("../../docs/operating.md");
 
-/// The statements of the README's `sql` block that archives the trail, in order.
+/// The statements of the guide's `sql` block that archives the trail, in order.
 fn archiving_statements() -> Vec<String> {
-    let block = README
+    let block = OPERATING
         .split("```sql\n")
         .skip(1)
         .map(|rest| rest.split_once("```").expect("a closed block").0)
         .find(|block| block.contains("audit_records_archive"))
-        .expect("README shows how to archive the audit trail");
+        .expect("docs/operating.md shows how to archive the audit trail");
     block.split(";\n").map(str::trim).filter(|sql| !sql.is_empty()).map(str::to_owned).collect()
 }
 
@@ -37,7 +38,7 @@ async fn ages(app: &TestApp, table: &str) -> (i64, i64) {
 }
 
 #[tokio::test]
-async fn the_readmes_archiving_moves_old_audit_records_in_batches_through_an_index() {
+async fn the_guides_archiving_moves_old_audit_records_in_batches_through_an_index() {
     let app = TestApp::spawn().await;
     app.post_payment(&new_key(), &payment_body()).await;
     let (_, written) = ages(&app, "audit_records").await;

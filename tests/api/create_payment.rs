@@ -225,7 +225,7 @@ async fn api_keys_are_remembered_for_a_stated_while_and_unknown_ones_never() {
     assert_eq!(app.get_as("sk_not_yet", "/v1/payments").await.status(), StatusCode::OK);
 
     // A known key keeps working in this process for up to a minute after it is replaced: the
-    // revocation delay README states.
+    // revocation delay docs/performance.md states.
     app.run_sql("UPDATE accounts SET api_key_hash = sha256('sk_replaced') WHERE name = 'later'").await;
     assert_eq!(app.get_as("sk_not_yet", "/v1/payments").await.status(), StatusCode::OK);
     assert_eq!(payments_service::accounts::API_KEY_CACHE_TTL, std::time::Duration::from_secs(60));

@@ -2,7 +2,7 @@
 //! or hold a lock that blocks the service while it reads or writes rows. Every migration after
 //! 000012 is applied, one at a time, to a database populated at 000012 (`populate.sql`), and
 //! watched; the watch itself is held to the migrations before the rule, which it must condemn for
-//! what README's "Upgrading" says they do, and pass where they were harmless.
+//! what "Upgrading" (docs/operating.md) says they do, and pass where they were harmless.
 //!
 //! How a migration is watched ([`watch`]); nothing is timed, so a slow or busy machine can neither
 //! fail the test nor let a migration through:
@@ -24,8 +24,9 @@
 //!   later migration is watched, and the test says so until it has them.
 //!
 //! Not watched: how long a migration waits for its locks behind the service's own transactions
-//! (requests queue behind a waiting `ACCESS EXCLUSIVE`; README says how to bound that), and a
-//! backfill's row locks (an UPDATE of many rows in one migration holds each until it commits).
+//! (requests queue behind a waiting `ACCESS EXCLUSIVE`; docs/operating.md says how to bound that),
+//! and a backfill's row locks (an UPDATE of many rows in one migration holds each until it
+//! commits).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -511,9 +512,10 @@ async fn the_000011_backfill_gives_a_payment_the_key_row_that_made_it() {
     assert_eq!(keys, expected);
 }
 
-/// README's advice for a migration that needs a lock for a moment: with `lock_timeout` in
-/// `DATABASE_URL`, one that cannot get its lock (a long transaction holds the table) gives up
-/// instead of waiting, with every request on that table queued behind it; run again, it applies.
+/// The guide's advice (docs/operating.md) for a migration that needs a lock for a moment: with
+/// `lock_timeout` in `DATABASE_URL`, one that cannot get its lock (a long transaction holds the
+/// table) gives up instead of waiting, with every request on that table queued behind it; run
+/// again, it applies.
 #[tokio::test]
 async fn a_lock_timeout_in_database_url_stops_a_migration_queueing_behind_a_transaction() {
     let database = TestDatabase::empty().await;

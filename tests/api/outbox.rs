@@ -118,7 +118,7 @@ async fn a_receiver_that_keeps_failing_gets_the_event_dead_lettered() {
     assert_eq!(audited(&app, "event.delivery_failed").await, 2);
     assert_eq!(audited(&app, "event.dead_lettered").await, 1);
 
-    // The receiver is fixed; the operator requeues the dead letter as the README says.
+    // The receiver is fixed; the operator requeues the dead letter as docs/workers.md says.
     receiver.reset().await;
     Mock::given(method("POST")).and(path("/events")).respond_with(ResponseTemplate::new(200)).mount(&receiver).await;
     app.run_sql("UPDATE staged_jobs SET dead_at = NULL, attempts = 0, run_at = now() WHERE dead_at IS NOT NULL").await;

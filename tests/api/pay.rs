@@ -125,7 +125,7 @@ async fn after_an_unknown_outcome_an_answer_not_about_the_key_gives_up_with_the_
     let second_urls = [
         (proxy.uri(), "404 Not Found"),
         (elsewhere.address.clone(), "401 unauthorized"),
-        // A wrong --url: the gateway's (README's example).
+        // A wrong --url: the gateway's (the example in docs/client.md).
         (app.gateway_url().to_owned(), "404 Not Found"),
     ];
     for (second_url, answer) in second_urls {

@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 
 use crate::helpers::{TestApp, explain, new_key, payment_body, record_statements, sql_of, statements};
 
-/// The tables a Citus deployment distributes by `account_id` (see README, Spread by account on
-/// Citus); `accounts` is a reference table.
+/// The tables a Citus deployment distributes by `account_id` (see docs/performance.md, Spread by
+/// account on Citus); `accounts` is a reference table.
 const DISTRIBUTED: [&str; 7] =
     ["idempotency_keys", "payments", "refunds", "audit_records", "staged_jobs", "key_request_counts", "gateway_events"];
 

@@ -1,7 +1,9 @@
-//! README's walkthrough, run as written against a fresh `payments serve` in embedded mode: every
+//! The walkthroughs, run as written against a fresh `payments serve` in embedded mode: README's
+//! short one and the guide's full one (`docs/walkthrough.md`), each by the same harness. Every
 //! `sh` block in the section is run with bash (the service's and the mock gateway's addresses put
-//! in for README's), and what it prints is held to the block shown after it: every status line,
-//! in order; every header named; every body field shown. README cannot drift from the service.
+//! in for the ones shown), and what it prints is held to the block shown after it: every status
+//! line, in order; every header named; every body field shown. Neither text can drift from the
+//! service.
 //!
 //! How a shown block is read: a line `...` stands for lines left out; in a body, a value that
 //! differs from run to run (an id, a timestamp, a request id, or any value written with `...` in
@@ -14,16 +16,27 @@ use regex::Regex;
 
 use crate::helpers::Process;
 
-const README: &str = include_str!("../../README.md");
-const SECTION: &str = "## A walkthrough with curl";
-/// The addresses README's commands use, and where `serve` listens by default.
-const README_API: &str = "http://127.0.0.1:8080";
-const README_GATEWAY: &str = "http://127.0.0.1:8081";
+/// The addresses the walkthroughs' commands use, and where `serve` listens by default.
+const SHOWN_API: &str = "http://127.0.0.1:8080";
+const SHOWN_GATEWAY: &str = "http://127.0.0.1:8081";
 
 #[tokio::test]
 async fn the_readme_walkthrough_answers_as_written() {
-    let steps = walkthrough();
-    assert!(steps.len() >= 8, "the walkthrough's steps: {}", steps.len());
+    let steps = walkthrough(include_str!("../../README.md"), "## A walkthrough with curl");
+    assert!(steps.len() >= 8, "README's walkthrough's steps: {}", steps.len());
+    run_as_written("README", &steps).await;
+}
+
+#[tokio::test]
+async fn the_guides_walkthrough_answers_as_written() {
+    let steps = walkthrough(include_str!("../../docs/walkthrough.md"), "# A walkthrough with curl");
+    assert!(steps.len() >= 12, "the guide's walkthrough's steps: {}", steps.len());
+    run_as_written("docs/walkthrough.md", &steps).await;
+}
+
+/// Runs `steps` in order against a fresh `serve`, each after the first block (which defines the
+/// helpers every later block uses), and holds what each prints to what `text` shows.
+async fn run_as_written(text: &str, steps: &[Step]) {
     let data = std::env::temp_dir().join(format!("payments-walkthrough-{}", uuid::Uuid::new_v4().simple()));
     let data = data.to_str().unwrap();
     let env = [
@@ -35,24 +48,23 @@ async fn the_readme_walkthrough_answers_as_written() {
     let serve = Process::start(&["serve"], &env, payments_service::startup::LISTENING).await;
     let gateway = serve.mock_gateway_url().await;
     let workdir = tempdir();
-    // The first block defines the helpers every later block uses.
     let prelude = steps[0].commands.clone();
 
     for (number, step) in steps.iter().enumerate().skip(1) {
         let script = format!("{prelude}\n{}", step.commands)
-            .replace(README_API, serve.url.trim_end_matches('/'))
-            .replace(README_GATEWAY, &gateway);
+            .replace(SHOWN_API, serve.url.trim_end_matches('/'))
+            .replace(SHOWN_GATEWAY, &gateway);
         let output = tokio::process::Command::new("bash")
             .args(["-c", &script])
             .current_dir(&workdir)
             .output()
             .await
             .expect("running bash");
-        assert!(output.status.success(), "step {number} failed: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "{text}, step {number} failed: {}", String::from_utf8_lossy(&output.stderr));
         let printed = String::from_utf8(output.stdout).unwrap();
         if let Err(mismatch) = compare(&step.shown, &printed) {
             panic!(
-                "step {number}:\n{}\n-- README shows --\n{}\n-- it printed --\n{printed}\n-- {mismatch}",
+                "{text}, step {number}:\n{}\n-- {text} shows --\n{}\n-- it printed --\n{printed}\n-- {mismatch}",
                 step.commands, step.shown
             );
         }
@@ -61,19 +73,18 @@ async fn the_readme_walkthrough_answers_as_written() {
     let _ = std::fs::remove_dir_all(data);
 }
 
-/// One step: the commands of an `sh` block, and what README shows they print (the block after).
+/// One step: the commands of an `sh` block, and what the text shows they print (the block after).
 struct Step {
     commands: String,
     shown: String,
 }
 
-/// The walkthrough's steps, in order. A `sh` block with no block after it shows nothing.
-fn walkthrough() -> Vec<Step> {
-    let start = README.find(SECTION).expect("README has the walkthrough");
-    let section = &README[start + SECTION.len()..];
-    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+/// The steps of the section of `text` under `heading` (a whole line), in order, up to the next
+/// heading of the same level or above. A `sh` block with no block after it shows nothing.
+fn walkthrough(text: &str, heading: &str) -> Vec<Step> {
+    let section = section(text, heading);
     let mut blocks = Vec::new();
-    let mut lines = section.lines();
+    let mut lines = section.iter().copied();
     while let Some(line) = lines.next() {
         let Some(language) = line.strip_prefix("```") else { continue };
         let body: Vec<&str> = lines.by_ref().take_while(|line| !line.starts_with("```")).collect();
@@ -97,7 +108,23 @@ fn walkthrough() -> Vec<Step> {
     steps
 }
 
-/// Holds what was printed to what README shows (see the module's docs).
+/// The lines of `text` under `heading`, up to the next heading of its level or above (a line in a
+/// fenced block, such as a shell comment, is no heading).
+fn section<'t>(text: &'t str, heading: &str) -> Vec<&'t str> {
+    let level = heading.chars().take_while(|c| *c == '#').count();
+    let mut lines = text.lines().skip_while(|line| *line != heading);
+    assert!(lines.next().is_some(), "no heading {heading:?}");
+    let mut fenced = false;
+    lines
+        .take_while(|line| {
+            fenced ^= line.starts_with("```");
+            let hashes = line.chars().take_while(|c| *c == '#').count();
+            fenced || !(1..=level).contains(&hashes) || !line[hashes..].starts_with(' ')
+        })
+        .collect()
+}
+
+/// Holds what was printed to what the text shows (see the module's docs).
 fn compare(shown: &str, printed: &str) -> Result<(), String> {
     let printed: Vec<&str> = printed.lines().map(|line| line.trim_end_matches('\r')).collect();
     let statuses = |lines: &mut dyn Iterator<Item = &str>| lines.filter(|line| line.starts_with("HTTP/")).count();
@@ -219,4 +246,11 @@ fn a_shown_body_is_held_field_by_field() {
     );
     assert!(compare("HTTP/1.1 201 Created", "HTTP/1.1 503 Service Unavailable").is_err());
     assert!(compare("HTTP/1.1 201 Created", "HTTP/1.1 201 Created\nHTTP/1.1 201 Created").is_err());
+}
+
+#[test]
+fn a_section_ends_at_the_next_heading_of_its_level_or_above() {
+    let text = "# Guide\nintro\n## Steps\n```sh\n# a comment, no heading\necho\n```\n### A step\nmore\n## Next\nafter\n# Other\n";
+    assert_eq!(section(text, "## Steps"), ["```sh", "# a comment, no heading", "echo", "```", "### A step", "more"]);
+    assert_eq!(section(text, "# Guide").last(), Some(&"after"), "a chapter runs to the next title");
 }

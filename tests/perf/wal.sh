@@ -1,5 +1,5 @@
 #!/bin/bash
-# WAL per new payment, and where it goes (README, "WAL per payment").
+# WAL per new payment, and where it goes (docs/performance.md, "WAL per payment").
 #
 #   tests/perf/wal.sh BINARY      # as root
 #

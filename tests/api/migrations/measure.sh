@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Times every migration's up.sql on a populated database, as README's "Upgrading" reports them, and
-# says what each one locks, rewrites and reads.
+# Times every migration's up.sql on a populated database, as "Upgrading" (docs/operating.md)
+# reports them, and says what each one locks, rewrites and reads.
 #
 #   tests/api/migrations/measure.sh [PAYMENTS] [RUNS]      (defaults: 1000000 and 3)
 #

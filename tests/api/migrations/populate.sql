@@ -1,6 +1,7 @@
 -- What a database holds after `payments` has made many payments, as SQL that works at any migration
 -- from 000001 on: each table and column is filled only if it exists yet. Used by the migration tests
--- (tests/api/migrations.rs) and by measure.sh, which timed the migrations for README's Upgrading.
+-- (tests/api/migrations.rs) and by measure.sh, which timed the migrations for Upgrading
+-- (docs/operating.md).
 --
 -- SELECT pg_temp.populate(payments, accounts, pending_events, reaped_share [, tables]) fills, for
 -- payment g: its account (g % accounts), its key row (finished: 201, or 402 for every tenth,
