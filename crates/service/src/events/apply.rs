@@ -16,6 +16,7 @@
 use diesel::prelude::*;
 use diesel::sql_types::{Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use payments_protocol::{self as protocol, Reading, RefundStage};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -25,7 +26,7 @@ use crate::db::{self, StoreError};
 use crate::gateway::reports::{self, REPORTED_LIKE, UNREADABLE_EVENT};
 use crate::idempotency::RecoveryPoint;
 use crate::metrics::{EventKind, EventOutcome};
-use crate::refunds::{Refund, RefundStatus, SettledBy, Settlement, settle_refund};
+use crate::refunds::{Refund, SettledBy, Settlement, settle_refund};
 use crate::request_id::RequestId;
 
 /// The reason code of a key flagged because its gateway's event disagrees with what it recorded.
@@ -182,15 +183,17 @@ async fn nudge(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> 
     Ok(EventOutcome::Nudged)
 }
 
-/// A charge event about a finished payment: it agrees with what the payment recorded, or not.
+/// A charge event about a payment whose outcome is recorded: it agrees with it, or not (see
+/// [`protocol::read_charge_event`]).
 fn compare_charge(payment: &Target, event: &GatewayEvent) -> EventOutcome {
-    let agrees = match event.kind() {
-        EventKind::ChargeSucceeded => {
-            payment.status == "succeeded" && payment.object_id.as_deref() == Some(event.object().id.as_str())
-        }
-        _ => payment.status == "failed",
-    };
-    if agrees { EventOutcome::Applied } else { EventOutcome::Disagreement }
+    let succeeded = event.kind() == EventKind::ChargeSucceeded;
+    let read = protocol::read_charge_event(
+        payment.status == "succeeded",
+        payment.object_id.as_deref(),
+        succeeded,
+        &event.object().id,
+    );
+    outcome_of(read)
 }
 
 /// A refund event about a refund whose key is finished: a pending one is settled forward (as the
@@ -217,44 +220,34 @@ async fn settle(
         }
         // Settled meanwhile (by the settler): compare with that.
         let now = Refund::find(conn, account_id, target.id).await?.ok_or(diesel::result::Error::NotFound)?;
-        return Ok(compare_refund(now.status, now.gateway_refund_id.as_deref(), event));
+        return Ok(compare_refund(refund_status(now.status.as_str()), now.gateway_refund_id.as_deref(), event));
     }
     Ok(compare_refund(refund_status(&target.status), target.object_id.as_deref(), event))
 }
 
-fn refund_status(status: &str) -> RefundStatus {
+fn refund_status(status: &str) -> RefundStage {
     match status {
-        "succeeded" => RefundStatus::Succeeded,
-        "failed" => RefundStatus::Failed,
-        _ => RefundStatus::Pending,
+        "succeeded" => RefundStage::Succeeded,
+        "failed" => RefundStage::Failed,
+        _ => RefundStage::Pending,
     }
 }
 
 /// A refund event about a refund we know settled: it agrees, or it is older than what we know
-/// (stale: ignored), or it says something we have not seen (a disagreement).
-///
-/// "Older" is decided by the order in which a gateway moves a refund, never by comparing the
-/// gateway's clock with ours: `pending`, then `succeeded`, then `failed` (a refund that succeeded
-/// can still fail later, when the money cannot reach the card; none comes back from `failed`). So
-/// a `refund.succeeded` about a refund we know failed is stale whenever it was sent, and a
-/// `refund.failed` about one we know succeeded is news that contradicts us.
-fn compare_refund(status: RefundStatus, object_id: Option<&str>, event: &GatewayEvent) -> EventOutcome {
-    let stage = |status: RefundStatus| match status {
-        RefundStatus::Pending => 0,
-        RefundStatus::Succeeded => 1,
-        RefundStatus::Failed => 2,
-    };
+/// (stale: ignored), or it says something we have not seen (see [`protocol::read_refund_event`]).
+fn compare_refund(recorded: RefundStage, object_id: Option<&str>, event: &GatewayEvent) -> EventOutcome {
     let reported = match event.kind() {
-        EventKind::RefundFailed => RefundStatus::Failed,
-        _ => RefundStatus::Succeeded,
+        EventKind::RefundFailed => RefundStage::Failed,
+        _ => RefundStage::Succeeded,
     };
-    if object_id != Some(event.object().id.as_str()) {
-        return EventOutcome::Disagreement;
-    }
-    match stage(reported).cmp(&stage(status)) {
-        std::cmp::Ordering::Equal => EventOutcome::Applied,
-        std::cmp::Ordering::Less => EventOutcome::Stale,
-        std::cmp::Ordering::Greater => EventOutcome::Disagreement,
+    outcome_of(protocol::read_refund_event(recorded, object_id, reported, &event.object().id))
+}
+
+fn outcome_of(read: Reading) -> EventOutcome {
+    match read {
+        Reading::Agrees => EventOutcome::Applied,
+        Reading::Stale => EventOutcome::Stale,
+        Reading::Disagrees => EventOutcome::Disagreement,
     }
 }
 

@@ -17,7 +17,7 @@ use super::clock::Deadline;
 use super::fingerprint::{Canonical, Fingerprint};
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Asked, Remembered, ReplayCache};
-use super::store::{Endpoint, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
+use super::store::{Endpoint, KeyLock, NewKey, Reason, StoredResponse, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::{self, Pool, PooledConnection, StoreError};
@@ -414,9 +414,9 @@ impl<'a> Run<'a> {
 
     /// Refuses to start a call bounded by `call` that could still be running when the lease on
     /// the key ends: past the lease, another driver may take the key over and call too. The margin
-    /// ([`LEASE_MARGIN`]) covers a small step of the database's clock.
+    /// ([`LEASE_MARGIN`](super::LEASE_MARGIN)) covers a small step of the database's clock.
     pub fn check_lease_outlasts(&self, call: Duration) -> Result<(), DriveError> {
-        if !outlasts(self.lock.time_left(), call) {
+        if !payments_protocol::outlasts(self.lock.time_left(), call) {
             tracing::warn!(lease_left = ?self.lock.time_left(), "the lease could run out during a call; not calling");
             return Err(DriveError::OutcomeUnknown(Box::new(LeaseRunningOut)));
         }
@@ -436,12 +436,6 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Whether a lease with `left` to run surely outlasts a call bounded by `call`: by
-/// [`LEASE_MARGIN`] at least.
-fn outlasts(left: Duration, call: Duration) -> bool {
-    left >= call + LEASE_MARGIN
-}
-
 /// Unlocks a key where it stands, so a retry resumes at once (best effort: if even this fails,
 /// the lock goes stale after the lock timeout and the key is taken over then).
 pub async fn release(ctx: Context<'_>, lock: &KeyLock, actor: Actor, reason: Reason<'_>, request_id: &RequestId) {
@@ -452,18 +446,5 @@ pub async fn release(ctx: Context<'_>, lock: &KeyLock, actor: Actor, reason: Rea
     .await;
     if let Err(error) = result {
         tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_call_is_made_only_while_the_lease_outlasts_it_by_the_margin() {
-        let call = Duration::from_millis(1200);
-        assert!(outlasts(call + LEASE_MARGIN, call), "just inside: the call and the whole margin");
-        assert!(!outlasts(call + LEASE_MARGIN - Duration::from_nanos(1), call), "just outside the margin");
-        assert!(!outlasts(call, call), "the call alone, without the margin");
     }
 }

@@ -27,7 +27,7 @@ use crate::request_id::RequestId;
 /// 45 ms over the default 90 s). A larger step is not covered: a driver could then call after its
 /// key was taken over, and the downstream key is what stands between the payment and a second
 /// charge. Keeping the database hosts' clocks synchronised is part of running it.
-pub const LEASE_MARGIN: Duration = Duration::from_secs(1);
+pub use payments_protocol::LEASE_MARGIN;
 
 /// An endpoint whose requests are made safe to retry by keys: each key is bound to the endpoint
 /// it was first used on (on another, it is a mismatch).

@@ -35,6 +35,7 @@
 
 use std::sync::Arc;
 
+use payments_protocol::{self as protocol, AfterLookUp, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -246,16 +247,20 @@ impl<'a> PaymentPhases<'a> {
             description: self.request.description.as_deref(),
             metadata: &self.request.metadata,
         };
-        let found = match run.lock().resumed() {
-            false => None,
-            true => {
+        let found = match protocol::first_call(run.lock().resumed()) {
+            FirstCall::Request => None,
+            FirstCall::LookUp => {
                 run.check_lease_outlasts(call)?;
                 let looked_up = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
-                if looked_up.answer.is_none() && !made_now && !looked_up.is_from(recorded) {
-                    let wrong = WrongGateway::new(recorded, looked_up.by());
-                    return Err(DriveError::OutcomeUnknown(Box::new(wrong)));
+                let from_recorded = looked_up.is_from(recorded);
+                let by = looked_up.by().to_owned();
+                match protocol::after_look_up(looked_up.found(), made_now, from_recorded) {
+                    AfterLookUp::Adopt(found) => Some(found),
+                    AfterLookUp::Request => None,
+                    AfterLookUp::WrongGateway => {
+                        return Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(recorded, &by))));
+                    }
                 }
-                looked_up.found()
             }
         };
         let (answered, answered_by) = match found {

@@ -26,6 +26,7 @@
 //!   a worker looks it up until it settles.
 //! - `finished` stores the answer, stages the refund's event and unlocks.
 
+use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -253,7 +254,7 @@ impl<'a> RefundPhases<'a> {
             metadata: &self.request.metadata,
         };
         // An earlier run may have asked and lost the answer: find what it did, and adopt it.
-        if run.lock().resumed() {
+        if protocol::first_call(run.lock().resumed()) == FirstCall::LookUp {
             run.check_lease_outlasts(call)?;
             let found = gateway.find_refund(&key, &request).await.map_err(indeterminate)?;
             if let Some(answer) = ours(found, &reserved.gateway)? {
