@@ -464,25 +464,12 @@ impl Model for Protocol {
                         state.answer(d, Answer::InFlight)
                     }
                     payments_protocol::Claim::Expired => state.answer(d, Answer::Expired),
-                    payments_protocol::Claim::Resume { .. } => {
-                        let token = state.take_token();
-                        let key = state.key.as_mut()?;
-                        key.token = Some(token);
-                        key.lease_over = false;
-                        state.drivers[d] = Driver { pc: Pc::Claimed, token, resumed: true, ..Driver::new() };
-                        state.seen.resumed = true;
-                    }
+                    payments_protocol::Claim::Resume { .. } => state.resume(d)?,
                 }
             }
             Action::TakeOver => {
-                let token = state.take_token();
-                let key = state.key.as_mut()?;
-                key.token = Some(token);
-                key.lease_over = false;
-                let completer = self.completer();
-                state.drivers[completer] = Driver { pc: Pc::Claimed, token, resumed: true, ..Driver::new() };
+                state.resume(self.completer())?;
                 state.completer_runs += 1;
-                state.seen.resumed = true;
             }
             Action::Start(d) => {
                 if !state.fenced(d, rules) {
@@ -700,6 +687,23 @@ impl State {
         let token = self.next_token;
         self.next_token += 1;
         token
+    }
+
+    /// Driver `d` holds the key, taken up again from its recorded point: a finished phase is
+    /// never run again.
+    fn resume(&mut self, d: usize) -> Option<()> {
+        let token = self.take_token();
+        let key = self.key.as_mut()?;
+        key.token = Some(token);
+        key.lease_over = false;
+        let pc = match key.point {
+            Point::Started => Pc::Claimed,
+            Point::ChargeCreated => Pc::Recorded,
+            Point::Finished => return None,
+        };
+        self.drivers[d] = Driver { pc, token, resumed: true, ..Driver::new() };
+        self.seen.resumed = true;
+        Some(())
     }
 
     /// Whether driver `d`'s phase commits: the fence.
