@@ -1,6 +1,7 @@
 //! Fault injection: `X-Fault-Inject: crash=<point>` makes the process abort at that point, with no
 //! clean-up, exactly like `kill -9`; `pause=<point>` makes it stop itself there (`SIGSTOP`, as a
-//! frozen VM or a stopped process would) until someone sends it `SIGCONT`. Honoured only with
+//! frozen VM or a stopped process would) until someone sends it `SIGCONT`; `pause=every` stops it
+//! at each point the request passes, so a test can step it from one to the next. Honoured only with
 //! `PAYMENTS_FAULT_INJECTION=1` (logged loudly at start). The header is never part of a request's
 //! fingerprint or stored params, so a retry, or a worker re-driving the request, does not fault
 //! again.
@@ -35,11 +36,11 @@ pub enum FaultAction {
     Pause,
 }
 
-/// A fault a request asks for: an action at a point.
+/// A fault a request asks for: an action at a point, or (`None`) at every point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fault {
     pub action: FaultAction,
-    pub point: FaultPoint,
+    pub point: Option<FaultPoint>,
 }
 
 impl FaultPoint {
@@ -70,12 +71,15 @@ impl FromStr for Fault {
             "pause" => Some(FaultAction::Pause),
             _ => None,
         };
-        let point = FaultPoint::ALL.iter().find(|(_, name)| *name == point).map(|(point, _)| *point);
+        let point = match point {
+            "every" => Some(None),
+            point => FaultPoint::ALL.iter().find(|(_, name)| *name == point).map(|(point, _)| Some(*point)),
+        };
         match (action, point) {
             (Some(action), Some(point)) => Ok(Fault { action, point }),
             _ => Err(format!(
                 "{FAULT_HEADER} must be crash=<point> or pause=<point>, where <point> is after_started, after_charge, \
-                 after_charge_created, after_refund or after_refund_created"
+                 after_charge_created, after_refund, after_refund_created or (to pause at each) every"
             )),
         }
     }
@@ -83,7 +87,7 @@ impl FromStr for Fault {
 
 /// Carries out the request's fault if it is armed for `here`.
 pub fn fault_at(armed: Option<Fault>, here: FaultPoint) {
-    let Some(fault) = armed.filter(|fault| fault.point == here) else { return };
+    let Some(fault) = armed.filter(|fault| fault.point.is_none_or(|point| point == here)) else { return };
     match fault.action {
         FaultAction::Crash => {
             tracing::error!(crash_point = %here, "fault injection: aborting the process");
@@ -103,14 +107,15 @@ mod tests {
 
     #[test]
     fn the_header_names_an_action_and_a_point() {
-        let crash = |point| Ok(Fault { action: FaultAction::Crash, point });
+        let crash = |point| Ok(Fault { action: FaultAction::Crash, point: Some(point) });
         assert_eq!("crash=after_started".parse(), crash(FaultPoint::AfterStarted));
         assert_eq!("crash=after_charge".parse(), crash(FaultPoint::AfterCharge));
         assert_eq!(" crash=after_charge_created".parse(), crash(FaultPoint::AfterChargeCreated));
         assert_eq!(
             "pause=after_started".parse(),
-            Ok(Fault { action: FaultAction::Pause, point: FaultPoint::AfterStarted })
+            Ok(Fault { action: FaultAction::Pause, point: Some(FaultPoint::AfterStarted) })
         );
+        assert_eq!("pause=every".parse(), Ok(Fault { action: FaultAction::Pause, point: None }));
         assert!("crash=nowhere".parse::<Fault>().is_err());
         assert!("after_started".parse::<Fault>().is_err());
         assert!("sleep=after_started".parse::<Fault>().is_err());
