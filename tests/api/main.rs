@@ -25,6 +25,7 @@ mod logs;
 mod many_instances;
 mod metrics;
 mod migrations;
+mod model_conformance;
 mod openapi;
 mod outbox;
 mod pay;

@@ -26,7 +26,7 @@ pub use gateway::{
 pub use metrics::Scrape;
 pub use plans::{explain, plan_nodes, sql_of};
 pub use process::Process;
-pub use seed::{KeyRowId, Lock, audited_phase};
+pub use seed::{KeyRowId, Lock, TestWrites, audited_phase};
 pub use statements::{record_statements, statements};
 pub use svg::Svg;
 pub use test_app::{TestApp, new_key, payment_body};

@@ -1,0 +1,666 @@
+//! The model's paths, walked on the real service. Seeded random paths through the protocol's
+//! model (`payments-model`) are taken step by step by real `serve` processes (one per attempt of
+//! the client, each stopped at every point its request passes by `X-Fault-Inject: pause=every`,
+//! so that a step is one `SIGCONT`), the completer, a gateway process and a real PostgreSQL.
+//! After each step, what the database, the gateway and the client show is compared with what the
+//! model predicted.
+//!
+//! The model's faults become real ones: a crash is `SIGKILL`; a lease lapsing is the key row's
+//! `locked_until` put in the past (what time does to it); the gateway failing before or after
+//! charging is armed at the gateway process; the gateway forgetting its keys is its control
+//! endpoint. What a path here never takes: a pause that outlasts a lease (a process stops here
+//! only between steps; `fencing.rs` pauses one past its lease), the gateway's events, refunds and
+//! the reaper. The model checks those; their own tests drive them.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use chrono::Utc;
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use nix::sys::signal::Signal;
+use payments_model::{Action, Answer, Gateway, Pc, Point, Protocol, State};
+use payments_protocol::{Claim, Found, Lease, Refusal};
+use payments_service::db::schema::payments;
+use payments_service::idempotency::{Claim as Claimed, claim};
+use payments_service::workers::Worker;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use stateright::Model;
+use tokio::task::JoinHandle;
+
+use crate::helpers::{
+    GatewayControl, KeyRowId, Lock as KeyLock, Process, TestApp, TestWrites, new_key, payment_body, wait_for,
+};
+
+/// Paths per run, and the most steps on each. (A step: one fault, or one driver from a point
+/// where it can stop to the next.)
+const PATHS: u64 = 24;
+const MOST_STEPS: usize = 40;
+
+/// Where the paths start from: `MODEL_PATHS_SEED` picks other paths (the failure names it).
+fn first_seed() -> u64 {
+    std::env::var("MODEL_PATHS_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_service_does_what_the_model_predicts_on_paths_drawn_from_it() {
+    let gateway = Process::gateway().await;
+    let mut taken = BTreeSet::new();
+    let first = first_seed();
+    for seed in first..first + PATHS {
+        let mut path = Path::start(seed, &gateway).await;
+        for _ in 0..MOST_STEPS {
+            let Some(step) = path.plan_step() else { break };
+            taken.extend(path.take(&step).await);
+        }
+    }
+    // Every kind of step was taken on some path, so no comparison holds for want of trying.
+    let kinds = [
+        "a new key claimed",
+        "a key taken up again",
+        "a retry turned away",
+        "a stored answer replayed",
+        "the completer's take-over",
+        "started",
+        "a look-up",
+        "charged",
+        "declined",
+        "fails before charging",
+        "charges, then fails",
+        "charge_created",
+        "finished",
+        "released",
+        "a crash",
+        "a lease lapses",
+        "the gateway forgets",
+    ];
+    for expected in kinds {
+        assert!(taken.contains(expected), "no path took \"{expected}\": took {taken:?}");
+    }
+}
+
+/// The kind of an action, for the tally of what the paths took; a claim's by what it led to.
+fn kind(action: &Action, after: &State) -> &'static str {
+    match action {
+        Action::Claim(d) => match (after.drivers[*d].pc, after.answers.last()) {
+            (Pc::Started, _) => "a new key claimed",
+            (Pc::Claimed | Pc::Recorded, _) => "a key taken up again",
+            (_, Some(Answer::InFlight)) => "a retry turned away",
+            (_, Some(Answer::Payment(_))) => "a stored answer replayed",
+            _ => "a claim answered otherwise",
+        },
+        Action::TakeOver => "the completer's take-over",
+        Action::Start(_) => "started",
+        Action::LookUp(_) => "a look-up",
+        Action::Charge(_, Gateway::Answers) => "charged",
+        Action::Charge(_, Gateway::Declines) => "declined",
+        Action::Charge(_, Gateway::FailsBefore) => "fails before charging",
+        Action::Charge(_, Gateway::FailsAfter) => "charges, then fails",
+        Action::Record(_) => "charge_created",
+        Action::Finish(_) => "finished",
+        Action::Release(_) => "released",
+        Action::Crash(_) => "a crash",
+        Action::LeaseLapses => "a lease lapses",
+        Action::Forget => "the gateway forgets",
+        _ => "a step no path here takes",
+    }
+}
+
+/// One path: the model's state and the real system taking the same steps.
+struct Path<'g> {
+    seed: u64,
+    model: Protocol,
+    state: State,
+    /// The card is declined on this path (the gateway decides by the source).
+    declines: bool,
+    rng: StdRng,
+    app: TestApp,
+    gateway: &'g Process,
+    control: GatewayControl,
+    key: String,
+    body: Value,
+    /// The client's attempts, by the model's driver.
+    attempts: Vec<Option<Attempt>>,
+    /// What the client was told, in order (`None`: no answer, the process died).
+    replies: Vec<Option<(StatusCode, Value)>>,
+    taken: Vec<Action>,
+}
+
+/// A client's attempt: its own `serve` process, and the request it sent.
+struct Attempt {
+    process: Process,
+    reply: Option<JoinHandle<Option<(StatusCode, Value)>>>,
+    /// The points it stopped at, in order.
+    stops: usize,
+    killed: bool,
+}
+
+/// The lock on the key, as the database holds it.
+#[derive(Debug, PartialEq)]
+enum Lock {
+    Free,
+    Live,
+    Over,
+}
+
+/// Where an attempt stands.
+#[derive(Debug, PartialEq)]
+enum Where {
+    NotSent,
+    StoppedAt(&'static str),
+    Answered,
+    Killed,
+}
+
+/// A payment's outcome, as recorded or as told: a charge by its place in the gateway's list (a
+/// decline names none).
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Pending,
+    Succeeded(u8),
+    Declined,
+}
+
+/// What the client was told.
+#[derive(Debug, PartialEq)]
+enum Told {
+    Payment(Outcome),
+    InFlight,
+    Unknown,
+    Nothing,
+    Expired,
+}
+
+/// What the model and the real system are compared on.
+#[derive(Debug, PartialEq)]
+struct Observed {
+    key: Option<(Point, Lock)>,
+    payment: Option<Outcome>,
+    /// The charges the gateway holds under the key's downstream key: succeeded, or declined.
+    charges: Vec<bool>,
+    attempts: Vec<Where>,
+    answers: Vec<Told>,
+}
+
+/// The points a payment's request stops at, from the service's log lines.
+const STOPS: [&str; 3] = ["after_charge_created", "after_charge", "after_started"];
+
+impl<'g> Path<'g> {
+    /// A path on a database of its own, whose attempts (at most two) charge at `gateway`; the
+    /// model's faults at most two, as the real system can take them.
+    async fn start(seed: u64, gateway: &'g Process) -> Path<'g> {
+        let model = Protocol::new(2, 2);
+        let state = model.init_states().remove(0);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let declines = rng.random_bool(0.25);
+        let app = TestApp::builder()
+            .gateway_url(&gateway.url)
+            .lock_timeout(Duration::from_secs(60))
+            .gateway_timeout(Duration::from_millis(500))
+            .workers(|w| w.completer_backoff = Duration::ZERO)
+            .spawn()
+            .await;
+        let mut body = payment_body();
+        if declines {
+            body["source"] = "tok_chargeDeclined".into();
+        }
+        let attempts = (0..model.attempts).map(|_| None).collect();
+        Path {
+            seed,
+            model,
+            state,
+            declines,
+            rng,
+            app,
+            gateway,
+            control: GatewayControl::new(&gateway.url),
+            key: new_key(),
+            body,
+            attempts,
+            replies: Vec::new(),
+            taken: Vec::new(),
+        }
+    }
+
+    /// The model's next step, drawn at random from those the real system can take: a fault, or
+    /// one driver's actions from a point where a real process can stop to the next such point
+    /// (the completer's whole run, which stops nowhere). `None`: nothing left to take.
+    fn plan_step(&mut self) -> Option<Vec<Action>> {
+        let first = *self.offered(&self.state, None).choose(&mut self.rng)?;
+        let mut step = vec![first];
+        let mut state = self.model.next_state(&self.state, first).expect("an action the model offers");
+        if let Some(d) = self.driver_of(first) {
+            while self.mid_step(&state, d) {
+                let next = *self.offered(&state, Some(d)).choose(&mut self.rng).expect("a driver mid-step goes on");
+                state = self.model.next_state(&state, next).expect("an action the model offers");
+                step.push(next);
+            }
+        }
+        Some(step)
+    }
+
+    /// The actions the model offers in `state` that this harness can take (of driver `only`, and
+    /// no process fault, when it is mid-step).
+    fn offered(&self, state: &State, only: Option<usize>) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.model.actions(state, &mut actions);
+        actions.retain(|action| match action {
+            Action::Charge(_, Gateway::Declines) => self.declines,
+            Action::Charge(_, Gateway::Answers | Gateway::FailsAfter) => !self.declines,
+            Action::Pause(_) | Action::Wake(_) | Action::Reap => false,
+            Action::Crash(_) => only.is_none(),
+            _ => true,
+        });
+        if only.is_some() {
+            actions.retain(|action| self.driver_of(*action) == only);
+        }
+        actions
+    }
+
+    fn driver_of(&self, action: Action) -> Option<usize> {
+        match action {
+            Action::Claim(d)
+            | Action::Start(d)
+            | Action::LookUp(d)
+            | Action::Charge(d, _)
+            | Action::Record(d)
+            | Action::Finish(d)
+            | Action::Release(d)
+            | Action::Crash(d)
+            | Action::Pause(d)
+            | Action::Wake(d) => Some(d),
+            Action::TakeOver => Some(usize::from(self.model.attempts)),
+            _ => None,
+        }
+    }
+
+    /// Whether driver `d` is between two points where it could stop: the completer is until it
+    /// ends; an attempt is in the claim before `started`, between a look-up and its charge
+    /// request, and between an unknown outcome and its release.
+    fn mid_step(&self, state: &State, d: usize) -> bool {
+        let pc = state.drivers[d].pc;
+        if d == usize::from(self.model.attempts) {
+            return !matches!(pc, Pc::Idle | Pc::Done | Pc::Dead);
+        }
+        matches!(pc, Pc::Claimed | Pc::ToCharge | Pc::Unknown)
+    }
+
+    /// Takes `step` on the real system and in the model, compares the two, and returns the
+    /// kinds of actions it took.
+    async fn take(&mut self, step: &[Action]) -> Vec<&'static str> {
+        // The gateway is told how its one charge request in the step fails, if it does.
+        for action in step {
+            match action {
+                Action::Charge(_, Gateway::FailsBefore) => self.control.fault("error_before", 1).await,
+                Action::Charge(_, Gateway::FailsAfter) => {
+                    let mode = if self.rng.random_bool(0.5) { "error_after" } else { "timeout_after" };
+                    self.control.fault(mode, 1).await;
+                }
+                _ => {}
+            }
+        }
+        match step[0] {
+            Action::Claim(d) => self.send(d).await,
+            Action::TakeOver => {
+                self.app.workers().completer.run_once().await.expect("the completer runs");
+            }
+            Action::Crash(d) => self.kill(d).await,
+            Action::LeaseLapses => {
+                self.app.run_sql("UPDATE idempotency_keys SET locked_until = now() - interval '1 millisecond'").await;
+            }
+            Action::Forget => self.control.forget_keys().await,
+            Action::Start(d)
+            | Action::LookUp(d)
+            | Action::Charge(d, _)
+            | Action::Record(d)
+            | Action::Finish(d)
+            | Action::Release(d) => {
+                let attempt = self.attempts[d].as_ref().expect("a running attempt");
+                attempt.process.signal(Signal::SIGCONT);
+                self.until_it_stops_or_answers(d).await;
+            }
+            other => panic!("a step this harness does not take: {other:?}"),
+        }
+        let mut kinds = Vec::new();
+        for &action in step {
+            self.state = self.model.next_state(&self.state, action).expect("an action the model offers");
+            self.taken.push(action);
+            kinds.push(kind(&action, &self.state));
+        }
+        let predicted = self.predicted();
+        let observed = self.observed().await;
+        assert_eq!(
+            observed,
+            predicted,
+            "path {} (MODEL_PATHS_SEED={}), declined card: {}; the service (left) and the model (right) part after:\n{}",
+            self.seed,
+            self.seed,
+            self.declines,
+            self.explain(),
+        );
+        kinds
+    }
+
+    /// The steps taken so far, as the model explains them.
+    fn explain(&self) -> String {
+        let init = self.model.init_states().remove(0);
+        let path = stateright::Path::from_actions(&self.model, init, &self.taken).expect("the steps taken");
+        self.model.explain(&path)
+    }
+
+    /// Attempt `d`: a process of its own sends the request, which runs to its first stop.
+    async fn send(&mut self, d: usize) {
+        let env = [
+            ("PAYMENTS_FAULT_INJECTION", "1"),
+            ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
+            ("PAYMENTS_LOCK_TIMEOUT_MS", "60000"),
+        ];
+        let process = Process::serve(&self.app.database.url, &self.gateway.url, &["--no-workers"], &env).await;
+        let request = self.app.http.post(format!("{}/v1/payments", process.url)).bearer_auth(&self.app.api_key);
+        let request = request.header("Idempotency-Key", &self.key).header("X-Fault-Inject", "pause=every");
+        let request = request.json(&self.body);
+        let reply = tokio::spawn(async move {
+            let response = request.send().await.ok()?;
+            let status = response.status();
+            Some((status, response.json().await.ok()?))
+        });
+        self.attempts[d] = Some(Attempt { process, reply: Some(reply), stops: 0, killed: false });
+        self.until_it_stops_or_answers(d).await;
+    }
+
+    /// Waits until attempt `d` stops at its next point, or answers.
+    async fn until_it_stops_or_answers(&mut self, d: usize) {
+        let watched = self.attempts[d].as_ref().expect("a running attempt");
+        let stopped_before = watched.stops;
+        let what = format!("attempt {d} stops again or answers");
+        let answered = wait_for(Duration::from_secs(30), &what, || async move {
+            let reply = watched.reply.as_ref().expect("not answered yet");
+            if reply.is_finished() {
+                return Some(true);
+            }
+            (stops(&watched.process) > stopped_before && watched.process.is_stopped()).then_some(false)
+        })
+        .await;
+        let attempt = self.attempts[d].as_mut().expect("a running attempt");
+        if answered {
+            let reply = attempt.reply.take().expect("not answered yet").await.expect("the request's task");
+            self.replies.push(reply);
+        } else {
+            attempt.stops = stops(&attempt.process);
+        }
+    }
+
+    /// Kills attempt `d`'s process where it stopped: the client gets no answer.
+    async fn kill(&mut self, d: usize) {
+        let attempt = self.attempts[d].as_mut().expect("a running attempt");
+        attempt.process.signal(Signal::SIGKILL);
+        attempt.killed = true;
+        let reply = attempt.reply.take().expect("not answered yet").await.expect("the request's task");
+        assert!(reply.is_none(), "a killed process answered: {reply:?}");
+        self.replies.push(reply);
+    }
+
+    /// What the model says the database, the gateway and the client show now.
+    fn predicted(&self) -> Observed {
+        let state = &self.state;
+        let lock = |token: Option<u8>, over| match (token, over) {
+            (None, _) => Lock::Free,
+            (Some(_), false) => Lock::Live,
+            (Some(_), true) => Lock::Over,
+        };
+        let attempts = state.drivers[..usize::from(self.model.attempts)].iter().map(|driver| match driver.pc {
+            Pc::Idle => Where::NotSent,
+            Pc::Started => Where::StoppedAt("after_started"),
+            Pc::Answered(_) => Where::StoppedAt("after_charge"),
+            Pc::Recorded => Where::StoppedAt("after_charge_created"),
+            Pc::Done => Where::Answered,
+            Pc::Dead => Where::Killed,
+            pc => panic!("an attempt left mid-step, at {pc:?}"),
+        });
+        let outcome = |charge: u8| match state.charges[usize::from(charge)].succeeded {
+            true => Outcome::Succeeded(charge),
+            false => Outcome::Declined,
+        };
+        let answers = state.answers.iter().map(|answer| match *answer {
+            Answer::Payment(charge) => Told::Payment(outcome(charge)),
+            Answer::InFlight => Told::InFlight,
+            Answer::Unknown => Told::Unknown,
+            Answer::Nothing => Told::Nothing,
+            Answer::Expired => Told::Expired,
+        });
+        Observed {
+            key: state.key.as_ref().map(|key| (key.point, lock(key.token, key.lease_over))),
+            payment: state.payment.as_ref().map(|payment| payment.charge.map_or(Outcome::Pending, outcome)),
+            charges: state.charges.iter().map(|charge| charge.succeeded).collect(),
+            attempts: attempts.collect(),
+            answers: answers.collect(),
+        }
+    }
+
+    /// What the database, the gateway and the client show.
+    async fn observed(&self) -> Observed {
+        let row = self.app.key_row(&self.key).await;
+        let charges = match &row {
+            Some(row) => self.control.charges_for(&self.app.downstream_key(row.id)).await,
+            None => Vec::new(),
+        };
+        let outcome = |payment: &Value| match payment["status"].as_str() {
+            Some("pending") => Outcome::Pending,
+            Some("failed") => Outcome::Declined,
+            Some("succeeded") => {
+                let charge_id = payment["gateway_charge_id"].as_str().expect("a succeeded payment's charge");
+                let place = charges.iter().position(|charge| charge["id"] == charge_id);
+                Outcome::Succeeded(place.expect("the payment's charge is under its key's downstream key") as u8)
+            }
+            _ => panic!("a payment the model has no name for: {payment}"),
+        };
+        let key = row.map(|row| {
+            let point = match row.recovery_point.as_str() {
+                "started" => Point::Started,
+                "charge_created" => Point::ChargeCreated,
+                "finished" => Point::Finished,
+                point => panic!("a payment's key at {point}"),
+            };
+            let lock = match (row.lock_token, row.locked_until) {
+                (None, _) => Lock::Free,
+                (Some(_), Some(until)) if until > Utc::now() => Lock::Live,
+                (Some(_), _) => Lock::Over,
+            };
+            (point, lock)
+        });
+        let payment: Option<(String, Option<String>)> = payments::table
+            .filter(payments::account_id.eq(self.app.account_id))
+            .filter(payments::idempotency_key.eq(&self.key))
+            .select((payments::status, payments::gateway_charge_id))
+            .get_result(&mut self.app.db().await)
+            .await
+            .optional()
+            .unwrap();
+        let payment = payment.map(|(status, charge_id)| json!({ "status": status, "gateway_charge_id": charge_id }));
+        let answers = self.replies.iter().map(|reply| match reply {
+            None => Told::Nothing,
+            Some((status, body)) => match status.as_u16() {
+                201 => Told::Payment(outcome(body)),
+                402 => Told::Payment(outcome(&body["payment"])),
+                409 => Told::InFlight,
+                503 => Told::Unknown,
+                410 => Told::Expired,
+                _ => panic!("an answer the model has no name for: {status} {body}"),
+            },
+        });
+        let attempts = self.attempts.iter().map(|attempt| match attempt {
+            None => Where::NotSent,
+            Some(attempt) if attempt.killed => Where::Killed,
+            Some(attempt) if attempt.reply.is_none() => Where::Answered,
+            Some(attempt) => Where::StoppedAt(last_stop(&attempt.process)),
+        });
+        Observed {
+            key,
+            payment: payment.as_ref().map(outcome),
+            charges: charges.iter().map(|charge| charge["status"] == "succeeded").collect(),
+            attempts: attempts.collect(),
+            answers: answers.collect(),
+        }
+    }
+}
+
+/// How many times the process stopped itself, by its log.
+fn stops(process: &Process) -> usize {
+    process.stderr.borrow().iter().filter(|line| line.contains("fault injection: stopping the process")).count()
+}
+
+/// The point the process last stopped at, by its log.
+fn last_stop(process: &Process) -> &'static str {
+    let lines = process.stderr.borrow();
+    let line = lines.iter().rev().find(|line| line.contains("fault injection: stopping the process"));
+    let line = line.expect("the process stopped");
+    STOPS.into_iter().find(|point| line.contains(point)).expect("a payment's point")
+}
+
+/// The claim's rule lives in SQL (`idempotency/claim.rs`): in every situation the protocol names,
+/// the statement decides as `payments_protocol::claim` says, which is what the model checks.
+#[tokio::test]
+async fn the_claims_statement_decides_as_the_protocols_rule_says() {
+    let app = TestApp::spawn().await;
+    let mut situations =
+        vec![Found::Nothing, Found::Expired { same_endpoint: true }, Found::Expired { same_endpoint: false }];
+    for same_request in [true, false] {
+        for finished in [true, false] {
+            for lease in [Lease::Free, Lease::Live, Lease::Over] {
+                situations.push(Found::Row { same_request, finished, lease });
+            }
+        }
+    }
+    for found in situations {
+        // A finished key is never held: the database refuses such a row, so no claim finds one.
+        if let Found::Row { finished: true, lease: Lease::Live | Lease::Over, .. } = found {
+            let key_id = app.seed_key(&new_key(), &payment_body(), "started", KeyLock::Live).await;
+            let finished = diesel::sql_query(finish(key_id)).execute(&mut app.db().await).await;
+            assert!(finished.is_err(), "a held key was let finish");
+            continue;
+        }
+        // An expired key is one past its recorded expiry, or one already reaped.
+        let ways = if matches!(found, Found::Expired { .. }) { &[false, true][..] } else { &[false] };
+        for &reaped in ways {
+            let decided = claim_where(&app, found, reaped).await;
+            assert_eq!(decided, payments_protocol::claim(found), "{found:?} (reaped: {reaped})");
+        }
+    }
+}
+
+/// What the claim's statement decides for a request that finds `found` under its key.
+async fn claim_where(app: &TestApp, found: Found, reaped: bool) -> Claim {
+    let request = app.key_request();
+    let key = request.key.as_str();
+    let mut new = request.new_key();
+    match found {
+        Found::Nothing => {}
+        Found::Expired { same_endpoint } => {
+            let key_id = app.seed_key(key, &payment_body(), "started", KeyLock::Free).await;
+            app.run_sql(&finish(key_id)).await;
+            app.seed_payment(key_id, key, "succeeded", Some("ch_made_before")).await;
+            let expire = match reaped {
+                true => format!("DELETE FROM idempotency_keys WHERE id = '{key_id}'"),
+                false => format!(
+                    "UPDATE idempotency_keys SET finished_at = now() - interval '2 seconds', \
+                     expires_at = now() - interval '1 second' WHERE id = '{key_id}'"
+                ),
+            };
+            app.run_sql(&expire).await;
+            if !same_endpoint {
+                new.endpoint = &payments_service::refunds::ENDPOINT;
+            }
+        }
+        Found::Row { same_request, finished, lease } => {
+            let mut body = payment_body();
+            if !same_request {
+                body["amount"] = 999.into();
+            }
+            let lock = match lease {
+                Lease::Free => KeyLock::Free,
+                Lease::Live => KeyLock::Live,
+                Lease::Over => KeyLock::Expired,
+            };
+            let key_id = app.seed_key(key, &body, "started", lock).await;
+            if finished {
+                app.run_sql(&finish(key_id)).await;
+            }
+        }
+    }
+    let lease = Duration::from_secs(60);
+    match claim::<TestWrites, KeyRowId>(&mut app.db().await, &new, lease, None).await.expect("the claim") {
+        Claimed::Mismatch => Claim::Mismatch,
+        Claimed::Replay { .. } => Claim::Replay,
+        Claimed::InFlight => Claim::InFlight,
+        Claimed::Expired { .. } => Claim::Expired,
+        Claimed::Acquired { lock, .. } if !lock.resumed() => Claim::New,
+        Claimed::Acquired { lock, .. } => {
+            let taken_over = format!(
+                "(SELECT action = 'idempotency_key.taken_over' FROM audit_records WHERE resource_id = '{}' \
+                 ORDER BY id DESC LIMIT 1)",
+                lock.key_id
+            );
+            Claim::Resume { taken_over: app.database_says(&taken_over).await }
+        }
+    }
+}
+
+/// The statement that finishes a key row, with an answer to replay.
+fn finish(key_id: uuid::Uuid) -> String {
+    format!(
+        "UPDATE idempotency_keys SET recovery_point = 'finished', finished_at = now(), response_status = 201, \
+         response_body = convert_to('{{}}', 'UTF8') WHERE id = '{key_id}'"
+    )
+}
+
+/// The refund's rule lives in SQL (`refunds/writes.rs`): for payments succeeded or not, with
+/// money refunded, reserved by pending refunds or neither, and a refund that asks for less than
+/// is left, all of it, more, or says nothing, the statement decides as
+/// `payments_protocol::refund_fits` says, which is what the model checks.
+#[tokio::test]
+async fn the_refunds_statement_decides_as_the_protocols_rule_says() {
+    let app = TestApp::spawn().await;
+    for succeeded in [true, false] {
+        for (refunded, reserved) in [(0, 0), (600, 0), (0, 600), (400, 600)] {
+            for asked in [None, Some(300), Some(400), Some(500)] {
+                let payment = app.paid(1000, "tok_visa").await;
+                let id = payment["id"].as_str().unwrap();
+                let outcome = match succeeded {
+                    true => "status = 'succeeded'",
+                    false => "status = 'failed', failure_code = 'card_declined'",
+                };
+                app.run_sql(&format!(
+                    "UPDATE payments SET {outcome}, amount_refunded = {refunded}, amount_refund_pending = {reserved} \
+                     WHERE id = '{id}'"
+                ))
+                .await;
+                let mut body = json!({ "payment": id });
+                if let Some(asked) = asked {
+                    body["amount"] = asked.into();
+                }
+                let answer = app.post_refund(&new_key(), &body).await;
+                let status = answer.status();
+                let answer: Value = answer.json().await.unwrap();
+                let decided = match status {
+                    StatusCode::CREATED | StatusCode::ACCEPTED => Ok(answer["amount"].as_i64().expect("an amount")),
+                    _ => Err(match answer["type"].as_str().and_then(|t| t.rsplit('/').next()) {
+                        Some("payment-not-refundable") => Refusal::PaymentNotRefundable,
+                        Some("payment-already-refunded") => Refusal::PaymentAlreadyRefunded,
+                        Some("refund-exceeds-payment") => Refusal::RefundExceedsPayment,
+                        _ => panic!("an answer the rule has no name for: {status} {answer}"),
+                    }),
+                };
+                let expected = payments_protocol::refund_fits(succeeded, 1000 - refunded - reserved, asked);
+                let paid = if succeeded { "a succeeded" } else { "a failed" };
+                assert_eq!(
+                    decided, expected,
+                    "{paid} payment, {refunded} refunded, {reserved} reserved, {asked:?} asked"
+                );
+            }
+        }
+    }
+}
