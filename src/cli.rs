@@ -8,6 +8,7 @@ use payments_service::telemetry::LogFormat;
 
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
 use crate::commands::chaos::ChaosArgs;
+use crate::commands::model::ModelCommand;
 use crate::commands::pay::PayArgs;
 use crate::commands::refund::RefundArgs;
 
@@ -65,6 +66,9 @@ pub enum Command {
     /// Measure the service under load: new payments, replays, concurrent duplicates and refunds,
     /// against a deployment of its own (or --url), and optionally against the reference workloads.
     Bench(BenchArgs),
+    /// The protocol's model: check every interleaving within bounds, or explore it step by step.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// The bare reference endpoint `bench --references` runs: actix-web parsing a JSON payment
     /// and answering JSON, with no database.
     #[command(hide = true)]

@@ -16,7 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     payments_service::telemetry::init(cli.log_format);
-    // Most commands succeed or fail; `pay` and `chaos` say with their exit code how a run ended.
+    // Most commands succeed or fail; `pay`, `chaos` and `model` say with their exit code how a run ended.
     let done = |()| ExitCode::SUCCESS;
     match cli.command {
         Command::Serve(args) => commands::serve::run(args).await.map(done),
@@ -32,6 +32,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Pay(args) => commands::pay::run(args).await,
         Command::Refund(args) => commands::refund::run(args).await,
         Command::Chaos(args) => commands::chaos::run(args).await,
+        Command::Model(command) => commands::model::run(command).await,
         Command::Bench(args) => commands::bench::run(args).await.map(done),
         Command::BenchEndpoint(args) => commands::bench::endpoint(args).await.map(done),
     }

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod chaos;
 pub mod gateway;
 pub mod migrate;
+pub mod model;
 pub mod pay;
 pub mod refund;
 pub mod send;

@@ -289,3 +289,39 @@ async fn a_stop_signal_drains_the_request_under_way_and_a_second_one_stops_at_on
     assert_eq!(exited.code(), Some(1), "exited at once, unclean");
     assert!(answer.is_err(), "the request was cut off with the process: {answer:?}");
 }
+
+#[tokio::test]
+async fn model_check_holds_every_guarantee_and_finds_each_broken_rule() {
+    let checked = payments(&["model", "check"], &[]).await;
+    let out = String::from_utf8(checked.stdout).unwrap();
+    assert!(checked.status.success(), "{out}");
+    for property in payments_model::ALWAYS {
+        assert!(out.contains(&format!("holds:       {property}\n")), "{out}");
+    }
+    for property in payments_model::SOMETIMES {
+        assert!(out.contains(&format!("reached:     {property}\n")), "{out}");
+    }
+
+    let broken = payments(&["model", "check", "--broken", "no-look-up-before-charging"], &[]).await;
+    let out = String::from_utf8(broken.stdout).unwrap();
+    assert_eq!(broken.status.code(), Some(3), "{out}");
+    assert!(out.contains("BROKEN:      at most one charge per key\n"), "{out}");
+    assert!(out.contains("the gateway forgets its idempotency keys"), "the path to it, step by step: {out}");
+}
+
+#[tokio::test]
+async fn model_explore_serves_the_checkers_explorer() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let bind = free.to_string();
+    let explorer = Process::start(&["model", "explore", "--bind", &bind], &[], "the model's explorer at ").await;
+    let status: serde_json::Value =
+        crate::helpers::wait_for(Duration::from_secs(30), "the explorer answers", || async {
+            let answer = reqwest::get(format!("{}.status", explorer.url)).await.ok()?;
+            answer.json().await.ok()
+        })
+        .await;
+    assert!(status.to_string().contains("at most one charge per key"), "{status}");
+    let states: serde_json::Value =
+        reqwest::get(format!("{}.states", explorer.url)).await.unwrap().json().await.unwrap();
+    assert!(states.as_array().is_some_and(|states| !states.is_empty()), "{states}");
+}

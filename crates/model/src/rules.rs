@@ -85,4 +85,21 @@ impl Mutant {
         Mutant::ReapedWhileTheClientRetries,
         Mutant::NoInbox,
     ];
+
+    /// Its name on the command line (`payments model check --broken NAME`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::NoLookUpBeforeCharging => "no-look-up-before-charging",
+            Mutant::NoFence => "no-fence",
+            Mutant::RefundCheckedThenReserved => "refund-checked-then-reserved",
+            Mutant::NoCompleter => "no-completer",
+            Mutant::ReapedWhileTheClientRetries => "reaped-while-the-client-retries",
+            Mutant::NoInbox => "no-inbox",
+        }
+    }
+
+    /// The broken rule of this name.
+    pub fn named(name: &str) -> Option<Mutant> {
+        Mutant::ALL.into_iter().find(|mutant| mutant.name() == name)
+    }
 }
