@@ -81,3 +81,12 @@ fn a_change_to_a_shared_rule_changes_what_the_checker_finds() {
     let model = Protocol { rules: Rules { claim: takes_over_a_live_lease, ..Rules::service() }, ..small() };
     assert!(shortest_counterexample(&model, property).is_some(), "the changed rule charges twice");
 }
+
+#[test]
+fn the_guide_shows_the_path_the_checker_prints() {
+    let guide = include_str!("../../../docs/model.md");
+    let model = small().with(Mutant::NoLookUpBeforeCharging);
+    let path = shortest_counterexample(&model, "at most one charge per key").expect("a double charge");
+    let printed = model.explain(&path);
+    assert!(guide.contains(&printed), "docs/model.md shows the path as the checker prints it:\n{printed}");
+}
