@@ -1,6 +1,7 @@
 //! The mock gateway over real HTTP: a `MockGateway` on port 0 per test,
 //! driven with reqwest.
 
+mod captures;
 mod events;
 mod refunds;
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::event_plan::InvalidEventPlan;
 use super::faults::{Fault, InvalidFaultSpec};
 use super::requests::InvalidRequest;
-use super::state::{DECLINE_CODE, DECLINE_MESSAGE, RefundRefusal, StoredResponse};
+use super::state::{ChangeRefusal, DECLINE_CODE, DECLINE_MESSAGE, RefundRefusal, StoredResponse};
 
 /// Longest idempotency key accepted, as on Stripe.
 pub(super) const MAX_KEY_LEN: usize = 255;
@@ -35,6 +35,9 @@ pub(super) enum ApiError {
     /// A refund the charge cannot give (stored under the key, like any answer).
     #[error(transparent)]
     RefundRefused(#[from] RefundRefusal),
+    /// A capture or cancel the charge cannot take (stored under the key, like any answer).
+    #[error(transparent)]
+    ChangeRefused(#[from] ChangeRefusal),
     #[error("Unrecognized request URL ({0} {1}).")]
     NoRoute(Method, String),
     #[error("{0} is not allowed on {1}.")]
@@ -90,6 +93,7 @@ impl ApiError {
             Self::RefundRefused(RefundRefusal::NotRefundable(_)) => (INVALID, Some("charge_not_refundable")),
             Self::RefundRefused(RefundRefusal::AlreadyRefunded(_)) => (INVALID, Some("charge_already_refunded")),
             Self::RefundRefused(RefundRefusal::AmountTooLarge { .. }) => (INVALID, Some("amount_too_large")),
+            Self::ChangeRefused(refusal) => (INVALID, Some(refusal.code())),
             Self::CardDeclined(_) => ("card_error", Some(DECLINE_CODE)),
             Self::KeyInUse => ("idempotency_error", Some("idempotency_key_in_use")),
             Self::KeyReused => ("idempotency_error", None),
@@ -105,6 +109,7 @@ impl ApiError {
                 RefundRefusal::NoSuchCharge(_) | RefundRefusal::NotRefundable(_) | RefundRefusal::AlreadyRefunded(_),
             ) => Some("charge"),
             Self::RefundRefused(RefundRefusal::AmountTooLarge { .. }) => Some("amount"),
+            Self::ChangeRefused(ChangeRefusal::AmountTooLarge { .. }) => Some("amount"),
             _ => None,
         };
         let charge = match self {
@@ -131,6 +136,8 @@ impl ResponseError for ApiError {
             Self::KeyReused => StatusCode::BAD_REQUEST,
             Self::RefundRefused(RefundRefusal::NoSuchCharge(_)) => StatusCode::NOT_FOUND,
             Self::RefundRefused(_) => StatusCode::BAD_REQUEST,
+            Self::ChangeRefused(ChangeRefusal::NoSuchCharge(_)) => StatusCode::NOT_FOUND,
+            Self::ChangeRefused(_) => StatusCode::BAD_REQUEST,
             Self::NoSuchCharge(_) | Self::NoSuchRefund(_) | Self::NoRoute(..) => StatusCode::NOT_FOUND,
             Self::WrongMethod(..) => StatusCode::METHOD_NOT_ALLOWED,
             Self::CardDeclined(_) => StatusCode::PAYMENT_REQUIRED,

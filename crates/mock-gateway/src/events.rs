@@ -11,7 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use serde::Serialize;
 
-/// What happened. As Stripe names its events, for the four changes this gateway reports.
+/// What happened. As Stripe names its events, for the changes this gateway reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub(super) enum EventType {
     /// A charge was made.
@@ -20,6 +20,12 @@ pub(super) enum EventType {
     /// A charge was declined: its charge exists, `failed`.
     #[serde(rename = "charge.failed")]
     ChargeFailed,
+    /// An authorized charge was captured.
+    #[serde(rename = "charge.captured")]
+    ChargeCaptured,
+    /// An authorized charge was cancelled: its hold released, nothing captured.
+    #[serde(rename = "charge.canceled")]
+    ChargeCanceled,
     /// A refund succeeded: at once, or when it settled.
     #[serde(rename = "refund.succeeded")]
     RefundSucceeded,
@@ -111,12 +117,23 @@ mod tests {
 
     #[test]
     fn the_types_are_named_as_on_the_wire() {
-        let names =
-            [EventType::ChargeSucceeded, EventType::ChargeFailed, EventType::RefundSucceeded, EventType::RefundFailed]
-                .map(|kind| serde_json::to_value(kind).unwrap());
-        assert_eq!(
-            names,
-            [json!("charge.succeeded"), json!("charge.failed"), json!("refund.succeeded"), json!("refund.failed")]
-        );
+        let kinds = [
+            EventType::ChargeSucceeded,
+            EventType::ChargeFailed,
+            EventType::ChargeCaptured,
+            EventType::ChargeCanceled,
+            EventType::RefundSucceeded,
+            EventType::RefundFailed,
+        ];
+        let names = kinds.map(|kind| serde_json::to_value(kind).unwrap());
+        let wire = [
+            "charge.succeeded",
+            "charge.failed",
+            "charge.captured",
+            "charge.canceled",
+            "refund.succeeded",
+            "refund.failed",
+        ];
+        assert_eq!(names, wire.map(|name| json!(name)));
     }
 }

@@ -1,16 +1,19 @@
-//! What the gateway is asked to make: the bodies of `POST /v1/charges` and `POST /v1/refunds`,
-//! checked and fingerprinted before anything is recorded.
+//! What the gateway is asked to do under an idempotency key: the bodies of `POST /v1/charges`
+//! and `POST /v1/refunds`, and the captures and cancels of a charge (`POST /v1/charges/{id}/capture`
+//! and `/cancel`), checked and fingerprinted before anything is recorded.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// The endpoints that make something under an idempotency key.
+/// The endpoints that do something under an idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Endpoint {
     Charges,
     Refunds,
+    Captures,
+    Cancels,
 }
 
 impl Endpoint {
@@ -18,6 +21,8 @@ impl Endpoint {
         match self {
             Endpoint::Charges => "/v1/charges",
             Endpoint::Refunds => "/v1/refunds",
+            Endpoint::Captures => "/v1/charges/{id}/capture",
+            Endpoint::Cancels => "/v1/charges/{id}/cancel",
         }
     }
 }
@@ -37,6 +42,14 @@ pub(super) struct ChargeRequest {
     pub(super) description: Option<String>,
     #[serde(default)]
     pub(super) metadata: BTreeMap<String, String>,
+    /// Whether the money moves now (the default), or is only authorized, to be captured (or
+    /// cancelled) later.
+    #[serde(default = "at_once")]
+    pub(super) capture: bool,
+}
+
+fn at_once() -> bool {
+    true
 }
 
 /// The body of `POST /v1/refunds`, serialized for its fingerprint like a charge's.
@@ -53,6 +66,34 @@ pub(super) struct RefundRequest {
     #[serde(default)]
     pub(super) metadata: BTreeMap<String, String>,
 }
+
+/// A capture of an authorized charge: the charge (from the path) and how much of it, by default
+/// all; what is not captured is released. Serialized with the charge for its fingerprint, so one
+/// key cannot capture two charges.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct CaptureRequest {
+    pub(super) charge: String,
+    pub(super) amount: Option<u64>,
+}
+
+/// The body of `POST /v1/charges/{id}/capture`, which may be left out.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CaptureBody {
+    #[serde(default)]
+    pub(super) amount: Option<u64>,
+}
+
+/// A cancel of an authorized charge (from the path): its hold released, nothing captured.
+#[derive(Debug, Clone, Serialize)]
+pub(super) struct CancelRequest {
+    pub(super) charge: String,
+}
+
+/// The body of `POST /v1/charges/{id}/cancel`: nothing, or an empty object.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CancelBody {}
 
 /// The reasons Stripe takes for a refund.
 const REFUND_REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
@@ -111,6 +152,26 @@ impl Create for ChargeRequest {
         if !self.source.starts_with("tok_") {
             return Err(InvalidRequest::NoSuchToken(self.source.clone()));
         }
+        Ok(())
+    }
+}
+
+impl Create for CaptureRequest {
+    const ENDPOINT: Endpoint = Endpoint::Captures;
+
+    /// Whether the charge can be captured, and for as much, is the ledger's to say (and stored).
+    fn validate(&self) -> Result<(), InvalidRequest> {
+        match self.amount {
+            Some(0) => Err(InvalidRequest::Amount),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Create for CancelRequest {
+    const ENDPOINT: Endpoint = Endpoint::Cancels;
+
+    fn validate(&self) -> Result<(), InvalidRequest> {
         Ok(())
     }
 }
@@ -175,5 +236,20 @@ mod tests {
         assert_eq!(refund(r#"{"amount": 5, "charge": "ch_1"}"#).fingerprint(), refund_fingerprint);
         assert_ne!(refund(r#"{"charge": "ch_1", "amount": 6}"#).fingerprint(), refund_fingerprint);
         assert_ne!(refund(r#"{"charge": "ch_1"}"#).fingerprint(), refund_fingerprint, "all left is not 5");
+        let authorize = r#"{"amount": 500, "currency": "USD", "source": "tok_visa", "capture": false}"#;
+        assert_ne!(charge(authorize).fingerprint(), fingerprint, "an authorization is not a charge");
+        let explicit = r#"{"amount": 500, "currency": "USD", "source": "tok_visa", "capture": true}"#;
+        assert_eq!(charge(explicit).fingerprint(), fingerprint, "capture at once is the default");
+    }
+
+    #[test]
+    fn a_capture_or_cancel_is_of_one_charge() {
+        let capture = |charge: &str, amount| CaptureRequest { charge: charge.into(), amount }.fingerprint();
+        assert_eq!(capture("ch_1", Some(5)), capture("ch_1", Some(5)));
+        assert_ne!(capture("ch_1", Some(5)), capture("ch_2", Some(5)), "another charge");
+        assert_ne!(capture("ch_1", Some(5)), capture("ch_1", None), "all of it is not 5");
+        let cancel = CancelRequest { charge: "ch_1".into() }.fingerprint();
+        assert_ne!(cancel, capture("ch_1", None), "a cancel is not a capture");
+        assert!(CaptureRequest { charge: "ch_1".into(), amount: Some(0) }.validate().is_err());
     }
 }

@@ -18,7 +18,9 @@ use super::deliveries::{EventStats, Outbox};
 use super::error::{ApiError, MAX_KEY_LEN};
 use super::event_plan::{EventPlan, EventPlanSpec};
 use super::faults::{Fault, FaultPlan, FaultSpec};
-use super::requests::{ChargeRequest, Create, Endpoint, RefundRequest};
+use super::requests::{
+    CancelBody, CancelRequest, CaptureBody, CaptureRequest, ChargeRequest, Create, Endpoint, RefundRequest,
+};
 use super::state::{Claim, Declined, Ledger, Stats, StoredResponse};
 
 /// What the handlers share.
@@ -150,6 +152,8 @@ pub(super) fn configure(cfg: &mut web::ServiceConfig, controls: Controls) {
         .service(resource("/v1/account").get(account))
         .service(resource("/v1/charges").post(create::<ChargeRequest>).get(list_charges))
         .service(resource("/v1/charges/{id}").get(get_charge))
+        .service(resource("/v1/charges/{id}/capture").post(capture))
+        .service(resource("/v1/charges/{id}/cancel").post(cancel))
         .service(resource("/v1/refunds").post(create::<RefundRequest>).get(list_refunds))
         .service(resource("/v1/refunds/{id}").get(get_refund));
     if controls == Controls::Served {
@@ -158,6 +162,7 @@ pub(super) fn configure(cfg: &mut web::ServiceConfig, controls: Controls) {
             .service(resource("/_control/events/sent").get(events_sent))
             .service(resource("/_control/idempotency-keys").delete(forget_keys))
             .service(resource("/_control/refunds/settle").post(settle_refunds))
+            .service(resource("/_control/authorizations/expire").post(expire_authorizations))
             .service(resource("/_control/stats").get(stats));
     }
     cfg.default_service(web::to(unknown_route));
@@ -178,9 +183,9 @@ fn payload_error(err: impl ResponseError) -> actix_web::Error {
     ApiError::Unparsable(err.status_code(), err.to_string()).into()
 }
 
-/// A request body that makes a charge or a refund: what the ledger makes of it, as the answer
-/// stored under its key.
-trait Make: Create + DeserializeOwned + Send + 'static {
+/// A request that makes a charge or a refund, or captures or cancels a charge: what the ledger
+/// makes of it, as the answer stored under its key.
+trait Make: Create + Send + 'static {
     fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse;
 }
 
@@ -202,23 +207,82 @@ impl Make for RefundRequest {
     }
 }
 
+impl Make for CaptureRequest {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
+        match ledger.capture(key, self) {
+            Ok(charge) => ok(&charge),
+            Err(refusal) => ApiError::from(refusal).stored(),
+        }
+    }
+}
+
+impl Make for CancelRequest {
+    fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
+        match ledger.cancel(key, self) {
+            Ok(charge) => ok(&charge),
+            Err(refusal) => ApiError::from(refusal).stored(),
+        }
+    }
+}
+
 fn ok(object: &impl Serialize) -> StoredResponse {
     StoredResponse { status: StatusCode::OK, body: serde_json::to_vec(object).expect("an object always serializes") }
 }
 
 /// `POST /v1/charges` and `POST /v1/refunds`. The body is taken as a `Result` so that even a
 /// malformed request is counted and uses up its fault before being refused.
-async fn create<R: Make>(
+async fn create<R: Make + DeserializeOwned>(
     state: web::Data<AppState>,
     req: HttpRequest,
     body: Result<web::Json<R>, actix_web::Error>,
+) -> actix_web::Result<HttpResponse> {
+    under_key(state, req, body.map(web::Json::into_inner)).await
+}
+
+/// `POST /v1/charges/{id}/capture`, its body optional.
+async fn capture(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> actix_web::Result<HttpResponse> {
+    let request =
+        optional_json(&body).map(|body: CaptureBody| CaptureRequest { charge: id.into_inner(), amount: body.amount });
+    under_key(state, req, request).await
+}
+
+/// `POST /v1/charges/{id}/cancel`, with no body or an empty object.
+async fn cancel(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    id: web::Path<String>,
+    body: web::Bytes,
+) -> actix_web::Result<HttpResponse> {
+    let request = optional_json(&body).map(|CancelBody {}| CancelRequest { charge: id.into_inner() });
+    under_key(state, req, request).await
+}
+
+/// A JSON body that may be left out altogether.
+fn optional_json<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, actix_web::Error> {
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|err| ApiError::Unparsable(StatusCode::BAD_REQUEST, err.to_string()).into())
+}
+
+/// A request done under its idempotency key: counted and given its fault on arrival (even if it is
+/// malformed), then done once, its answer stored and replayed.
+async fn under_key<R: Make>(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    request: Result<R, actix_web::Error>,
 ) -> actix_web::Result<HttpResponse> {
     let fault = state.arrive(R::ENDPOINT);
     if fault == Fault::ErrorBefore {
         return Err(ApiError::Injected(fault).into());
     }
     let key = idempotency_key(&req)?;
-    let request = body?.into_inner();
+    let request = request?;
     request.validate().map_err(ApiError::from)?;
     // Claimed on arrival, so a duplicate sent while this one waits out its
     // latency already sees the key in use.
@@ -347,6 +411,13 @@ async fn clear_faults(state: web::Data<AppState>) -> HttpResponse {
 async fn forget_keys(state: web::Data<AppState>) -> HttpResponse {
     state.books().forget_keys();
     HttpResponse::NoContent().finish()
+}
+
+/// `POST /_control/authorizations/expire`: every open authorization runs past its time now, as it
+/// would days later, so that a test can see a capture refused for it.
+async fn expire_authorizations(state: web::Data<AppState>) -> HttpResponse {
+    let expired = state.ledger().expire_authorizations();
+    HttpResponse::Ok().json(serde_json::json!({ "expired": expired }))
 }
 
 /// `POST /_control/refunds/settle`: every pending refund settles now, as it would have when its

@@ -1,11 +1,13 @@
 //! The gateway's memory: charges, refunds, the idempotency cache and the counters.
 //!
 //! Pure bookkeeping, with no I/O and no waiting (the time is passed in), so the rules that matter
-//! are unit-tested here: one charge or refund per key, replay only for the same body, never a
-//! refund of more than its charge has left, a failed refund gives its amount back, a pending
-//! refund settles when its time has come, and every change makes its event.
+//! are unit-tested here: one charge, refund, capture or cancel per key, replay only for the same
+//! body, an authorization captured at most once and never once cancelled, never a refund of more
+//! than its charge has captured and left, a failed refund gives its amount back, a pending refund
+//! settles when its time has come, and every change makes its event.
 //!
-//! Every change to the books (a charge made or declined, a refund made, a refund settled) is one
+//! Every change to the books (a charge made, authorized or declined, an authorization captured or
+//! cancelled, a refund made, a refund settled) is one
 //! [`Change`], carried out by [`Ledger::apply`] alone, which makes the change's event there and
 //! then, with the object as it stands at that moment. The ledger only makes events: whoever holds
 //! it takes them ([`Ledger::take_events`]) and hands them to the delivery, which sends them.
@@ -19,7 +21,7 @@ use rand::distr::Alphanumeric;
 use serde::Serialize;
 
 use super::events::{Event, EventType};
-use super::requests::{ChargeRequest, Endpoint, RefundRequest};
+use super::requests::{CancelRequest, CaptureRequest, ChargeRequest, Endpoint, RefundRequest};
 
 /// The token that test clients use to ask for a declined card.
 const DECLINED_TOKEN: &str = "tok_chargeDeclined";
@@ -36,9 +38,11 @@ const REFUND_FAILURE_REASON: &str = "expired_or_canceled_card";
 pub(super) const DECLINE_CODE: &str = "card_declined";
 pub(super) const DECLINE_MESSAGE: &str = "Your card was declined.";
 
-/// A charge's `status`.
+/// A charge's `status`: captured, declined, authorized only, or an authorization cancelled.
 const SUCCEEDED: &str = "succeeded";
 const FAILED: &str = "failed";
+const REQUIRES_CAPTURE: &str = "requires_capture";
+const CANCELED: &str = "canceled";
 
 /// A charge as the API shows it. Field order is the wire order.
 #[derive(Debug, Clone, Serialize)]
@@ -46,15 +50,20 @@ pub(super) struct Charge {
     id: String,
     object: &'static str,
     amount: u64,
+    /// What was captured: all of it for a charge made at once, none while it is only authorized,
+    /// what the capture took once it is captured.
+    amount_captured: u64,
     /// What its refunds that have not failed take back, pending ones included (as on Stripe).
     amount_refunded: u64,
+    captured: bool,
     currency: String,
     description: Option<String>,
     metadata: BTreeMap<String, String>,
-    /// Whether all of it is taken back.
+    /// Whether all it captured is taken back.
     refunded: bool,
     /// `succeeded`, or `failed` for a declined card: a decline is kept as a charge, as Stripe
-    /// keeps it, so that a look-up by key finds it and an event can show it.
+    /// keeps it, so that a look-up by key finds it and an event can show it. An authorization is
+    /// `requires_capture` until it is captured (`succeeded`) or cancelled (`canceled`).
     status: &'static str,
     /// Why it failed; only on a failed charge.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -66,6 +75,9 @@ pub(super) struct Charge {
     /// How its refunds end, chosen by the source it was made with (which a charge does not show).
     #[serde(skip)]
     refunds_end: RefundFate,
+    /// An authorization past its time, which can no longer be captured (only cancelled).
+    #[serde(skip)]
+    expired: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +138,38 @@ pub(super) enum RefundRefusal {
     AmountTooLarge { amount: u64, left: u64 },
 }
 
+/// Why a capture or a cancel was not done. Decided against the books, so stored under the key like
+/// any answer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub(super) enum ChangeRefusal {
+    #[error("No such charge: '{0}'")]
+    NoSuchCharge(String),
+    #[error("Charge {0} has already been captured.")]
+    AlreadyCaptured(String),
+    #[error("Charge {0} has been canceled: it can no longer be captured or canceled.")]
+    Canceled(String),
+    #[error("Charge {0} failed: there is nothing to capture or cancel.")]
+    Failed(String),
+    #[error("The authorization of charge {0} has expired: it can no longer be captured.")]
+    AuthorizationExpired(String),
+    #[error("Capture amount ({amount}) is greater than the amount authorized ({authorized}).")]
+    AmountTooLarge { amount: u64, authorized: u64 },
+}
+
+impl ChangeRefusal {
+    /// The error's `code`, as a processor names it.
+    pub(super) fn code(&self) -> &'static str {
+        match self {
+            ChangeRefusal::NoSuchCharge(_) => "resource_missing",
+            ChangeRefusal::AlreadyCaptured(_) => "charge_already_captured",
+            ChangeRefusal::Canceled(_) => "charge_canceled",
+            ChangeRefusal::Failed(_) => "charge_failed",
+            ChangeRefusal::AuthorizationExpired(_) => "authorization_expired",
+            ChangeRefusal::AmountTooLarge { .. } => "amount_too_large",
+        }
+    }
+}
+
 /// The card was declined: no money moved. The charge, with this id, is kept, `failed`.
 #[derive(Debug, PartialEq)]
 pub(super) struct Declined(pub(super) String);
@@ -172,6 +216,17 @@ pub(super) struct Stats {
     refund_requests: u64,
     /// Every look-up of refunds by key (`GET /v1/refunds?idempotency_key=`) received.
     refund_look_ups: u64,
+    /// Charges authorized only, to be captured later.
+    authorizations: u64,
+    /// Authorizations captured, and what they captured.
+    captures: u64,
+    captured_amount: u64,
+    /// Authorizations cancelled.
+    cancels: u64,
+    /// Every `POST /v1/charges/{id}/capture` and `/cancel` received, replays and faulted ones
+    /// included.
+    capture_requests: u64,
+    cancel_requests: u64,
 }
 
 #[derive(Debug)]
@@ -186,6 +241,12 @@ enum Change {
     /// The card was declined: the charge is kept, failed.
     ChargeDeclined(Charge),
     ChargeCreated(Charge),
+    ChargeAuthorized(Charge),
+    /// The authorized charge at this index in `charges` is captured, for this amount, by the
+    /// request with this key.
+    ChargeCaptured(usize, u64, String),
+    /// The authorized charge at this index in `charges` is cancelled by the request with this key.
+    ChargeCanceled(usize, String),
     RefundCreated(Refund),
     /// The pending refund at this index in `refunds` settles as it was meant to.
     RefundSettled(usize),
@@ -223,6 +284,8 @@ impl Ledger {
         match endpoint {
             Endpoint::Charges => self.stats.requests += 1,
             Endpoint::Refunds => self.stats.refund_requests += 1,
+            Endpoint::Captures => self.stats.capture_requests += 1,
+            Endpoint::Cancels => self.stats.cancel_requests += 1,
         }
     }
 
@@ -234,8 +297,8 @@ impl Ledger {
     /// Counts one look-up by key at `endpoint`.
     pub(super) fn count_look_up(&mut self, endpoint: Endpoint) {
         match endpoint {
-            Endpoint::Charges => self.stats.look_ups += 1,
             Endpoint::Refunds => self.stats.refund_look_ups += 1,
+            _ => self.stats.look_ups += 1,
         }
     }
 
@@ -266,7 +329,9 @@ impl Ledger {
             id: new_id("ch"),
             object: "charge",
             amount: request.amount,
+            amount_captured: request.amount,
             amount_refunded: 0,
+            captured: true,
             currency: request.currency.to_ascii_lowercase(),
             description: request.description.clone(),
             metadata: request.metadata.clone(),
@@ -277,17 +342,65 @@ impl Ledger {
             idempotency_key: key.to_owned(),
             created: unix_now(),
             refunds_end,
+            expired: false,
         };
         if request.source == DECLINED_TOKEN {
-            charge.status = FAILED;
+            (charge.status, charge.captured, charge.amount_captured) = (FAILED, false, 0);
             charge.failure_code = Some(DECLINE_CODE);
             charge.failure_message = Some(DECLINE_MESSAGE);
             let id = charge.id.clone();
             self.apply(Change::ChargeDeclined(charge));
             return Err(Declined(id));
         }
+        if !request.capture {
+            (charge.status, charge.captured, charge.amount_captured) = (REQUIRES_CAPTURE, false, 0);
+            self.apply(Change::ChargeAuthorized(charge.clone()));
+            return Ok(charge);
+        }
         self.apply(Change::ChargeCreated(charge.clone()));
         Ok(charge)
+    }
+
+    /// Carries out a granted capture: all of the authorization, or part of it (the rest is
+    /// released). Only an authorization still open can be captured, once.
+    pub(super) fn capture(&mut self, key: &str, request: &CaptureRequest) -> Result<Charge, ChangeRefusal> {
+        let at = self.authorization(&request.charge)?;
+        let charge = &self.charges[at];
+        if charge.expired {
+            return Err(ChangeRefusal::AuthorizationExpired(charge.id.clone()));
+        }
+        let amount = request.amount.unwrap_or(charge.amount);
+        if amount > charge.amount {
+            return Err(ChangeRefusal::AmountTooLarge { amount, authorized: charge.amount });
+        }
+        self.apply(Change::ChargeCaptured(at, amount, key.to_owned()));
+        Ok(self.charges[at].clone())
+    }
+
+    /// Carries out a granted cancel: the authorization's hold released, expired or not.
+    pub(super) fn cancel(&mut self, key: &str, request: &CancelRequest) -> Result<Charge, ChangeRefusal> {
+        let at = self.authorization(&request.charge)?;
+        self.apply(Change::ChargeCanceled(at, key.to_owned()));
+        Ok(self.charges[at].clone())
+    }
+
+    /// Where an authorization still open is in `charges`; or why the charge is none.
+    fn authorization(&self, id: &str) -> Result<usize, ChangeRefusal> {
+        let &at = self.charge_at.get(id).ok_or_else(|| ChangeRefusal::NoSuchCharge(id.to_owned()))?;
+        let id = id.to_owned();
+        match self.charges[at].status {
+            REQUIRES_CAPTURE => Ok(at),
+            SUCCEEDED => Err(ChangeRefusal::AlreadyCaptured(id)),
+            CANCELED => Err(ChangeRefusal::Canceled(id)),
+            _ => Err(ChangeRefusal::Failed(id)),
+        }
+    }
+
+    /// Lets every open authorization run past its time (as days going by would): from now on it
+    /// can only be cancelled. Returns how many.
+    pub(super) fn expire_authorizations(&mut self) -> usize {
+        let open = self.charges.iter_mut().filter(|charge| charge.status == REQUIRES_CAPTURE && !charge.expired);
+        open.map(|charge| charge.expired = true).count()
     }
 
     /// Carries out a granted refund request at `now`: refunds what was asked (by default all the
@@ -303,7 +416,7 @@ impl Ledger {
         if charge.status != SUCCEEDED {
             return Err(RefundRefusal::NotRefundable(charge.id.clone()));
         }
-        let left = charge.amount - charge.amount_refunded;
+        let left = charge.amount_captured - charge.amount_refunded;
         let amount = request.amount.unwrap_or(left);
         if left == 0 {
             return Err(RefundRefusal::AlreadyRefunded(charge.id.clone()));
@@ -376,11 +489,30 @@ impl Ledger {
                 make_event(&mut self.events, EventType::ChargeSucceeded, &charge, &charge.idempotency_key);
                 self.keep(charge);
             }
+            // As Stripe, an authorization is a charge that succeeded, not captured.
+            Change::ChargeAuthorized(charge) => {
+                self.stats.authorizations += 1;
+                make_event(&mut self.events, EventType::ChargeSucceeded, &charge, &charge.idempotency_key);
+                self.keep(charge);
+            }
+            Change::ChargeCaptured(at, amount, key) => {
+                let charge = &mut self.charges[at];
+                (charge.status, charge.captured, charge.amount_captured) = (SUCCEEDED, true, amount);
+                self.stats.captures += 1;
+                self.stats.captured_amount += amount;
+                make_event(&mut self.events, EventType::ChargeCaptured, charge, &key);
+            }
+            Change::ChargeCanceled(at, key) => {
+                let charge = &mut self.charges[at];
+                charge.status = CANCELED;
+                self.stats.cancels += 1;
+                make_event(&mut self.events, EventType::ChargeCanceled, charge, &key);
+            }
             Change::RefundCreated(refund) => {
                 let charge = self.charge_mut(&refund.charge);
                 let charge = charge.expect("a refund is made only for a charge the ledger holds");
                 charge.amount_refunded += refund.amount;
-                charge.refunded = charge.amount_refunded == charge.amount;
+                charge.refunded = charge.amount_refunded == charge.amount_captured;
                 self.stats.refunds += 1;
                 self.stats.refunded_amount += refund.amount;
                 match refund.settles {
@@ -524,6 +656,110 @@ mod tests {
     fn refunded(ledger: &Ledger, charge: &Charge) -> (u64, bool) {
         let charge = ledger.charge(&charge.id).expect("the charge is kept");
         (charge.amount_refunded, charge.refunded)
+    }
+
+    /// A ledger (making events) holding one authorization of `amount`, under the key `auth`.
+    fn authorized(amount: u64) -> (Ledger, Charge) {
+        let mut request = charge_request(amount, "tok_visa");
+        request.capture = false;
+        let mut ledger = Ledger::making_events();
+        let charge = ledger.create_charge("auth", &request).expect("authorized");
+        (ledger, charge)
+    }
+
+    fn capture(charge: &Charge, amount: Option<u64>) -> CaptureRequest {
+        CaptureRequest { charge: charge.id.clone(), amount }
+    }
+
+    fn cancel(charge: &Charge) -> CancelRequest {
+        CancelRequest { charge: charge.id.clone() }
+    }
+
+    #[test]
+    fn an_authorization_is_captured_once_in_part_and_refunded_only_what_it_captured() {
+        let (mut ledger, charge) = authorized(500);
+        assert_eq!((charge.status, charge.captured, charge.amount_captured), (REQUIRES_CAPTURE, false, 0));
+        assert_eq!((ledger.stats().charges, ledger.stats().authorizations), (0, 1), "authorized, not charged");
+        let refund = ledger.create_refund("r", &refund_request(&charge, None), Instant::now());
+        assert_eq!(refund.unwrap_err(), RefundRefusal::NotRefundable(charge.id.clone()), "nothing captured yet");
+
+        let too_much = ledger.capture("c", &capture(&charge, Some(501)));
+        assert_eq!(too_much.unwrap_err(), ChangeRefusal::AmountTooLarge { amount: 501, authorized: 500 });
+        let captured = ledger.capture("c", &capture(&charge, Some(300))).expect("300 of 500");
+        assert_eq!((captured.status, captured.captured, captured.amount_captured), (SUCCEEDED, true, 300));
+        let stats = ledger.stats();
+        assert_eq!((stats.captures, stats.captured_amount), (1, 300));
+
+        let again = ChangeRefusal::AlreadyCaptured(charge.id.clone());
+        assert_eq!(ledger.capture("d", &capture(&charge, Some(1))).unwrap_err(), again);
+        assert_eq!(
+            ledger.cancel("e", &cancel(&charge)).unwrap_err(),
+            again,
+            "a captured charge is refunded, not cancelled"
+        );
+        let refund = ledger.create_refund("r", &refund_request(&charge, None), Instant::now()).expect("refunded");
+        assert_eq!(refund.amount, 300, "all it captured");
+        let more = ledger.create_refund("s", &refund_request(&charge, Some(1)), Instant::now());
+        assert_eq!(more.unwrap_err(), RefundRefusal::AlreadyRefunded(charge.id.clone()));
+        assert_eq!(refunded(&ledger, &charge), (300, true));
+    }
+
+    #[test]
+    fn a_cancelled_authorization_is_never_captured_and_only_an_authorization_is_cancelled() {
+        let (mut ledger, charge) = authorized(500);
+        let canceled = ledger.cancel("c", &cancel(&charge)).expect("cancelled");
+        assert_eq!((canceled.status, canceled.amount_captured), (CANCELED, 0));
+        let gone = ChangeRefusal::Canceled(charge.id.clone());
+        assert_eq!(ledger.capture("d", &capture(&charge, None)).unwrap_err(), gone);
+        assert_eq!(ledger.cancel("e", &cancel(&charge)).unwrap_err(), gone);
+        let refund = ledger.create_refund("r", &refund_request(&charge, None), Instant::now());
+        assert_eq!(refund.unwrap_err(), RefundRefusal::NotRefundable(charge.id.clone()));
+        assert_eq!((ledger.stats().cancels, ledger.stats().captures), (1, 0));
+
+        let at_once = ledger.create_charge("f", &charge_request(500, "tok_visa")).expect("charged");
+        assert_eq!(
+            ledger.capture("g", &capture(&at_once, None)).unwrap_err(),
+            ChangeRefusal::AlreadyCaptured(at_once.id)
+        );
+        let Declined(declined) = ledger.create_charge("h", &charge_request(500, "tok_chargeDeclined")).unwrap_err();
+        let failed = ledger.charge(&declined).unwrap().clone();
+        assert_eq!(ledger.cancel("i", &cancel(&failed)).unwrap_err(), ChangeRefusal::Failed(declined));
+        let unknown = CancelRequest { charge: "ch_nope".into() };
+        assert_eq!(ledger.cancel("j", &unknown).unwrap_err(), ChangeRefusal::NoSuchCharge("ch_nope".into()));
+    }
+
+    #[test]
+    fn an_expired_authorization_can_be_cancelled_but_not_captured() {
+        let (mut ledger, charge) = authorized(500);
+        assert_eq!(ledger.expire_authorizations(), 1);
+        assert_eq!(ledger.expire_authorizations(), 0, "expired once");
+        let late = ledger.capture("c", &capture(&charge, None));
+        assert_eq!(late.unwrap_err(), ChangeRefusal::AuthorizationExpired(charge.id.clone()));
+        assert_eq!(ledger.cancel("d", &cancel(&charge)).expect("cancelled").status, CANCELED);
+    }
+
+    #[test]
+    fn a_capture_and_a_cancel_make_their_events_under_their_own_keys() {
+        let (mut ledger, first) = authorized(500);
+        let made = events(&mut ledger);
+        assert_eq!(made, [("charge.succeeded".into(), first.id.clone(), "auth".into(), as_shown(&first))]);
+        assert_eq!(made[0].3["captured"], false);
+        let captured = ledger.capture("c", &capture(&first, Some(200))).unwrap();
+        assert_eq!(
+            events(&mut ledger),
+            [("charge.captured".into(), first.id.clone(), "c".into(), as_shown(&captured))]
+        );
+        let mut request = charge_request(500, "tok_visa");
+        request.capture = false;
+        let second = ledger.create_charge("auth2", &request).unwrap();
+        ledger.take_events();
+        let canceled = ledger.cancel("x", &cancel(&second)).unwrap();
+        assert_eq!(
+            events(&mut ledger),
+            [("charge.canceled".into(), second.id.clone(), "x".into(), as_shown(&canceled))]
+        );
+        assert!(ledger.capture("y", &capture(&second, None)).is_err());
+        assert!(ledger.take_events().is_empty(), "a refusal makes none");
     }
 
     #[test]
