@@ -2,6 +2,8 @@
 //! within the bounds, each guarantee held or broken with the shortest path to it) or explored
 //! step by step in a browser (`explore`: stateright's explorer).
 
+use std::fmt::Write as _;
+use std::io::Write as _;
 use std::net::{SocketAddr, TcpListener};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -14,8 +16,8 @@ use stateright::{Checker, Model};
 #[derive(Subcommand)]
 pub enum ModelCommand {
     /// Explore every state within the bounds; print each guarantee, held or broken (with the
-    /// shortest path to the break, step by step), and each path shown reached. Exits 3 if a
-    /// guarantee is broken or a path is never reached.
+    /// shortest path to the break, step by step), and whether each path is reached (a guarantee
+    /// holds for nothing if what it guards never happens). Exits 3 if a guarantee is broken.
     Check(ModelArgs),
     /// Serve the checker's explorer: the model's states, one action at a time, in a browser.
     Explore {
@@ -81,23 +83,27 @@ pub async fn run(command: ModelCommand) -> anyhow::Result<ExitCode> {
 fn check(model: &Protocol) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let checker = model.clone().checker().spawn_bfs().join();
-    println!("{} states explored in {:.1?}", checker.unique_state_count(), started.elapsed());
+    let mut report = format!("{} states explored in {:.1?}\n", checker.unique_state_count(), started.elapsed());
     let found = checker.discoveries();
-    let mut ok = true;
+    let mut broken = false;
     for property in ALWAYS {
         if !found.contains_key(property) {
-            println!("holds:       {property}");
+            writeln!(report, "holds:       {property}")?;
             continue;
         }
-        ok = false;
-        println!("BROKEN:      {property}");
+        broken = true;
         let path = shortest_counterexample(model, property).context("the shortest path to the break")?;
-        println!("{}", model.explain(&path));
+        writeln!(report, "BROKEN:      {property}\n{}", model.explain(&path))?;
     }
-    for property in SOMETIMES {
-        let reached = found.contains_key(property);
-        ok &= reached;
-        println!("{} {property}", if reached { "reached:    " } else { "NOT REACHED:" });
+    for property in SOMETIMES.into_iter().filter(|property| model.takes_part_in(property)) {
+        let reached = if found.contains_key(property) { "reached:    " } else { "not reached:" };
+        writeln!(report, "{reached} {property}")?;
     }
-    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(3) })
+    // A reader who pipes it into `head` has what they wanted: a closed pipe is no failure.
+    if let Err(error) = std::io::stdout().write_all(report.as_bytes())
+        && error.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        return Err(error.into());
+    }
+    Ok(if broken { ExitCode::from(3) } else { ExitCode::SUCCESS })
 }

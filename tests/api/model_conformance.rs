@@ -23,7 +23,7 @@ use payments_model::{Action, Answer, Gateway, Pc, Point, Protocol, State};
 use payments_protocol::{Claim, Found, Lease, Refusal};
 use payments_service::db::schema::payments;
 use payments_service::idempotency::{Claim as Claimed, claim};
-use payments_service::workers::Worker;
+use payments_service::workers::{Outcome as Worked, Worker};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
@@ -36,8 +36,12 @@ use crate::helpers::{
     GatewayControl, KeyRowId, Lock as KeyLock, Process, TestApp, TestWrites, new_key, payment_body, wait_for,
 };
 
-/// Paths per run, and the most steps on each. (A step: one fault, or one driver from a point
-/// where it can stop to the next.)
+/// How long a gateway call may take: long enough for a slow machine's first answers, short enough
+/// for the `timeout_after` steps, which wait it out.
+const GATEWAY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Paths per run (more, up to twice as many, until every kind of step was taken), and the most
+/// steps on each. (A step: one fault, or one driver from a point where it can stop to the next.)
 const PATHS: u64 = 24;
 const MOST_STEPS: usize = 40;
 
@@ -48,17 +52,8 @@ fn first_seed() -> u64 {
 
 #[tokio::test]
 async fn the_service_does_what_the_model_predicts_on_paths_drawn_from_it() {
-    let gateway = Process::gateway().await;
-    let mut taken = BTreeSet::new();
-    let first = first_seed();
-    for seed in first..first + PATHS {
-        let mut path = Path::start(seed, &gateway).await;
-        for _ in 0..MOST_STEPS {
-            let Some(step) = path.plan_step() else { break };
-            taken.extend(path.take(&step).await);
-        }
-    }
-    // Every kind of step was taken on some path, so no comparison holds for want of trying.
+    // Every kind of step is taken on some path, so that no comparison holds for want of trying:
+    // after the first paths, more are drawn until each kind was taken.
     let kinds = [
         "a new key claimed",
         "a key taken up again",
@@ -78,6 +73,19 @@ async fn the_service_does_what_the_model_predicts_on_paths_drawn_from_it() {
         "a lease lapses",
         "the gateway forgets",
     ];
+    let gateway = Process::gateway().await;
+    let mut taken = BTreeSet::new();
+    let first = first_seed();
+    for seed in first..first + 2 * PATHS {
+        if seed >= first + PATHS && kinds.iter().all(|kind| taken.contains(kind)) {
+            break;
+        }
+        let mut path = Path::start(seed, &gateway).await;
+        for _ in 0..MOST_STEPS {
+            let Some(step) = path.plan_step() else { break };
+            taken.extend(path.take(&step).await);
+        }
+    }
     for expected in kinds {
         assert!(taken.contains(expected), "no path took \"{expected}\": took {taken:?}");
     }
@@ -87,7 +95,7 @@ async fn the_service_does_what_the_model_predicts_on_paths_drawn_from_it() {
 fn kind(action: &Action, after: &State) -> &'static str {
     match action {
         Action::Claim(d) => match (after.drivers[*d].pc, after.answers.last()) {
-            (Pc::Started, _) => "a new key claimed",
+            (Pc::Claimed, _) if !after.drivers[*d].resumed => "a new key claimed",
             (Pc::Claimed | Pc::Recorded, _) => "a key taken up again",
             (_, Some(Answer::InFlight)) => "a retry turned away",
             (_, Some(Answer::Payment(_))) => "a stored answer replayed",
@@ -128,6 +136,8 @@ struct Path<'g> {
     /// What the client was told, in order (`None`: no answer, the process died).
     replies: Vec<Option<(StatusCode, Value)>>,
     taken: Vec<Action>,
+    /// The real lock tokens, by the model's: which driver holds the key.
+    tokens: Vec<(u8, uuid::Uuid)>,
 }
 
 /// A client's attempt: its own `serve` process, and the request it sent.
@@ -139,12 +149,13 @@ struct Attempt {
     killed: bool,
 }
 
-/// The lock on the key, as the database holds it.
+/// The lock on the key, as the database holds it: by whom (the model's token), and whether its
+/// lease is still live.
 #[derive(Debug, PartialEq)]
 enum Lock {
     Free,
-    Live,
-    Over,
+    Live(u8),
+    Over(u8),
 }
 
 /// Where an attempt stands.
@@ -165,10 +176,11 @@ enum Outcome {
     Declined,
 }
 
-/// What the client was told.
+/// What the client was told (or a key row stores): a payment with its status code (`201`, or
+/// `402` for a decline), or another answer.
 #[derive(Debug, PartialEq)]
 enum Told {
-    Payment(Outcome),
+    Payment(u16, Outcome),
     InFlight,
     Unknown,
     Nothing,
@@ -178,7 +190,8 @@ enum Told {
 /// What the model and the real system are compared on.
 #[derive(Debug, PartialEq)]
 struct Observed {
-    key: Option<(Point, Lock)>,
+    /// The key's row: its recovery point, its lock, and the answer it stores.
+    key: Option<(Point, Lock, Option<Told>)>,
     payment: Option<Outcome>,
     /// The charges the gateway holds under the key's downstream key: succeeded, or declined.
     charges: Vec<bool>,
@@ -200,7 +213,7 @@ impl<'g> Path<'g> {
         let app = TestApp::builder()
             .gateway_url(&gateway.url)
             .lock_timeout(Duration::from_secs(60))
-            .gateway_timeout(Duration::from_millis(500))
+            .gateway_timeout(GATEWAY_TIMEOUT)
             .workers(|w| w.completer_backoff = Duration::ZERO)
             .spawn()
             .await;
@@ -209,6 +222,8 @@ impl<'g> Path<'g> {
             body["source"] = "tok_chargeDeclined".into();
         }
         let attempts = (0..model.attempts).map(|_| None).collect();
+        let control = GatewayControl::new(&gateway.url);
+        control.clear_faults().await;
         Path {
             seed,
             model,
@@ -217,12 +232,13 @@ impl<'g> Path<'g> {
             rng,
             app,
             gateway,
-            control: GatewayControl::new(&gateway.url),
+            control,
             key: new_key(),
             body,
             attempts,
             replies: Vec::new(),
             taken: Vec::new(),
+            tokens: Vec::new(),
         }
     }
 
@@ -251,7 +267,7 @@ impl<'g> Path<'g> {
         actions.retain(|action| match action {
             Action::Charge(_, Gateway::Declines) => self.declines,
             Action::Charge(_, Gateway::Answers | Gateway::FailsAfter) => !self.declines,
-            Action::Pause(_) | Action::Wake(_) | Action::Reap => false,
+            Action::Pause(_) | Action::PauseInCall(_) | Action::Wake(_) | Action::Reap => false,
             Action::Crash(_) => only.is_none(),
             _ => true,
         });
@@ -292,13 +308,20 @@ impl<'g> Path<'g> {
     /// Takes `step` on the real system and in the model, compares the two, and returns the
     /// kinds of actions it took.
     async fn take(&mut self, step: &[Action]) -> Vec<&'static str> {
-        // The gateway is told how its one charge request in the step fails, if it does.
+        // The gateway is told how its one charge request in the step fails, if it does; the
+        // step must use it up.
+        let faults_before = self.control.stats().await.faults;
+        let mut armed = 0;
         for action in step {
             match action {
-                Action::Charge(_, Gateway::FailsBefore) => self.control.fault("error_before", 1).await,
+                Action::Charge(_, Gateway::FailsBefore) => {
+                    self.control.fault("error_before", 1).await;
+                    armed += 1;
+                }
                 Action::Charge(_, Gateway::FailsAfter) => {
                     let mode = if self.rng.random_bool(0.5) { "error_after" } else { "timeout_after" };
                     self.control.fault(mode, 1).await;
+                    armed += 1;
                 }
                 _ => {}
             }
@@ -306,7 +329,8 @@ impl<'g> Path<'g> {
         match step[0] {
             Action::Claim(d) => self.send(d).await,
             Action::TakeOver => {
-                self.app.workers().completer.run_once().await.expect("the completer runs");
+                let outcome = self.app.workers().completer.run_once().await.expect("the completer runs");
+                assert_eq!(outcome, Worked::Worked, "the completer takes the key over");
             }
             Action::Crash(d) => self.kill(d).await,
             Action::LeaseLapses => {
@@ -331,6 +355,14 @@ impl<'g> Path<'g> {
             self.taken.push(action);
             kinds.push(kind(&action, &self.state));
         }
+        assert_eq!(self.control.stats().await.faults, faults_before + armed, "the step used the faults armed for it");
+        // A claim or a take-over that took the key: its real token is the model's new one.
+        if let Some(token) = self.state.key.as_ref().and_then(|key| key.token)
+            && !self.tokens.iter().any(|(known, _)| *known == token)
+            && let Some(real) = self.app.key_row(&self.key).await.and_then(|row| row.lock_token)
+        {
+            self.tokens.push((token, real));
+        }
         let predicted = self.predicted();
         let observed = self.observed().await;
         assert_eq!(
@@ -354,9 +386,10 @@ impl<'g> Path<'g> {
 
     /// Attempt `d`: a process of its own sends the request, which runs to its first stop.
     async fn send(&mut self, d: usize) {
+        let gateway_timeout = GATEWAY_TIMEOUT.as_millis().to_string();
         let env = [
             ("PAYMENTS_FAULT_INJECTION", "1"),
-            ("PAYMENTS_GATEWAY_TIMEOUT_MS", "500"),
+            ("PAYMENTS_GATEWAY_TIMEOUT_MS", &gateway_timeout),
             ("PAYMENTS_LOCK_TIMEOUT_MS", "60000"),
         ];
         let process = Process::serve(&self.app.database.url, &self.gateway.url, &["--no-workers"], &env).await;
@@ -409,8 +442,8 @@ impl<'g> Path<'g> {
         let state = &self.state;
         let lock = |token: Option<u8>, over| match (token, over) {
             (None, _) => Lock::Free,
-            (Some(_), false) => Lock::Live,
-            (Some(_), true) => Lock::Over,
+            (Some(token), false) => Lock::Live(token),
+            (Some(token), true) => Lock::Over(token),
         };
         let attempts = state.drivers[..usize::from(self.model.attempts)].iter().map(|driver| match driver.pc {
             Pc::Idle => Where::NotSent,
@@ -421,19 +454,23 @@ impl<'g> Path<'g> {
             Pc::Dead => Where::Killed,
             pc => panic!("an attempt left mid-step, at {pc:?}"),
         });
-        let outcome = |charge: u8| match state.charges[usize::from(charge)].succeeded {
-            true => Outcome::Succeeded(charge),
-            false => Outcome::Declined,
+        let payment = |charge: u8| match state.charges[usize::from(charge)].succeeded {
+            true => Told::Payment(201, Outcome::Succeeded(charge)),
+            false => Told::Payment(402, Outcome::Declined),
+        };
+        let outcome = |charge: u8| match payment(charge) {
+            Told::Payment(_, outcome) => outcome,
+            _ => unreachable!(),
         };
         let answers = state.answers.iter().map(|answer| match *answer {
-            Answer::Payment(charge) => Told::Payment(outcome(charge)),
+            Answer::Payment(charge) => payment(charge),
             Answer::InFlight => Told::InFlight,
             Answer::Unknown => Told::Unknown,
             Answer::Nothing => Told::Nothing,
             Answer::Expired => Told::Expired,
         });
         Observed {
-            key: state.key.as_ref().map(|key| (key.point, lock(key.token, key.lease_over))),
+            key: state.key.as_ref().map(|key| (key.point, lock(key.token, key.lease_over), key.answer.map(payment))),
             payment: state.payment.as_ref().map(|payment| payment.charge.map_or(Outcome::Pending, outcome)),
             charges: state.charges.iter().map(|charge| charge.succeeded).collect(),
             attempts: attempts.collect(),
@@ -458,6 +495,14 @@ impl<'g> Path<'g> {
             }
             _ => panic!("a payment the model has no name for: {payment}"),
         };
+        let told = |status: u16, body: &Value| match status {
+            201 => Told::Payment(201, outcome(body)),
+            402 => Told::Payment(402, outcome(&body["payment"])),
+            409 => Told::InFlight,
+            503 => Told::Unknown,
+            410 => Told::Expired,
+            _ => panic!("an answer the model has no name for: {status} {body}"),
+        };
         let key = row.map(|row| {
             let point = match row.recovery_point.as_str() {
                 "started" => Point::Started,
@@ -465,12 +510,20 @@ impl<'g> Path<'g> {
                 "finished" => Point::Finished,
                 point => panic!("a payment's key at {point}"),
             };
+            let holder = |real: uuid::Uuid| {
+                let known = self.tokens.iter().find(|(_, token)| *token == real);
+                known.map(|(token, _)| *token).unwrap_or_else(|| panic!("a lock token no claim took: {real}"))
+            };
             let lock = match (row.lock_token, row.locked_until) {
                 (None, _) => Lock::Free,
-                (Some(_), Some(until)) if until > Utc::now() => Lock::Live,
-                (Some(_), _) => Lock::Over,
+                (Some(token), Some(until)) if until > Utc::now() => Lock::Live(holder(token)),
+                (Some(token), _) => Lock::Over(holder(token)),
             };
-            (point, lock)
+            let stored = row.response_status.zip(row.response_body.as_ref()).map(|(status, body)| {
+                let body: Value = serde_json::from_slice(body).expect("a stored JSON answer");
+                told(status as u16, &body)
+            });
+            (point, lock, stored)
         });
         let payment: Option<(String, Option<String>)> = payments::table
             .filter(payments::account_id.eq(self.app.account_id))
@@ -483,14 +536,7 @@ impl<'g> Path<'g> {
         let payment = payment.map(|(status, charge_id)| json!({ "status": status, "gateway_charge_id": charge_id }));
         let answers = self.replies.iter().map(|reply| match reply {
             None => Told::Nothing,
-            Some((status, body)) => match status.as_u16() {
-                201 => Told::Payment(outcome(body)),
-                402 => Told::Payment(outcome(&body["payment"])),
-                409 => Told::InFlight,
-                503 => Told::Unknown,
-                410 => Told::Expired,
-                _ => panic!("an answer the model has no name for: {status} {body}"),
-            },
+            Some((status, body)) => told(status.as_u16(), body),
         });
         let attempts = self.attempts.iter().map(|attempt| match attempt {
             None => Where::NotSent,

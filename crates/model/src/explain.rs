@@ -42,6 +42,9 @@ impl Protocol {
             ),
             Action::Crash(d) => format!("{}'s process dies", who(d)),
             Action::Pause(d) => format!("{}'s process freezes", who(d)),
+            Action::PauseInCall(d) => {
+                format!("{}'s process freezes with its charge request on its way, after its lease check", who(d))
+            }
             Action::Wake(d) => format!("{}'s process thaws", who(d)),
             Action::LeaseLapses => "the frozen or dead holder's lease runs out".to_string(),
             Action::Forget => "the gateway forgets its idempotency keys".to_string(),

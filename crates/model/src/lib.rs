@@ -28,6 +28,13 @@ pub struct Protocol {
     pub refunds: bool,
     /// The decisions, the service's own or a broken variant's.
     pub rules: Rules,
+    /// Whether the gateway may forget its keys while a driver is on its way to charge: between its
+    /// decision to (a look-up that found nothing, or a payment it made itself) and its request
+    /// reaching the gateway. That takes at most a lease, or a freeze after the lease check; a
+    /// gateway keeps its keys far longer (Stripe: at least 24 hours), and a charge made meanwhile
+    /// under the same downstream key is what it must remember. `false` is that assumption; `true`
+    /// drops it, to show that it is needed.
+    pub gateway_forgets_quickly: bool,
 }
 
 impl Protocol {
@@ -42,6 +49,7 @@ impl Protocol {
             events: false,
             refunds: false,
             rules: Rules::service(),
+            gateway_forgets_quickly: false,
         }
     }
 
@@ -56,6 +64,15 @@ impl Protocol {
     /// The same model with a broken rule.
     pub fn with(self, mutant: Mutant) -> Protocol {
         Protocol { rules: Rules::broken(mutant), ..self }
+    }
+
+    /// Whether the driver's next call is a charge request.
+    fn charges_next(&self, driver: &Driver) -> bool {
+        match driver.pc {
+            Pc::Started => (self.rules.first_call)(driver.resumed) == payments_protocol::FirstCall::Request,
+            Pc::ToCharge => true,
+            _ => false,
+        }
     }
 
     /// Who drives: the client's attempts, then the completer.
@@ -117,7 +134,8 @@ pub struct Charge {
 pub enum Pc {
     /// Not begun.
     Idle,
-    /// Holds the key, taken up again: its `started` runs on its own.
+    /// Holds the key: its `started` runs on its own (a key taken up again, or one claimed by a
+    /// process that does not know its gateway yet, whose claim runs alone).
     Claimed,
     /// `started` done: the gateway is to be asked.
     Started,
@@ -146,11 +164,24 @@ pub struct Driver {
     pub paused: bool,
     /// Its lease ran out while it was frozen: its own clock says so when it wakes.
     pub lease_lost: bool,
+    /// Its `started` made the payment: nothing was ever sent for it.
+    pub made_now: bool,
+    /// Frozen with its charge request on its way, after its lease check: it sends it when it
+    /// thaws, whatever became of its lease.
+    pub in_call: bool,
 }
 
 impl Driver {
     fn new() -> Driver {
-        Driver { pc: Pc::Idle, token: 0, resumed: false, paused: false, lease_lost: false }
+        Driver {
+            pc: Pc::Idle,
+            token: 0,
+            resumed: false,
+            paused: false,
+            lease_lost: false,
+            made_now: false,
+            in_call: false,
+        }
     }
 
     fn runs(&self) -> bool {
@@ -245,11 +276,13 @@ pub struct Seen {
 /// One atomic step: a database transaction, a gateway call, or a fault.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Action {
-    /// A client's attempt takes its key (the claim, with `started` for a new key).
+    /// A client's attempt takes its key (the claim; the payment is made by `started`, in the
+    /// same statement for a process that knows its gateway, which is one of the interleavings
+    /// this one allows).
     Claim(usize),
     /// The completer takes the unfinished, unheld key over.
     TakeOver,
-    /// `started`, on its own, for a key taken up again.
+    /// `started`: the payment made, or found if an earlier run made it.
     Start(usize),
     /// The gateway is asked for what was charged under the downstream key.
     LookUp(usize),
@@ -266,6 +299,9 @@ pub enum Action {
     Crash(usize),
     /// A driver's process freezes, and later thaws.
     Pause(usize),
+    /// A driver's process freezes with its charge request on its way: after its lease check, before
+    /// the gateway has it.
+    PauseInCall(usize),
     Wake(usize),
     /// Time passes: the lease of a dead or frozen driver runs out.
     LeaseLapses,
@@ -352,9 +388,11 @@ impl Model for Protocol {
             if !driver.runs() {
                 continue;
             }
+            let charges_next = self.charges_next(driver);
             match driver.pc {
-                // Its own clock says its lease ran out while it was frozen: it makes no call.
-                Pc::Started | Pc::ToCharge if driver.lease_lost => actions.push(Action::Release(d)),
+                // Its own clock says its lease ran out while it was frozen: it makes no call (but
+                // one frozen after its check sends the request it had on its way).
+                Pc::Started | Pc::ToCharge if driver.lease_lost && !driver.in_call => actions.push(Action::Release(d)),
                 Pc::Claimed => actions.push(Action::Start(d)),
                 Pc::Started if (self.rules.first_call)(driver.resumed) == payments_protocol::FirstCall::LookUp => {
                     actions.push(Action::LookUp(d))
@@ -375,6 +413,9 @@ impl Model for Protocol {
             if faults_left {
                 actions.push(Action::Crash(d));
                 actions.push(Action::Pause(d));
+                if charges_next && !driver.lease_lost {
+                    actions.push(Action::PauseInCall(d));
+                }
             }
         }
         // A dead or frozen driver's lease runs out, in time.
@@ -385,7 +426,13 @@ impl Model for Protocol {
         {
             actions.push(Action::LeaseLapses);
         }
-        if faults_left && !state.remembered.is_empty() {
+        // The gateway forgets its keys, but (unless told otherwise) not while a driver is on its
+        // way to charge: it keeps them far longer than that takes.
+        let on_its_way = state.drivers.iter().any(|driver| {
+            !matches!(driver.pc, Pc::Dead | Pc::Done)
+                && (driver.in_call || (!driver.lease_lost && self.charges_next(driver)))
+        });
+        if faults_left && !state.remembered.is_empty() && (self.gateway_forgets_quickly || !on_its_way) {
             actions.push(Action::Forget);
         }
         if self.events {
@@ -400,12 +447,10 @@ impl Model for Protocol {
                 }
             }
         }
-        // The reaper: a finished key, once its client can no longer come back with it (its
-        // retention outlasts the client's retries), or at once in the broken variant.
-        if let Some(key) = &state.key
-            && key.point == Point::Finished
-            && (self.rules.reaps_while_client_retries || client.iter().all(|driver| driver.pc != Pc::Idle) || settled)
-        {
+        // The reaper: a finished key, at any time; even while its client may still retry with it
+        // (a retention shorter than the client's retries, which `serve` refuses to be set to):
+        // what a late retry is told is the claim's to decide.
+        if state.key.as_ref().is_some_and(|key| key.point == Point::Finished) {
             actions.push(Action::Reap);
         }
         if self.refunds && state.payment.as_ref().is_some_and(|payment| payment.charge.is_some()) {
@@ -451,9 +496,7 @@ impl Model for Protocol {
                             answer: None,
                             flagged: false,
                         });
-                        // `started` runs in the claim's statement: the payment made with the row.
-                        state.payment = Some(Payment { generation, charge: None, refunded: 0, reserved: 0 });
-                        state.drivers[d] = Driver { pc: Pc::Started, token, ..Driver::new() };
+                        state.drivers[d] = Driver { pc: Pc::Claimed, token, ..Driver::new() };
                     }
                     payments_protocol::Claim::Replay => {
                         let answer =
@@ -475,14 +518,22 @@ impl Model for Protocol {
                 if !state.fenced(d, rules) {
                     state.answer(d, Answer::InFlight);
                 } else {
+                    // The payment the key made, or (for a key whose claim ran alone) made now.
+                    let generation = state.key.as_ref()?.generation;
+                    let made_now = state.payment.as_ref().is_none_or(|payment| payment.generation != generation);
+                    if made_now {
+                        state.payment = Some(Payment { generation, charge: None, refunded: 0, reserved: 0 });
+                    }
+                    state.renew(d);
                     state.drivers[d].pc = Pc::Started;
+                    state.drivers[d].made_now = made_now;
                 }
             }
             Action::LookUp(d) => {
                 let generation = state.payment.as_ref()?.generation;
                 let found = state.charges.iter().position(|charge| charge.generation == generation);
-                let resumed = state.drivers[d].resumed;
-                match payments_protocol::after_look_up(found, !resumed, true) {
+                let made_now = state.drivers[d].made_now;
+                match (rules.after_look_up)(found, made_now, true) {
                     payments_protocol::AfterLookUp::Adopt(charge) => {
                         if state.seen.forgot {
                             state.seen.forgotten_then_found = true;
@@ -508,6 +559,7 @@ impl Model for Protocol {
                             charge
                         }
                     };
+                state.drivers[d].in_call = false;
                 state.drivers[d].pc = match gateway {
                     Gateway::Answers => Pc::Answered(charge(&mut state, true)),
                     Gateway::Declines => Pc::Answered(charge(&mut state, false)),
@@ -533,6 +585,7 @@ impl Model for Protocol {
                     }
                     key.point = Point::ChargeCreated;
                     state.payment.as_mut()?.charge = Some(charge);
+                    state.renew(d);
                     state.drivers[d].pc = Pc::Recorded;
                 }
             }
@@ -568,6 +621,11 @@ impl Model for Protocol {
             Action::Pause(d) => {
                 state.faults += 1;
                 state.drivers[d].paused = true;
+            }
+            Action::PauseInCall(d) => {
+                state.faults += 1;
+                state.drivers[d].paused = true;
+                state.drivers[d].in_call = true;
             }
             Action::Wake(d) => state.drivers[d].paused = false,
             Action::LeaseLapses => {
@@ -704,6 +762,14 @@ impl State {
         self.drivers[d] = Driver { pc, token, resumed: true, ..Driver::new() };
         self.seen.resumed = true;
         Some(())
+    }
+
+    /// Driver `d`'s phase committed: its lease is renewed from now, by the database's clock.
+    fn renew(&mut self, d: usize) {
+        if let Some(key) = self.key.as_mut() {
+            key.lease_over = false;
+        }
+        self.drivers[d].lease_lost = false;
     }
 
     /// Whether driver `d`'s phase commits: the fence.

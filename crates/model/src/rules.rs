@@ -1,6 +1,6 @@
 //! The decisions the model runs on: the service's own (`payments-protocol`), or a broken variant's.
 
-use payments_protocol::{Claim, FirstCall, Found};
+use payments_protocol::{AfterLookUp, Claim, FirstCall, Found};
 
 /// The rules, as functions the model calls: the service's, unless a [`Mutant`] broke one.
 #[derive(Clone, Debug)]
@@ -11,12 +11,12 @@ pub struct Rules {
     pub commits: fn(Option<u64>, u64) -> bool,
     /// What a key taken up again asks the gateway first.
     pub first_call: fn(bool) -> FirstCall,
+    /// What a look-up settles (the charge found, by its place in the gateway's list).
+    pub after_look_up: fn(Option<usize>, bool, bool) -> AfterLookUp<usize>,
     /// A refund's fit and its reservation in one statement (or in two transactions).
     pub refund_in_one_statement: bool,
     /// The completer finishes keys nobody drives.
     pub completer: bool,
-    /// The reaper may delete a finished key while its client may still retry.
-    pub reaps_while_client_retries: bool,
     /// The inbox applies an event once, by its row.
     pub inbox: bool,
 }
@@ -28,9 +28,9 @@ impl Rules {
             claim: payments_protocol::claim,
             commits: payments_protocol::commits,
             first_call: payments_protocol::first_call,
+            after_look_up: payments_protocol::after_look_up,
             refund_in_one_statement: true,
             completer: true,
-            reaps_while_client_retries: false,
             inbox: true,
         }
     }
@@ -43,9 +43,7 @@ impl Rules {
             Mutant::NoFence => Rules { commits: |_, _| true, ..rules },
             Mutant::RefundCheckedThenReserved => Rules { refund_in_one_statement: false, ..rules },
             Mutant::NoCompleter => Rules { completer: false, ..rules },
-            Mutant::ReapedWhileTheClientRetries => Rules {
-                reaps_while_client_retries: true,
-                // The claim cannot tell what a reaped key made: to it, the key is new.
+            Mutant::ReapedKeyTakenForNew => Rules {
                 claim: |found| match found {
                     Found::Expired { .. } => Claim::New,
                     found => payments_protocol::claim(found),
@@ -68,10 +66,10 @@ pub enum Mutant {
     RefundCheckedThenReserved,
     /// Nothing finishes a key its client abandoned.
     NoCompleter,
-    /// The reaper deletes a finished key while its client may still retry with it, and the
-    /// claim cannot tell what a reaped key made (the key's retention shorter than its client's
-    /// retry window).
-    ReapedWhileTheClientRetries,
+    /// The claim of a key the reaper deleted cannot tell what the key made, and takes it for a
+    /// new one: only the retention stands between a late retry and a second charge, and a
+    /// client's retries may outlast it.
+    ReapedKeyTakenForNew,
     /// An event applied each time it comes, with no inbox row to find.
     NoInbox,
 }
@@ -82,7 +80,7 @@ impl Mutant {
         Mutant::NoFence,
         Mutant::RefundCheckedThenReserved,
         Mutant::NoCompleter,
-        Mutant::ReapedWhileTheClientRetries,
+        Mutant::ReapedKeyTakenForNew,
         Mutant::NoInbox,
     ];
 
@@ -93,7 +91,7 @@ impl Mutant {
             Mutant::NoFence => "no-fence",
             Mutant::RefundCheckedThenReserved => "refund-checked-then-reserved",
             Mutant::NoCompleter => "no-completer",
-            Mutant::ReapedWhileTheClientRetries => "reaped-while-the-client-retries",
+            Mutant::ReapedKeyTakenForNew => "reaped-key-taken-for-new",
             Mutant::NoInbox => "no-inbox",
         }
     }

@@ -93,6 +93,12 @@ impl GatewayControl {
         assert!(response.status().is_success(), "setting faults {plan}: {}", response.status());
     }
 
+    /// Clears the faults planned (`DELETE /_control/faults`).
+    pub async fn clear_faults(&self) {
+        let response = self.http.delete(format!("{}/_control/faults", self.url)).send().await.unwrap();
+        assert!(response.status().is_success());
+    }
+
     /// Makes the gateway forget every idempotency key (its charges stay, findable by key).
     pub async fn forget_keys(&self) {
         let response = self.http.delete(format!("{}/_control/idempotency-keys", self.url)).send().await.unwrap();
