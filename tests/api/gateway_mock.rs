@@ -127,9 +127,9 @@ async fn a_charge_succeeds() {
     assert!(id.starts_with("ch_") && id.len() == 27, "{id}");
     assert!(id[3..].chars().all(|c| c.is_ascii_alphanumeric()), "{id}");
     assert!(charge["created"].as_u64().is_some_and(|t| t > 1_600_000_000));
-    let expected = json!({"id": id, "object": "charge", "amount": 1234, "amount_refunded": 0, "currency": "eur",
-        "description": "tea", "metadata": {"order": "42"}, "refunded": false, "status": "succeeded",
-        "idempotency_key": "key-1", "created": charge["created"]});
+    let expected = json!({"id": id, "object": "charge", "amount": 1234, "amount_captured": 1234,
+        "amount_refunded": 0, "captured": true, "currency": "eur", "description": "tea", "metadata": {"order": "42"},
+        "refunded": false, "status": "succeeded", "idempotency_key": "key-1", "created": charge["created"]});
     assert_eq!(charge, expected);
 
     let (_, bare) = json_of(gw.charge("key-2", &body(5, "tok_visa")).await).await;
@@ -149,9 +149,10 @@ async fn a_declined_card_is_402_and_keeps_a_failed_charge() {
 
     let (status, failed) = gw.get(&format!("/v1/charges/{id}")).await;
     assert_eq!(status, StatusCode::OK);
-    let expected = json!({"id": id, "object": "charge", "amount": 5, "amount_refunded": 0, "currency": "usd",
-        "description": null, "metadata": {}, "refunded": false, "status": "failed", "failure_code": "card_declined",
-        "failure_message": "Your card was declined.", "idempotency_key": "k", "created": failed["created"]});
+    let expected = json!({"id": id, "object": "charge", "amount": 5, "amount_captured": 0, "amount_refunded": 0,
+        "captured": false, "currency": "usd", "description": null, "metadata": {}, "refunded": false,
+        "status": "failed", "failure_code": "card_declined", "failure_message": "Your card was declined.",
+        "idempotency_key": "k", "created": failed["created"]});
     assert_eq!(failed, expected);
     assert_eq!(gw.charges_with_key("k").await, vec![failed]);
     assert_eq!(gw.stats().await, (0, 1, 1), "no charge made, one decline");
