@@ -282,7 +282,8 @@ async fn a_refund_read_by_id_is_as_it_stands_or_known_to_be_missing() {
 
 /// The client and a real mock gateway: a charge of `amount` made with `source`, and its id.
 async fn charged(client: &GatewayClient, key: &str, amount: i64, source: &str) -> String {
-    let request = ChargeRequest { amount, currency: "usd", source, description: None, metadata: &NO_METADATA };
+    let request =
+        ChargeRequest { amount, currency: "usd", source, description: None, metadata: &NO_METADATA, capture: true };
     client.charge(key, &request).await.unwrap().answer.unwrap().id
 }
 

@@ -2,6 +2,7 @@
 
 mod audit_archive;
 mod bench;
+mod captures;
 mod chaos;
 mod commands;
 mod completer;

@@ -163,13 +163,13 @@ pub enum Reading {
     Disagrees,
 }
 
-/// A charge event about a payment whose outcome is recorded (`succeeded`, with the charge
-/// `charge`, or failed): a success agrees with the same charge's success, a failure with a
-/// failure.
-pub fn read_charge_event(succeeded: bool, charge: Option<&str>, event_succeeded: bool, event_charge: &str) -> Reading {
+/// A charge event about a payment whose outcome is recorded (`made`: the charge `charge` was made,
+/// captured or only authorized; or it failed): a success agrees with the same charge made, a
+/// failure with a failure.
+pub fn read_charge_event(made: bool, charge: Option<&str>, event_succeeded: bool, event_charge: &str) -> Reading {
     let agrees = match event_succeeded {
-        true => succeeded && charge == Some(event_charge),
-        false => !succeeded,
+        true => made && charge == Some(event_charge),
+        false => !made,
     };
     if agrees { Reading::Agrees } else { Reading::Disagrees }
 }

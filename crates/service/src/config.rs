@@ -11,6 +11,7 @@
 //! | `PAYMENTS_LOCK_TIMEOUT_MS` | `90000` | age after which a key's lock is stale and may be taken over |
 //! | `PAYMENTS_KEY_RETENTION_SECS` | `86400` | finished keys are reaped after this |
 //! | `PAYMENTS_GATEWAY_TIMEOUT_MS` | `10000` | timeout of one gateway call |
+//! | `PAYMENTS_AUTHORIZATION_TTL_SECS` | `604800` (7 days) | how long an authorization (`capture: false`) may wait for its capture before it lapses |
 //! | `PAYMENTS_FAULT_INJECTION` | off | `1` honours the `X-Fault-Inject` header (tests only) |
 //! | `PAYMENTS_GATEWAY_WEBHOOK_SECRETS` | unset: events refused (embedded mode makes its own) | the secrets the gateway's events are signed with, comma-separated |
 //! | `PAYMENTS_GATEWAY_WEBHOOK_TOLERANCE_SECS` | `300` | how far an event's signed time may be from this clock, either way |
@@ -58,6 +59,8 @@ pub const DEFAULT_KEY_RETENTION_SECS: u64 = 86_400;
 /// records a key's expiry (a longer retention would fail every finishing statement).
 const MAX_KEY_RETENTION_SECS: u64 = 10 * 366 * 86_400;
 pub const DEFAULT_GATEWAY_TIMEOUT_MS: u64 = 10_000;
+/// A week: about as long as card networks hold an authorization.
+pub const DEFAULT_AUTHORIZATION_TTL_SECS: u64 = 604_800;
 /// Five minutes either way, as Stripe's libraries allow: a signed event older than that is a
 /// replay to refuse, and a clock skew within it (one minute has refused valid events elsewhere)
 /// is no reason to.
@@ -133,6 +136,11 @@ pub struct ProtocolArgs {
     /// Timeout in milliseconds of one gateway call.
     #[arg(long, env = "PAYMENTS_GATEWAY_TIMEOUT_MS", default_value_t = DEFAULT_GATEWAY_TIMEOUT_MS)]
     pub gateway_timeout_ms: u64,
+    /// Seconds an authorization (a payment made with `capture: false`) waits for its capture before
+    /// it lapses and is cancelled. Card networks hold an authorization for about a week.
+    #[arg(long, env = "PAYMENTS_AUTHORIZATION_TTL_SECS", default_value_t = DEFAULT_AUTHORIZATION_TTL_SECS,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub authorization_ttl_secs: u64,
     /// Honour the X-Fault-Inject request header (for tests; never in production).
     #[arg(long, env = "PAYMENTS_FAULT_INJECTION", value_parser = clap::builder::BoolishValueParser::new(),
           default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -314,6 +322,7 @@ pub struct Settings {
     pub lock_timeout: Duration,
     pub key_retention: Duration,
     pub gateway_timeout: Duration,
+    pub authorization_ttl: Duration,
     pub fault_injection: bool,
     /// The secrets the gateway's events may be signed with (never printed: see [`WebhookSecret`]).
     pub gateway_webhook_secrets: Vec<WebhookSecret>,
@@ -326,6 +335,7 @@ impl Default for Settings {
             lock_timeout: Duration::from_millis(DEFAULT_LOCK_TIMEOUT_MS),
             key_retention: Duration::from_secs(DEFAULT_KEY_RETENTION_SECS),
             gateway_timeout: Duration::from_millis(DEFAULT_GATEWAY_TIMEOUT_MS),
+            authorization_ttl: Duration::from_secs(DEFAULT_AUTHORIZATION_TTL_SECS),
             fault_injection: false,
             gateway_webhook_secrets: Vec::new(),
             gateway_webhook_tolerance: Duration::from_secs(DEFAULT_WEBHOOK_TOLERANCE_SECS),
@@ -340,6 +350,7 @@ impl ProtocolArgs {
             lock_timeout: Duration::from_millis(self.lock_timeout_ms),
             key_retention: Duration::from_secs(self.key_retention_secs),
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
+            authorization_ttl: Duration::from_secs(self.authorization_ttl_secs),
             fault_injection: self.fault_injection,
             gateway_webhook_secrets: webhook_secrets(&self.gateway_webhook_secrets),
             gateway_webhook_tolerance: Duration::from_secs(self.gateway_webhook_tolerance_secs),

@@ -105,6 +105,13 @@ impl GatewayControl {
         assert!(response.status().is_success());
     }
 
+    /// The charge the gateway holds by this id, as it stands now.
+    pub async fn charge(&self, id: &str) -> Value {
+        let response = self.http.get(format!("{}/v1/charges/{id}", self.url)).send().await.unwrap();
+        assert!(response.status().is_success(), "GET /v1/charges/{id}: {}", response.status());
+        response.json().await.unwrap()
+    }
+
     /// The charges the gateway holds for one downstream key.
     pub async fn charges_for(&self, downstream_key: &str) -> Vec<Value> {
         self.made_with("charges", downstream_key).await

@@ -184,5 +184,33 @@ BEGIN
         ['object_id', $q$'ch_' || md5('charge:' || p.g)$q$],
         ['created_at', $q$p.at + interval '200 ms'$q$],
         ['outcome', $q$'applied'$q$]]);
+
+    -- Now and then an event the service could verify but not read.
+    PERFORM pg_temp.fill(tables, 'unreadable_gateway_events', p || ' WHERE p.g % 1000 = 0', ARRAY[
+        ['account_id', 'p.account_id'],
+        ['idempotency_key_id', 'p.key_id'],
+        ['body', $q$convert_to('{"id": "evt_' || md5('unreadable:' || p.g) || '", "type": "charge.mystery"}', 'UTF8')$q$],
+        ['body_bytes', '200'],
+        ['reason', $q$'an event type the service does not know'$q$],
+        ['received_at', $q$p.at + interval '200 ms'$q$]]);
+
+    -- Every fiftieth succeeded payment was captured by a request of its own; the payments after
+    -- them are authorizations still open.
+    PERFORM pg_temp.fill(tables, 'payment_changes', p || ' WHERE NOT p.failed AND p.g % 50 = 5', ARRAY[
+        ['id', $q$md5('change:' || p.g)::uuid$q$],
+        ['account_id', 'p.account_id'],
+        ['payment_id', 'p.payment_id'],
+        ['idempotency_key_id', $q$md5('capture key:' || p.g)::uuid$q$],
+        ['idempotency_key', $q$'capture-' || p.g$q$],
+        ['kind', $q$'capture'$q$],
+        ['amount', 'p.amount'],
+        ['status', $q$'succeeded'$q$],
+        ['gateway', $q$'acct_4f1b2c3d4e5f6a7b'$q$],
+        ['created_at', $q$p.at + interval '1 day'$q$],
+        ['updated_at', $q$p.at + interval '1 day'$q$]]);
+    PERFORM pg_temp.fill(tables, 'open_authorizations', p || ' WHERE NOT p.failed AND p.g % 50 = 6', ARRAY[
+        ['account_id', 'p.account_id'],
+        ['payment_id', 'p.payment_id'],
+        ['capture_before', $q$p.at + interval '7 days'$q$]]);
 END
 $$;

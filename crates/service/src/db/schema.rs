@@ -76,6 +76,33 @@ diesel::table! {
 }
 
 diesel::table! {
+    open_authorizations (account_id, payment_id) {
+        account_id -> Uuid,
+        payment_id -> Uuid,
+        capture_before -> Timestamptz,
+    }
+}
+
+diesel::table! {
+    payment_changes (account_id, id) {
+        id -> Uuid,
+        account_id -> Uuid,
+        payment_id -> Uuid,
+        idempotency_key_id -> Uuid,
+        idempotency_key -> Text,
+        kind -> Text,
+        amount -> Nullable<Int8>,
+        cancellation_reason -> Nullable<Text>,
+        status -> Text,
+        gateway -> Text,
+        failure_code -> Nullable<Text>,
+        failure_message -> Nullable<Text>,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+    }
+}
+
+diesel::table! {
     payments (account_id, id) {
         id -> Uuid,
         account_id -> Uuid,
@@ -95,6 +122,11 @@ diesel::table! {
         created_seq -> Int8,
         amount_refunded -> Int8,
         amount_refund_pending -> Int8,
+        capture_method -> Text,
+        amount_captured -> Nullable<Int8>,
+        capture_before -> Nullable<Timestamptz>,
+        canceled_at -> Nullable<Timestamptz>,
+        cancellation_reason -> Nullable<Text>,
     }
 }
 
@@ -153,6 +185,7 @@ diesel::table! {
 diesel::joinable!(audit_records -> accounts (account_id));
 diesel::joinable!(gateway_events -> accounts (account_id));
 diesel::joinable!(idempotency_keys -> accounts (account_id));
+diesel::joinable!(payment_changes -> accounts (account_id));
 diesel::joinable!(payments -> accounts (account_id));
 diesel::joinable!(refunds -> accounts (account_id));
 diesel::joinable!(staged_jobs -> accounts (account_id));
@@ -164,6 +197,8 @@ diesel::allow_tables_to_appear_in_same_query!(
     gateway_events,
     idempotency_keys,
     key_request_counts,
+    open_authorizations,
+    payment_changes,
     payments,
     refunds,
     staged_jobs,

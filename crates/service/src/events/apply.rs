@@ -187,12 +187,9 @@ async fn nudge(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> 
 /// [`protocol::read_charge_event`]).
 fn compare_charge(payment: &Target, event: &GatewayEvent) -> EventOutcome {
     let succeeded = event.kind() == EventKind::ChargeSucceeded;
-    let read = protocol::read_charge_event(
-        payment.status == "succeeded",
-        payment.object_id.as_deref(),
-        succeeded,
-        &event.object().id,
-    );
+    // A charge made: captured, or authorized (and then perhaps captured or cancelled since).
+    let made = matches!(payment.status.as_str(), "succeeded" | "requires_capture" | "canceled");
+    let read = protocol::read_charge_event(made, payment.object_id.as_deref(), succeeded, &event.object().id);
     outcome_of(read)
 }
 

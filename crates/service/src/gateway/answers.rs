@@ -28,8 +28,8 @@ struct ChargeObject {
     idempotency_key: Option<String>,
     amount: Option<i64>,
     currency: Option<String>,
-    /// `succeeded`, `failed` (declined) or `pending`. Absent in the shortest answers to a charge,
-    /// where the 200 itself says it succeeded.
+    /// `succeeded`, `requires_capture` (authorized only), `failed` (declined) or `pending`. Absent
+    /// in the shortest answers to a charge, where the 200 itself says it succeeded.
     status: Option<String>,
     failure_code: Option<String>,
     failure_message: Option<String>,
@@ -41,7 +41,8 @@ impl ChargeObject {
     fn outcome(self) -> Result<Charge, GatewayError> {
         let id = recordable_id(self.id, "charge")?;
         match self.status.as_deref() {
-            None | Some("succeeded") => Ok(Charge { id }),
+            None | Some("succeeded") => Ok(Charge { id, captured: true }),
+            Some("requires_capture") => Ok(Charge { id, captured: false }),
             Some("failed") => {
                 let detail =
                     ErrorDetail { code: self.failure_code, message: self.failure_message, ..Default::default() };

@@ -33,12 +33,22 @@ pub struct ChargeRequest<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<&'a str>,
     pub metadata: &'a BTreeMap<String, String>,
+    /// `false`: authorize only, to capture later. Sent only then, so that a charge at once is the
+    /// request it always was.
+    #[serde(skip_serializing_if = "is_at_once")]
+    pub capture: bool,
 }
 
-/// A charge the gateway made, and that succeeded.
+fn is_at_once(capture: &bool) -> bool {
+    *capture
+}
+
+/// A charge the gateway made, and that succeeded: captured, or (asked to authorize only)
+/// authorized, the money held for a capture.
 #[derive(Debug, Clone)]
 pub struct Charge {
     pub id: String,
+    pub captured: bool,
 }
 
 /// Why a charge or refund was not made, or may not have been.

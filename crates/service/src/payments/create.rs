@@ -39,7 +39,7 @@ use payments_protocol::{self as protocol, AfterLookUp, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::model::{ChargeOutcome, NewPayment, Payment, PaymentStatus};
+use super::model::{CaptureMethod, ChargeOutcome, NewPayment, Payment, PaymentStatus};
 use super::request::PaymentRequest;
 use super::view::{PaymentView, expired_key_response, final_response};
 use super::writes::{self, PaymentChange};
@@ -210,6 +210,7 @@ impl<'a> PaymentPhases<'a> {
             description: self.request.description.as_deref(),
             metadata: json!(self.request.metadata),
             gateway,
+            capture_method: if self.request.capture { CaptureMethod::Automatic } else { CaptureMethod::Manual },
         };
         let data = json!({ "recovery_point": RecoveryPoint::Started, "amount": new.amount, "currency": new.currency,
                            "gateway": new.gateway });
@@ -246,6 +247,7 @@ impl<'a> PaymentPhases<'a> {
             source: &self.request.source,
             description: self.request.description.as_deref(),
             metadata: &self.request.metadata,
+            capture: self.request.capture,
         };
         let found = match protocol::first_call(run.lock().resumed()) {
             FirstCall::Request => None,
@@ -323,7 +325,8 @@ impl<'a> PaymentPhases<'a> {
                            "answered_by": answered_by, "gateway": &*gateway });
         let account_id = run.lock().account_id;
         let audit = audit(account_id, payment_id, run.actor(), "payment.charge_recorded", data, &request_id);
-        let change = PaymentChange::Outcome { changes, gateway: &gateway };
+        let authorization_ttl_ms = i64::try_from(self.state.settings.authorization_ttl.as_millis()).unwrap_or(i64::MAX);
+        let change = PaymentChange::Outcome { changes, gateway: &gateway, authorization_ttl_ms };
         let writes = writes::ChangePayment { payment_id, change, audit };
         self.payment = Some(run.phase(Transition::Advance(RecoveryPoint::ChargeCreated), writes).await?);
         Ok(())
@@ -344,6 +347,7 @@ impl<'a> PaymentPhases<'a> {
         let response = final_response(&payment, &request_id)?;
         let event = match payment.status {
             PaymentStatus::Succeeded => "payment.succeeded",
+            PaymentStatus::RequiresCapture => "payment.authorized",
             _ => "payment.failed",
         };
         let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
@@ -362,6 +366,7 @@ impl<'a> PaymentPhases<'a> {
 /// leaves it unknown.
 fn outcome_of(answer: Result<Charge, GatewayError>) -> Result<ChargeOutcome, GatewayError> {
     Ok(match answer {
+        Ok(charge) if !charge.captured => ChargeOutcome::Authorized { charge_id: charge.id },
         Ok(charge) => ChargeOutcome::Succeeded { charge_id: charge.id },
         Err(GatewayError::Declined { code, message }) => ChargeOutcome::Declined { code, message },
         Err(GatewayError::UnknownSource { message }) => ChargeOutcome::UnknownSource { message },

@@ -9,11 +9,24 @@ use crate::db::schema::payments;
 use crate::db::text_enum;
 
 text_enum! {
-    /// Where a payment stands. `pending` until the gateway's definitive answer is recorded.
+    /// Where a payment stands. `pending` until the gateway's definitive answer is recorded; a
+    /// payment only authorized is `requires_capture` until a capture (`succeeded`) or a cancel or
+    /// its lapse (`canceled`) ends the authorization.
     pub enum PaymentStatus {
         Pending = "pending",
+        RequiresCapture = "requires_capture",
         Succeeded = "succeeded",
+        Canceled = "canceled",
         Failed = "failed",
+    }
+}
+
+text_enum! {
+    /// Whether the payment is charged at once (`automatic`) or only authorized, to be captured
+    /// later (`manual`).
+    pub enum CaptureMethod {
+        Automatic = "automatic",
+        Manual = "manual",
     }
 }
 
@@ -49,6 +62,15 @@ pub struct Payment {
     pub amount_refunded: i64,
     /// The sum of its refunds still pending: reserved, not refundable again until they settle.
     pub amount_refund_pending: i64,
+    pub capture_method: CaptureMethod,
+    /// What a `manual` payment's capture took (0 until then); none for an `automatic` one, which
+    /// captured its amount when it succeeded (see [`Payment::amount_captured`]).
+    #[diesel(column_name = amount_captured)]
+    pub captured: Option<i64>,
+    /// When its authorization lapses (a `manual` payment's, once authorized).
+    pub capture_before: Option<DateTime<Utc>>,
+    pub canceled_at: Option<DateTime<Utc>>,
+    pub cancellation_reason: Option<String>,
 }
 
 /// A new, pending payment, linked to the key row that creates it.
@@ -62,15 +84,29 @@ pub struct NewPayment<'a> {
     pub description: Option<&'a str>,
     pub metadata: serde_json::Value,
     pub gateway: &'a str,
+    pub capture_method: CaptureMethod,
 }
 
 /// The gateway's definitive answer to a charge, as recorded on the payment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChargeOutcome {
-    Succeeded { charge_id: String },
-    Declined { code: String, message: String },
-    UnknownSource { message: String },
-    Rejected { message: String },
+    Succeeded {
+        charge_id: String,
+    },
+    /// Authorized only (a `manual` payment): the money held, to be captured or released.
+    Authorized {
+        charge_id: String,
+    },
+    Declined {
+        code: String,
+        message: String,
+    },
+    UnknownSource {
+        message: String,
+    },
+    Rejected {
+        message: String,
+    },
 }
 
 /// What recording a [`ChargeOutcome`] changes on the payment.
@@ -94,6 +130,12 @@ impl ChargeOutcome {
         match self {
             ChargeOutcome::Succeeded { charge_id } => ChargeChanges {
                 status: PaymentStatus::Succeeded,
+                gateway_charge_id: Some(charge_id),
+                failure_code: None,
+                failure_message: None,
+            },
+            ChargeOutcome::Authorized { charge_id } => ChargeChanges {
+                status: PaymentStatus::RequiresCapture,
                 gateway_charge_id: Some(charge_id),
                 failure_code: None,
                 failure_message: None,
@@ -134,7 +176,25 @@ impl Payment {
             (PaymentStatus::Failed, Some(GATEWAY_REJECTED)) => Some(Failure::GatewayRejected),
             (PaymentStatus::Failed, Some(UNKNOWN_SOURCE)) => Some(Failure::UnknownSource),
             (PaymentStatus::Failed, _) => Some(Failure::Declined),
-            (PaymentStatus::Pending | PaymentStatus::Succeeded, _) => None,
+            _ => None,
+        }
+    }
+
+    /// What it captured: a `manual` payment's capture, or all of an `automatic` one that
+    /// succeeded. What refunds may take back, at most.
+    pub fn amount_captured(&self) -> i64 {
+        match (self.captured, self.status) {
+            (Some(captured), _) => captured,
+            (None, PaymentStatus::Succeeded) => self.amount,
+            (None, _) => 0,
+        }
+    }
+
+    /// What a capture could take now: all of an authorization still open, else nothing.
+    pub fn amount_capturable(&self) -> i64 {
+        match self.status {
+            PaymentStatus::RequiresCapture => self.amount,
+            _ => 0,
         }
     }
 

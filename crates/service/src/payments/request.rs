@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use iso_currency::Currency;
 use serde::{Deserialize, Serialize};
 
-use crate::fields::{integral_number, metadata_sent_once};
+use crate::fields::{Omittable, integral_number, metadata_sent_once};
 use crate::idempotency::Canonical;
 
 /// The largest amount in any currency, in minor units (99,999,999 cents is just under a million
@@ -33,6 +33,10 @@ pub struct CreatePaymentBody {
     pub description: Option<String>,
     #[serde(default, deserialize_with = "metadata_sent_once")]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// `false`: only authorize, to capture (or cancel) later. By default the payment is charged at
+    /// once.
+    #[serde(default)]
+    pub capture: Omittable<bool>,
 }
 
 /// A validated payment request in canonical form: currency lower case, metadata always present
@@ -42,6 +46,10 @@ pub struct CreatePaymentBody {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PaymentRequest {
     pub amount: i64,
+    /// Left out when `true`, the default, so that a payment charged at once has the fingerprint
+    /// it had before authorizations existed, and a retry of an older key still matches it.
+    #[serde(default = "at_once", skip_serializing_if = "is_at_once")]
+    pub capture: bool,
     pub currency: String,
     pub description: Option<String>,
     pub metadata: BTreeMap<String, String>,
@@ -51,6 +59,14 @@ pub struct PaymentRequest {
 // Its fields are declared sorted and its maps are `BTreeMap`s; the tests below hold it to its
 // JSON value's bytes.
 impl Canonical for PaymentRequest {}
+
+fn at_once() -> bool {
+    true
+}
+
+fn is_at_once(capture: &bool) -> bool {
+    *capture
+}
 
 /// A body that parsed as JSON but breaks a rule; the message says which, for the client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +111,7 @@ impl CreatePaymentBody {
         let metadata = validate_metadata(self.metadata)?;
         Ok(PaymentRequest {
             amount: self.amount,
+            capture: self.capture.sent().unwrap_or(true),
             currency: self.currency.to_ascii_lowercase(),
             description: self.description,
             metadata,
@@ -194,6 +211,22 @@ mod tests {
             let request = body(json).validate().unwrap();
             assert_eq!(hex::encode(Fingerprint::of(&request).as_bytes()), stored, "{json}");
         }
+    }
+
+    #[test]
+    fn an_authorization_is_another_request_and_capture_at_once_the_same_as_saying_nothing() {
+        let with = |capture: &str| {
+            let json = format!(r#"{{"amount": 1000, "currency": "USD", "source": "tok_visa"{capture}}}"#);
+            body(&json).validate().unwrap()
+        };
+        let plain = Fingerprint::of(&with(""));
+        assert_eq!(Fingerprint::of(&with(r#", "capture": true"#)), plain);
+        let authorize = with(r#", "capture": false"#);
+        assert!(!authorize.capture);
+        assert_ne!(Fingerprint::of(&authorize), plain);
+        assert_eq!(Fingerprint::of(&authorize), Fingerprint::of(&authorize.to_params()), "as its JSON value");
+        let json = r#"{"amount": 1000, "currency": "USD", "source": "tok_visa", "capture": null}"#;
+        assert!(serde_json::from_str::<CreatePaymentBody>(json).is_err(), "capture is not nullable");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::model::{Failure, Payment, PaymentStatus};
+use super::model::{CaptureMethod, Failure, Payment, PaymentStatus};
 use crate::idempotency::{PhaseError, StoredResponse};
 use crate::problem::{Problem, ProblemType};
 use crate::request_id::RequestId;
@@ -25,9 +25,19 @@ pub struct PaymentView<'a> {
     /// (`None`) where only facts and codes are shown: a key's story.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_message: Option<Option<&'a str>>,
-    /// The sum of its succeeded refunds, and whether that is all of it.
+    /// The sum of its succeeded refunds, and whether that is all it captured.
     pub amount_refunded: i64,
     pub refunded: bool,
+    /// Charged at once (`automatic`), or authorized to be captured later (`manual`).
+    pub capture_method: CaptureMethod,
+    /// What it captured (an `automatic` payment: its amount, once it succeeded), and what a
+    /// capture could take now (an authorization still open: its amount).
+    pub amount_captured: i64,
+    pub amount_capturable: i64,
+    /// When an authorization lapses, if it is not captured or cancelled before.
+    pub capture_before: Option<DateTime<Utc>>,
+    pub canceled_at: Option<DateTime<Utc>>,
+    pub cancellation_reason: Option<&'a str>,
     pub created_at: DateTime<Utc>,
 }
 
@@ -45,7 +55,13 @@ impl<'a> From<&'a Payment> for PaymentView<'a> {
             failure_code: payment.failure_code.as_deref(),
             failure_message: Some(payment.failure_message.as_deref()),
             amount_refunded: payment.amount_refunded,
-            refunded: payment.amount_refunded == payment.amount,
+            refunded: payment.amount_captured() > 0 && payment.amount_refunded == payment.amount_captured(),
+            capture_method: payment.capture_method,
+            amount_captured: payment.amount_captured(),
+            amount_capturable: payment.amount_capturable(),
+            capture_before: payment.capture_before,
+            canceled_at: payment.canceled_at,
+            cancellation_reason: payment.cancellation_reason.as_deref(),
             created_at: payment.created_at,
         }
     }
@@ -103,7 +119,8 @@ pub fn expired_key_response(payment: &Payment, request_id: &RequestId) -> Stored
 pub fn final_response(payment: &Payment, request_id: &RequestId) -> Result<StoredResponse, PhaseError> {
     let view = PaymentView::from(payment);
     let failure = match payment.status {
-        PaymentStatus::Succeeded => {
+        // An authorization is answered as a payment made: 201, to be captured or cancelled.
+        PaymentStatus::Succeeded | PaymentStatus::RequiresCapture | PaymentStatus::Canceled => {
             let body = serde_json::to_vec(&view).expect("a payment always serialises");
             return Ok(StoredResponse { status: 201, body });
         }

@@ -22,7 +22,8 @@ use crate::outbox::StagedEvent;
 /// The columns of [`super::Payment`], as a phase returns them: `{payment.*}` in the SQL below.
 const PAYMENT: &str = "id, account_id, idempotency_key_id, idempotency_key, amount, currency, description, metadata, \
                        status, gateway_charge_id, failure_code, failure_message, created_at, updated_at, gateway, \
-                       amount_refunded, amount_refund_pending";
+                       amount_refunded, amount_refund_pending, capture_method, amount_captured, capture_before, \
+                       canceled_at, cancellation_reason";
 
 /// `started`: the pending payment and its audit record; or, when the phase runs again, the
 /// payment that an earlier run made (never a second one, and no second record).
@@ -38,8 +39,9 @@ impl PhaseWrites for Start<'_> {
     fn sql(&self) -> &'static str {
         "created AS (
              INSERT INTO payments (id, account_id, idempotency_key_id, idempotency_key, amount, currency,
-                                   description, metadata, gateway)
-             SELECT {payment.id}, {account}, id, {key}, {amount}, {currency}, {description}, {metadata}, {gateway}
+                                   description, metadata, gateway, capture_method, amount_captured)
+             SELECT {payment.id}, {account}, id, {key}, {amount}, {currency}, {description}, {metadata}, {gateway},
+                    {capture_method}, CASE WHEN {capture_method} = 'manual' THEN 0 END
              FROM fence
              ON CONFLICT (account_id, idempotency_key_id) DO NOTHING
              RETURNING {payment.*}
@@ -69,6 +71,7 @@ impl Parameters for Start<'_> {
             "description" => out.push_bind_param::<Nullable<Text>, _>(&new.description),
             "metadata" => out.push_bind_param::<Jsonb, _>(&new.metadata),
             "gateway" => out.push_bind_param::<Text, _>(new.gateway),
+            "capture_method" => out.push_bind_param::<Text, _>(&new.capture_method),
             name => self.audit.walk_parameter(name, out),
         }
     }
@@ -85,10 +88,13 @@ pub struct ChangePayment<'a> {
 
 /// What [`ChangePayment`] sets.
 pub enum PaymentChange<'a> {
-    /// The gateway's definitive answer, and the gateway that gave it.
+    /// The gateway's definitive answer, and the gateway that gave it. An authorization lapses
+    /// `authorization_ttl_ms` after it is recorded, by the database's clock; until then it waits
+    /// in `open_authorizations`, the lapse worker's queue.
     Outcome {
         changes: ChargeChanges<'a>,
         gateway: &'a str,
+        authorization_ttl_ms: i64,
     },
     Gateway(&'a str),
 }
@@ -103,9 +109,14 @@ impl PhaseWrites for ChangePayment<'_> {
                 "changed AS (
                      UPDATE payments
                      SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
-                         failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now()
+                         failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now(),
+                         capture_before = CASE WHEN {status} = 'requires_capture'
+                                               THEN now() + {authorization_ttl_ms} * interval '1 millisecond' END
                      WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
                      RETURNING {payment.*}
+                 ), authorized AS (
+                     INSERT INTO open_authorizations (account_id, payment_id, capture_before)
+                     SELECT account_id, id, capture_before FROM changed WHERE status = 'requires_capture'
                  ), audited AS (
                      INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
@@ -153,6 +164,9 @@ impl Parameters for ChangePayment<'_> {
             }
             ("failure_message", PaymentChange::Outcome { changes, .. }) => {
                 out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)
+            }
+            ("authorization_ttl_ms", PaymentChange::Outcome { authorization_ttl_ms, .. }) => {
+                out.push_bind_param::<BigInt, _>(authorization_ttl_ms)
             }
             (name, _) if name.starts_with("audit.") => self.audit.walk_parameter(name, out),
             (name, _) => Err(no_parameter(name)),

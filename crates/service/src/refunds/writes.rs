@@ -72,7 +72,7 @@ impl PhaseWrites for Start<'_> {
              WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence)
          ), payment AS (
              SELECT account_id, id, status, currency, gateway, gateway_charge_id,
-                    amount - amount_refunded - amount_refund_pending AS refundable
+                    coalesce(amount_captured, amount) - amount_refunded - amount_refund_pending AS refundable
              FROM payments
              WHERE account_id = {account} AND id = {payment.id}
                AND EXISTS (SELECT FROM fence) AND NOT EXISTS (SELECT FROM earlier)

@@ -1,0 +1,2 @@
+-- Validation cannot be undone, and needs no undoing.
+SELECT 1;
