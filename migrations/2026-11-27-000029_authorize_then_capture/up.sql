@@ -37,7 +37,7 @@ ALTER TABLE payments
         AND amount_captured BETWEEN 0 AND amount
         AND (status <> 'requires_capture' OR (capture_method = 'manual' AND capture_before IS NOT NULL))
         AND (status = 'canceled') = (canceled_at IS NOT NULL)
-        AND (canceled_at IS NULL) = (cancellation_reason IS NULL)
+        AND (canceled_at IS NOT NULL OR cancellation_reason IS NULL)
         AND cancellation_reason IN ('duplicate', 'fraudulent', 'requested_by_customer', 'abandoned', 'expired')
     ) NOT VALID,
     ADD CONSTRAINT payments_refunds_within_captured_check CHECK (

@@ -5,7 +5,9 @@ use chrono::{DateTime, Utc};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, new_key};
+use diesel_async::{AsyncConnection, AsyncPgConnection};
+
+use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key};
 
 fn authorization(amount: i64, source: &str) -> Value {
     json!({ "amount": amount, "currency": "usd", "source": source, "capture": false })
@@ -79,4 +81,212 @@ async fn a_declined_authorization_is_a_declined_payment() {
     assert_eq!(problem["payment"]["status"], "failed");
     assert_eq!(problem["payment"]["amount_capturable"], 0);
     assert!(app.database_says("NOT EXISTS (SELECT FROM open_authorizations)").await);
+}
+
+impl TestApp {
+    /// `POST /v1/payments/{id}/{action}` (`capture` or `cancel`) under `key`, with `body`.
+    async fn change(&self, id: &str, action: &str, key: &str, body: &Value) -> reqwest::Response {
+        let url = format!("{}/v1/payments/{id}/{action}", self.address);
+        let request = self.http.post(url).bearer_auth(&self.api_key).header("Idempotency-Key", key);
+        request.json(body).send().await.expect("answered")
+    }
+
+    /// A payment authorized for `amount`: its id.
+    async fn authorized(&self, amount: i64) -> String {
+        let response = self.post_payment(&new_key(), &authorization(amount, "tok_visa")).await;
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let payment: Value = response.json().await.unwrap();
+        payment["id"].as_str().unwrap().to_owned()
+    }
+}
+
+/// A problem's type, by its last segment.
+async fn problem_type(response: reqwest::Response) -> (StatusCode, String) {
+    let status = response.status();
+    let problem: Value = response.json().await.unwrap();
+    (status, problem["type"].as_str().unwrap_or_default().rsplit('/').next().unwrap_or_default().to_owned())
+}
+
+#[tokio::test]
+async fn a_partial_capture_is_replayed_and_refunds_take_back_only_what_it_captured() {
+    let app = TestApp::spawn().await;
+    let id = app.authorized(5000).await;
+    let key = new_key();
+    let response = app.change(&id, "capture", &key, &json!({ "amount": 3000 })).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = response.bytes().await.unwrap();
+    let payment: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((&payment["status"], &payment["amount_captured"]), (&json!("succeeded"), &json!(3000)));
+    assert_eq!(payment["amount_capturable"], 0);
+    let charge = app.gateway.charge(payment["gateway_charge_id"].as_str().unwrap()).await;
+    assert_eq!((&charge["status"], &charge["amount_captured"]), (&json!("succeeded"), &json!(3000)));
+
+    // Replayed byte for byte; the same key on another payment, or with another amount, is 422.
+    let replay = app.change(&id, "capture", &key, &json!({ "amount": 3000 })).await;
+    assert_eq!((replay.status(), replay.bytes().await.unwrap()), (StatusCode::OK, body));
+    let other_amount = app.change(&id, "capture", &key, &json!({ "amount": 2000 })).await;
+    assert_eq!(other_amount.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let other = app.authorized(5000).await;
+    let other_payment = app.change(&other, "capture", &key, &json!({ "amount": 3000 })).await;
+    assert_eq!(other_payment.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    // Captured once: neither captured again nor cancelled, under any key.
+    let again = app.change(&id, "capture", &new_key(), &json!({})).await;
+    assert_eq!(problem_type(again).await, (StatusCode::BAD_REQUEST, "payment-not-capturable".into()));
+    let cancel = app.change(&id, "cancel", &new_key(), &json!({})).await;
+    assert_eq!(problem_type(cancel).await, (StatusCode::BAD_REQUEST, "payment-not-cancelable".into()));
+
+    // Refunds take back at most the 3000 captured.
+    let too_much = app.post_refund(&new_key(), &json!({ "payment": id, "amount": 3001 })).await;
+    assert_eq!(problem_type(too_much).await, (StatusCode::BAD_REQUEST, "refund-exceeds-payment".into()));
+    let all = app.post_refund(&new_key(), &json!({ "payment": id })).await;
+    assert_eq!(all.status(), StatusCode::CREATED);
+    assert_eq!(all.json::<Value>().await.unwrap()["amount"], 3000);
+    assert_eq!(app.gateway.all_stats().await["captures"], 1);
+}
+
+#[tokio::test]
+async fn a_cancelled_payment_is_never_captured_and_a_capture_is_held_to_what_was_authorized() {
+    let app = TestApp::spawn().await;
+    let id = app.authorized(5000).await;
+    let too_much = app.change(&id, "capture", &new_key(), &json!({ "amount": 5001 })).await;
+    assert_eq!(too_much.status(), StatusCode::BAD_REQUEST);
+    let problem: Value = too_much.json().await.unwrap();
+    assert_eq!(
+        (problem["type"].as_str().unwrap().rsplit('/').next(), &problem["capturable"]),
+        (Some("capture-exceeds-authorization"), &json!(5000))
+    );
+
+    let canceled = app.change(&id, "cancel", &new_key(), &json!({ "reason": "requested_by_customer" })).await;
+    assert_eq!(canceled.status(), StatusCode::OK);
+    let payment: Value = canceled.json().await.unwrap();
+    assert_eq!(
+        (&payment["status"], &payment["cancellation_reason"]),
+        (&json!("canceled"), &json!("requested_by_customer"))
+    );
+    assert_eq!((&payment["amount_capturable"], &payment["amount_captured"]), (&json!(0), &json!(0)));
+    assert!(payment["canceled_at"].is_string());
+    let capture = app.change(&id, "capture", &new_key(), &json!({})).await;
+    assert_eq!(problem_type(capture).await, (StatusCode::BAD_REQUEST, "payment-not-capturable".into()));
+    let refund = app.post_refund(&new_key(), &json!({ "payment": id })).await;
+    assert_eq!(problem_type(refund).await, (StatusCode::BAD_REQUEST, "payment-not-refundable".into()));
+    assert!(
+        app.database_says(&format!("NOT EXISTS (SELECT FROM open_authorizations WHERE payment_id = '{id}')")).await
+    );
+
+    // A payment charged at once is no authorization; nor is one that does not exist.
+    let paid = app.paid(700, "tok_visa").await;
+    let at_once = app.change(paid["id"].as_str().unwrap(), "capture", &new_key(), &json!({})).await;
+    assert_eq!(problem_type(at_once).await, (StatusCode::BAD_REQUEST, "payment-not-capturable".into()));
+    let unknown = app.change(&uuid::Uuid::now_v7().to_string(), "cancel", &new_key(), &json!({})).await;
+    assert_eq!(problem_type(unknown).await, (StatusCode::NOT_FOUND, "payment-not-found".into()));
+}
+
+#[tokio::test]
+async fn of_twelve_captures_and_cancels_at_once_over_two_servers_exactly_one_wins() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "racing").await.unwrap();
+    let gateway = Process::gateway().await;
+    let servers = [
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[]).await,
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[]).await,
+    ];
+    let http = reqwest::Client::new();
+    let post = |server: &Process, path: String, key: String, body: Value| {
+        http.post(format!("{}{path}", server.url))
+            .bearer_auth(&api_key)
+            .header("Idempotency-Key", key)
+            .json(&body)
+            .send()
+    };
+    for round in 0..5 {
+        let authorized =
+            post(&servers[0], "/v1/payments".into(), new_key(), authorization(5000, "tok_visa")).await.unwrap();
+        let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+        let racing = (0..12).map(|n| {
+            let action = if n % 2 == 0 { "capture" } else { "cancel" };
+            post(&servers[n / 2 % 2], format!("/v1/payments/{id}/{action}"), new_key(), json!({}))
+        });
+        let answers = futures_util::future::join_all(racing).await;
+        let statuses: Vec<u16> = answers.into_iter().map(|answer| answer.unwrap().status().as_u16()).collect();
+        assert_eq!(statuses.iter().filter(|&&status| status == 200).count(), 1, "round {round}: {statuses:?}");
+        assert!(statuses.iter().all(|&status| status == 200 || status == 400), "round {round}: {statuses:?}");
+    }
+    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    assert_eq!(
+        stats["captures"].as_u64().unwrap() + stats["cancels"].as_u64().unwrap(),
+        5,
+        "one change a round: {stats}"
+    );
+}
+
+#[tokio::test]
+async fn a_capture_whose_answer_was_lost_is_done_once_by_its_retry() {
+    for fault in ["error_after", "timeout_after"] {
+        let app = TestApp::builder().gateway_timeout(std::time::Duration::from_millis(500)).spawn().await;
+        let id = app.authorized(5000).await;
+        let key = new_key();
+        app.gateway.fault(fault, 1).await;
+        let lost = app.change(&id, "capture", &key, &json!({ "amount": 4000 })).await;
+        assert_eq!(lost.status(), StatusCode::SERVICE_UNAVAILABLE, "{fault}");
+        let retried = app.change(&id, "capture", &key, &json!({ "amount": 4000 })).await;
+        assert_eq!(retried.status(), StatusCode::OK, "{fault}");
+        let payment: Value = retried.json().await.unwrap();
+        assert_eq!(payment["amount_captured"], 4000, "{fault}");
+        let stats = app.gateway.all_stats().await;
+        assert_eq!(
+            (&stats["captures"], &stats["capture_requests"]),
+            (&json!(1), &json!(1)),
+            "{fault}: read, not asked again"
+        );
+        let story: Value = app.key_story(&key).await.json().await.unwrap();
+        assert_eq!((&story["recovery_point"], &story["payment"]["status"]), (&json!("finished"), &json!("succeeded")));
+        assert!(
+            story["trail"].as_array().unwrap().iter().any(|entry| entry["action"] == "payment.capture_recorded"),
+            "{story}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_capture_crashed_before_or_after_the_gateway_is_done_once_by_its_retry() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "crashing").await.unwrap();
+    let gateway = Process::gateway().await;
+    let env = [("PAYMENTS_FAULT_INJECTION", "1")];
+    let http = reqwest::Client::new();
+    for (n, point) in ["after_started", "after_change", "after_change_created"].into_iter().enumerate() {
+        let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        let post = |server: &Process, path: String, key: &str, body: Value| {
+            let request =
+                http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
+            request.json(&body).send()
+        };
+        let authorized =
+            post(&server, "/v1/payments".into(), &new_key(), authorization(5000, "tok_visa")).await.unwrap();
+        let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+        let key = new_key();
+        let path = format!("/v1/payments/{id}/cancel");
+        let crash = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", &key);
+        let crashed = crash.header("X-Fault-Inject", format!("crash={point}")).json(&json!({})).send().await;
+        assert!(crashed.is_err(), "{point}: the process died");
+        // Another process takes the retry, once the dead one's lease on the key is over.
+        end_the_leases(&database.url).await;
+        let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        let retried = post(&server, path, &key, json!({})).await.unwrap();
+        assert_eq!(retried.status(), StatusCode::OK, "{point}");
+        assert_eq!(retried.json::<Value>().await.unwrap()["status"], "canceled", "{point}");
+        let stats = GatewayControl::new(&gateway.url).all_stats().await;
+        assert_eq!(stats["cancels"], n + 1, "{point}: cancelled once");
+    }
+}
+
+/// Ends the lease of every held key now, as time would for a dead process's.
+async fn end_the_leases(url: &str) {
+    let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+    let over =
+        "UPDATE idempotency_keys SET locked_until = now() - interval '1 millisecond' WHERE locked_until IS NOT NULL";
+    diesel_async::RunQueryDsl::execute(diesel::sql_query(over), &mut conn).await.unwrap();
 }

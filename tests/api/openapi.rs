@@ -183,15 +183,26 @@ async fn a_request_field_takes_null_only_where_the_spec_says_it_is_nullable() {
             }
             let nullable =
                 property["type"].as_vec().is_some_and(|types| types.iter().any(|t| t.as_str() == Some("null")));
-            // A payment of its own for each case, so that one case's refund takes nothing from the next's.
-            let payment = app.paid(5000, "tok_visa").await;
-            let mut sent = match name {
-                "CreatePayment" => payment_body(),
-                "CreateRefund" => json!({ "payment": payment["id"] }),
+            // A payment of its own for each case, so that one case's refund (or capture, or
+            // cancel) takes nothing from the next's.
+            let authorize = matches!(name, "CapturePayment" | "CancelPayment");
+            let payment = match authorize {
+                false => app.paid(5000, "tok_visa").await,
+                true => {
+                    let authorization =
+                        json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
+                    app.post_payment(&new_key(), &authorization).await.json().await.unwrap()
+                }
+            };
+            let (mut sent, done) = match name {
+                "CreatePayment" => (payment_body(), StatusCode::CREATED),
+                "CreateRefund" => (json!({ "payment": payment["id"] }), StatusCode::CREATED),
+                "CapturePayment" | "CancelPayment" => (json!({}), StatusCode::OK),
                 other => panic!("no smallest valid body for the request schema {other}: add one here"),
             };
             sent[field] = Value::Null;
             let key = new_key();
+            let path = path.replace("{id}", payment["id"].as_str().unwrap());
             let response = app
                 .http
                 .post(format!("{}{path}", app.address))
@@ -204,7 +215,7 @@ async fn a_request_field_takes_null_only_where_the_spec_says_it_is_nullable() {
             let status = response.status();
             let answer: Value = response.json().await.unwrap();
             if nullable {
-                assert_eq!(status, StatusCode::CREATED, "{path} {sent}: {answer}");
+                assert_eq!(status, done, "{path} {sent}: {answer}");
             } else {
                 assert_eq!(status, StatusCode::BAD_REQUEST, "{path} {sent}: {answer}");
                 assert_eq!(answer["type"], "https://payments.example/problems/malformed-body", "{answer}");
@@ -212,10 +223,14 @@ async fn a_request_field_takes_null_only_where_the_spec_says_it_is_nullable() {
                 let now: Value =
                     app.get(&format!("/v1/payments/{}", payment["id"].as_str().unwrap())).await.json().await.unwrap();
                 assert_eq!(now["amount_refunded"], 0, "{path} {sent}: money moved");
+                if authorize {
+                    assert_eq!(now["status"], "requires_capture", "{path} {sent}: the authorization ended");
+                }
             }
             tried += 1;
         }
     }
-    // The payment's description and metadata, the refund's amount, reason and metadata.
-    assert!(tried >= 5, "only {tried} optional request fields found in the spec");
+    // The payment's description, metadata and capture, the refund's amount, reason and metadata,
+    // the capture's amount and the cancel's reason.
+    assert!(tried >= 8, "only {tried} optional request fields found in the spec");
 }

@@ -132,6 +132,20 @@ async fn every_problem_carries_its_request_id() {
     expect(problem_slug(app.get("/v1/refunds/not-a-uuid").await).await, "refund-not-found");
     expect(problem_slug(app.post_event(b"{}", None).await).await, "invalid-signature");
 
+    // Captures' and cancels' own.
+    let change = |id: &str, action: &str, body: Value| {
+        let url = format!("{}/v1/payments/{id}/{action}", app.address);
+        let request = app.http.post(url).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+        async move { problem_slug(request.json(&body).send().await.unwrap()).await }
+    };
+    let paid_id = paid["id"].as_str().unwrap();
+    expect(change(paid_id, "capture", json!({})).await, "payment-not-capturable");
+    expect(change(paid_id, "cancel", json!({})).await, "payment-not-cancelable");
+    let authorize = json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "capture": false });
+    let authorized: Value = app.post_payment(&new_key(), &authorize).await.json().await.unwrap();
+    let authorized_id = authorized["id"].as_str().unwrap();
+    expect(change(authorized_id, "capture", json!({ "amount": 1001 })).await, "capture-exceeds-authorization");
+
     // The gateway's definitive 4xx, from a gateway that answers so.
     let gateway = wiremock::MockServer::start().await;
     let refusal = json!({ "error": { "message": "bad" } });

@@ -25,6 +25,11 @@ pub enum FaultPoint {
     AfterRefund,
     /// `refund_created` committed, before the refund's `finished` transaction commits.
     AfterRefundCreated,
+    /// A capture's or a cancel's gateway call answered, before its `capture_created` or
+    /// `cancel_created` commits.
+    AfterChange,
+    /// `capture_created` or `cancel_created` committed, before `finished` commits.
+    AfterChangeCreated,
 }
 
 /// What happens to the process at the point.
@@ -44,12 +49,14 @@ pub struct Fault {
 }
 
 impl FaultPoint {
-    const ALL: [(FaultPoint, &'static str); 5] = [
+    const ALL: [(FaultPoint, &'static str); 7] = [
         (FaultPoint::AfterStarted, "after_started"),
         (FaultPoint::AfterCharge, "after_charge"),
         (FaultPoint::AfterChargeCreated, "after_charge_created"),
         (FaultPoint::AfterRefund, "after_refund"),
         (FaultPoint::AfterRefundCreated, "after_refund_created"),
+        (FaultPoint::AfterChange, "after_change"),
+        (FaultPoint::AfterChangeCreated, "after_change_created"),
     ];
 }
 
@@ -79,7 +86,8 @@ impl FromStr for Fault {
             (Some(action), Some(point)) => Ok(Fault { action, point }),
             _ => Err(format!(
                 "{FAULT_HEADER} must be crash=<point> or pause=<point>, where <point> is after_started, after_charge, \
-                 after_charge_created, after_refund, after_refund_created or (to pause at each) every"
+                 after_charge_created, after_refund, after_refund_created, after_change, after_change_created or (to \
+                 pause at each) every"
             )),
         }
     }

@@ -128,6 +128,11 @@ fn integer_written(literal: &str) -> Option<i64> {
     Some(i64::try_from(value).unwrap_or(if negative { i64::MIN } else { i64::MAX }))
 }
 
+/// `text`, cut to at most `max_chars` characters (a gateway's words, bounded as a column is).
+pub fn truncated(text: &str, max_chars: usize) -> &str {
+    text.char_indices().nth(max_chars).map_or(text, |(end, _)| &text[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

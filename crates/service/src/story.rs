@@ -8,6 +8,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::audit::{self, AuditEntry};
+use crate::captures;
 use crate::db::{self, StoreError};
 use crate::idempotency::{IdempotencyKey, KeyRecord, RecoveryPoint};
 use crate::payments::{Payment, PaymentView};
@@ -121,11 +122,27 @@ impl KeyStory {
                 db::query(Refund::find_by_client_key(conn, account_id, key.as_str())).await?,
             ),
         };
-        let made_under =
-            payment.as_ref().and_then(|p| p.idempotency_key_id).or(refund.as_ref().map(|r| r.idempotency_key_id));
+        // A capture's or a cancel's key made a change of a payment, which the story shows.
+        let change = match (&payment, &refund) {
+            (None, None) => {
+                db::query(captures::made_by_key(conn, account_id, record.as_ref().map(|r| r.id), key.as_str())).await?
+            }
+            _ => None,
+        };
+        let (payment, changed) = match change {
+            Some(change) => (db::query(Payment::find(conn, account_id, change.payment_id)).await?, true),
+            None => (payment, false),
+        };
+        let made_under = payment
+            .as_ref()
+            .and_then(|p| p.idempotency_key_id)
+            .filter(|_| !changed)
+            .or(refund.as_ref().map(|r| r.idempotency_key_id))
+            .or(change.map(|change| change.key_id));
         let Some(key_id) = record.as_ref().map(|record| record.id).or(made_under) else { return Ok(None) };
         let mut resources = vec![("idempotency_key", key_id)];
-        resources.extend(payment.as_ref().map(|payment| ("payment", payment.id)));
+        resources.extend(change.map(|change| ("payment_change", change.id)));
+        resources.extend(payment.as_ref().filter(|_| !changed).map(|payment| ("payment", payment.id)));
         resources.extend(refund.as_ref().map(|refund| ("refund", refund.id)));
         // One more than shown, to know whether more follow.
         let (skip, limit) = (i64::from(trail_after), i64::from(TRAIL_LIMIT) + 1);

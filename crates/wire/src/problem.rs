@@ -25,6 +25,9 @@ pub enum ProblemType {
     PaymentNotRefundable,
     PaymentAlreadyRefunded,
     RefundExceedsPayment,
+    PaymentNotCapturable,
+    PaymentNotCancelable,
+    CaptureExceedsAuthorization,
     IdempotencyKeyNotFound,
     RouteNotFound,
     MethodNotAllowed,
@@ -43,7 +46,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 27] = [
+    pub const ALL: [ProblemType; 30] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -57,6 +60,9 @@ impl ProblemType {
         ProblemType::PaymentNotRefundable,
         ProblemType::PaymentAlreadyRefunded,
         ProblemType::RefundExceedsPayment,
+        ProblemType::PaymentNotCapturable,
+        ProblemType::PaymentNotCancelable,
+        ProblemType::CaptureExceedsAuthorization,
         ProblemType::IdempotencyKeyNotFound,
         ProblemType::RouteNotFound,
         ProblemType::MethodNotAllowed,
@@ -90,6 +96,11 @@ impl ProblemType {
             PaymentNotRefundable => ("payment-not-refundable", "The payment cannot be refunded", 400),
             PaymentAlreadyRefunded => ("payment-already-refunded", "The payment has nothing left to refund", 400),
             RefundExceedsPayment => ("refund-exceeds-payment", "The refund is more than the payment has left", 400),
+            PaymentNotCapturable => ("payment-not-capturable", "The payment cannot be captured", 400),
+            PaymentNotCancelable => ("payment-not-cancelable", "The payment cannot be canceled", 400),
+            CaptureExceedsAuthorization => {
+                ("capture-exceeds-authorization", "The capture is more than the payment authorized", 400)
+            }
             IdempotencyKeyNotFound => ("idempotency-key-not-found", "No such idempotency key", 404),
             RouteNotFound => ("route-not-found", "No such endpoint", 404),
             MethodNotAllowed => ("method-not-allowed", "Method not allowed on this endpoint", 405),

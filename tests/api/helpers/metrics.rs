@@ -20,7 +20,12 @@ impl Scrape {
 
     /// The sample `name` whose labels include `labels`, or none if there is no such line.
     pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-        self.0.lines().filter(|line| !line.starts_with('#')).find_map(|line| {
+        self.samples(name, labels).next()
+    }
+
+    /// The samples `name` whose labels include `labels`.
+    fn samples<'s>(&'s self, name: &'s str, labels: &'s [(&str, &str)]) -> impl Iterator<Item = f64> + 's {
+        self.0.lines().filter(|line| !line.starts_with('#')).filter_map(move |line| {
             let (series, value) = line.rsplit_once(' ')?;
             let (series_name, series_labels) = match series.split_once('{') {
                 Some((series_name, rest)) => (series_name, rest.trim_end_matches('}')),
@@ -34,8 +39,10 @@ impl Scrape {
         })
     }
 
-    /// Like [`Scrape::get`], with an absent sample counting as 0 (a counter not yet moved).
+    /// A counter: like [`Scrape::get`], with an absent sample counting as 0 (a counter not yet
+    /// moved).
+    /// Summed over every sample whose labels include `labels` (every endpoint's, say).
     pub fn count(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        self.get(name, labels).unwrap_or(0.0)
+        self.samples(name, labels).sum()
     }
 }

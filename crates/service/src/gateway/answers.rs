@@ -10,6 +10,7 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::authorization::{Authorization, Changed};
 use super::charge::{Charge, ChargeRequest, GatewayError};
 use super::refund::{Refund, RefundRequest, RefundStatus};
 
@@ -33,9 +34,25 @@ struct ChargeObject {
     status: Option<String>,
     failure_code: Option<String>,
     failure_message: Option<String>,
+    /// What it captured (of an authorization: what its capture took).
+    amount_captured: Option<i64>,
 }
 
 impl ChargeObject {
+    /// Where the charge stands, as an authorization.
+    fn authorization(&self) -> Result<Authorization, GatewayError> {
+        match self.status.as_deref() {
+            Some("requires_capture") => Ok(Authorization::Open),
+            Some("succeeded") => match self.amount_captured.or(self.amount) {
+                Some(amount) => Ok(Authorization::Captured { amount }),
+                None => Err(GatewayError::Unavailable("a captured charge that says not how much".into())),
+            },
+            Some("canceled") => Ok(Authorization::Canceled),
+            Some("failed") => Ok(Authorization::Failed),
+            status => Err(not_settled("charge", status.unwrap_or("without a status"))),
+        }
+    }
+
     /// What the charge means for the payment: a success it can record, a decline, or (pending,
     /// unknown, or an id it cannot store) an outcome not known yet.
     fn outcome(self) -> Result<Charge, GatewayError> {
@@ -214,6 +231,37 @@ pub(super) fn charge_outcome(status: u16, body: &[u8]) -> Result<Charge, Gateway
             }
             _ => Err(error.rejection(status)),
         },
+    }
+}
+
+/// What the answer to a capture or a cancel of an authorized charge means: what it did, that the
+/// charge was captured or cancelled before, or (a refusal: more than was authorized, an
+/// authorization expired, a failed or unknown charge) nothing done, definitively.
+pub(super) fn change_outcome(status: u16, body: &[u8]) -> Result<Changed, GatewayError> {
+    match read(status, body)? {
+        Reading::Made(body) => parse::<ChargeObject>(status, body, "charge")?.authorization().map(Changed::Now),
+        Reading::Refused { error, .. }
+            if matches!(error.code.as_deref(), Some("charge_already_captured" | "charge_canceled")) =>
+        {
+            Ok(Changed::Before)
+        }
+        Reading::Declined(error) | Reading::Refused { error, .. } => Err(error.rejection(status)),
+    }
+}
+
+/// What the answer to a read of charge `id` (`GET /v1/charges/{id}`) means: where it stands, or
+/// none if the gateway says it has no such charge. The error: no readable answer.
+pub(super) fn charge_read(status: u16, body: &[u8], id: &str) -> Result<Option<Authorization>, GatewayError> {
+    match status {
+        200..=299 => {
+            let charge = parse::<ChargeObject>(status, body, "charge")?;
+            if charge.id != id {
+                return Err(GatewayError::Unavailable("the gateway answered with another charge".into()));
+            }
+            charge.authorization().map(Some)
+        }
+        404 if ErrorDetail::of(body).code.as_deref() == Some("resource_missing") => Ok(None),
+        _ => Err(GatewayError::Unavailable(format!("the charge's read answered {status}"))),
     }
 }
 

@@ -4,8 +4,12 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::answers::{charge_look_up, charge_outcome, recordable, refund_look_up, refund_outcome, refund_read};
-use super::charge::{Charge, ChargeRequest, GatewayError};
+use super::answers::{
+    change_outcome, charge_look_up, charge_outcome, charge_read, recordable, refund_look_up, refund_outcome,
+    refund_read,
+};
+use super::authorization::{Authorization, CancelRequest, CaptureRequest, Changed};
+use super::charge::{Charge, ChargeRequest, GatewayError, WrongGateway};
 use super::refund::{Refund, RefundRequest, RefundStatus};
 use crate::metrics::{GatewayOperation, GatewayOutcome, Metrics};
 use crate::runtime::ProcessRuntime;
@@ -42,6 +46,15 @@ impl<T> Answered<T> {
         match &self.named {
             Some(named) => **named == *recorded,
             None => recorded == &*self.address,
+        }
+    }
+
+    /// The answer, if the `recorded` gateway gave it: a charge is changed or refunded, and looked
+    /// up, only where it is, and another gateway's answer (even "nothing found") says nothing of it.
+    pub fn ours(self, recorded: &str) -> Result<T, WrongGateway> {
+        match self.is_from(recorded) {
+            true => Ok(self.answer),
+            false => Err(WrongGateway::new(recorded, self.by())),
         }
     }
 
@@ -254,6 +267,53 @@ impl GatewayClient {
         self.counted(GatewayOperation::RefundRead, read).await
     }
 
+    /// Asks the gateway answering at this address to capture `amount` of the authorized charge
+    /// `charge_id`, under `idempotency_key` (a key of its own). The outer error means no readable
+    /// answer; the inner result is what the answer says (see [`change_outcome`]).
+    #[tracing::instrument(name = "gateway.capture", skip_all, fields(gateway.status))]
+    pub async fn capture(
+        &self,
+        idempotency_key: &str,
+        charge_id: &str,
+        request: &CaptureRequest,
+    ) -> Result<Answered<Result<Changed, GatewayError>>, GatewayError> {
+        let post =
+            self.http.post(self.charge_url(charge_id, Some("capture"))).header("Idempotency-Key", idempotency_key);
+        let captured = self.read(post.json(request), |status, body| Ok(change_outcome(status, body)));
+        self.counted(GatewayOperation::Capture, captured).await
+    }
+
+    /// Asks the gateway answering at this address to cancel the authorized charge `charge_id`,
+    /// under `idempotency_key`, as [`GatewayClient::capture`] does.
+    #[tracing::instrument(name = "gateway.cancel", skip_all, fields(gateway.status))]
+    pub async fn cancel(
+        &self,
+        idempotency_key: &str,
+        charge_id: &str,
+    ) -> Result<Answered<Result<Changed, GatewayError>>, GatewayError> {
+        let post =
+            self.http.post(self.charge_url(charge_id, Some("cancel"))).header("Idempotency-Key", idempotency_key);
+        let canceled = self.read(post.json(&CancelRequest {}), |status, body| Ok(change_outcome(status, body)));
+        self.counted(GatewayOperation::Cancel, canceled).await
+    }
+
+    /// The charge `id` as it stands now at the gateway answering at this address, as an
+    /// authorization (to learn what a capture or cancel whose answer was lost did), or none if
+    /// that gateway has no such charge. The error means no readable answer.
+    #[tracing::instrument(name = "gateway.get_charge", skip_all, fields(gateway.status))]
+    pub async fn get_charge(&self, id: &str) -> Result<Answered<Option<Authorization>>, GatewayError> {
+        let read = self.read(self.http.get(self.charge_url(id, None)), |status, body| charge_read(status, body, id));
+        self.counted(GatewayOperation::ChargeRead, read).await
+    }
+
+    /// `/v1/charges/{id}`, and what follows it (`capture`, `cancel`).
+    fn charge_url(&self, id: &str, then: Option<&str>) -> Url {
+        let mut url = self.charges_url.clone();
+        // The URL was joined onto in `new`, so it has a path to add to.
+        url.path_segments_mut().expect("an http(s) URL has path segments").push(id).extend(then);
+        url
+    }
+
     /// Counts a call as `operation`, by what its answer says, and how long it took.
     async fn counted<T: Counted>(
         &self,
@@ -364,6 +424,25 @@ impl Counted for GatewayError {
 impl Counted for Charge {
     fn outcome(&self) -> GatewayOutcome {
         GatewayOutcome::Succeeded
+    }
+}
+
+impl Counted for Changed {
+    fn outcome(&self) -> GatewayOutcome {
+        match self {
+            Changed::Now(authorization) => authorization.outcome(),
+            Changed::Before => GatewayOutcome::Rejected,
+        }
+    }
+}
+
+impl Counted for Authorization {
+    fn outcome(&self) -> GatewayOutcome {
+        match self {
+            Authorization::Open => GatewayOutcome::Pending,
+            Authorization::Captured { .. } | Authorization::Canceled => GatewayOutcome::Succeeded,
+            Authorization::Failed => GatewayOutcome::Failed,
+        }
     }
 }
 

@@ -3,11 +3,13 @@
 //! `payments-wire`'s, which both sides share.
 
 mod answers;
+mod authorization;
 mod charge;
 mod client;
 mod refund;
 pub mod reports;
 
+pub use authorization::{Authorization, CancelRequest, CaptureRequest, Changed};
 pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key, parse_downstream_key};
 pub use client::{Answered, GatewayClient, recordable_identity};
 pub use payments_wire::{IDENTITY_HEADER, signature};

@@ -34,6 +34,16 @@ pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: Method::POST, path: "/v1/payments", route: || web::post().to(payments::create_payment) },
     Endpoint { method: Method::GET, path: "/v1/payments", route: || web::get().to(payments::list_payments) },
     Endpoint { method: Method::GET, path: "/v1/payments/{id}", route: || web::get().to(payments::get_payment) },
+    Endpoint {
+        method: Method::POST,
+        path: "/v1/payments/{id}/capture",
+        route: || web::post().to(payments::change_payment::<crate::captures::CaptureBody>),
+    },
+    Endpoint {
+        method: Method::POST,
+        path: "/v1/payments/{id}/cancel",
+        route: || web::post().to(payments::change_payment::<crate::captures::CancelBody>),
+    },
     Endpoint { method: Method::POST, path: "/v1/refunds", route: || web::post().to(refunds::create_refund) },
     Endpoint { method: Method::GET, path: "/v1/refunds", route: || web::get().to(refunds::list_refunds) },
     Endpoint { method: Method::GET, path: "/v1/refunds/{id}", route: || web::get().to(refunds::get_refund) },

@@ -10,11 +10,15 @@ text_enum! {
     /// `charge_created`: the gateway's definitive answer is recorded on the payment.
     /// `refund_created`: the gateway's answer is recorded on the refund (which may still be
     /// pending there).
+    /// `capture_created`, `cancel_created`: the gateway's answer to a capture or a cancel is
+    /// recorded on the change and the payment.
     /// `finished`: the response is stored; every later request with the key replays it.
     pub enum RecoveryPoint {
         Started = "started",
         ChargeCreated = "charge_created",
         RefundCreated = "refund_created",
+        CaptureCreated = "capture_created",
+        CancelCreated = "cancel_created",
         Finished = "finished",
     }
 }

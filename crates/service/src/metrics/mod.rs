@@ -105,6 +105,11 @@ label! {
         RefundLookup = "refund_lookup",
         /// Reading a refund by its id, to learn whether a pending one has settled.
         RefundRead = "refund_read",
+        /// Capturing or cancelling an authorized charge.
+        Capture = "capture",
+        Cancel = "cancel",
+        /// Reading a charge by its id, to learn what an earlier capture or cancel did.
+        ChargeRead = "charge_read",
     }
 }
 
@@ -145,6 +150,8 @@ label! {
     pub enum KeyEndpoint {
         Payments = "payments",
         Refunds = "refunds",
+        Captures = "captures",
+        Cancels = "cancels",
     }
 }
 

@@ -3,10 +3,10 @@
 pub mod create;
 mod model;
 mod request;
-mod view;
-mod writes;
+pub(crate) mod view;
+pub(crate) mod writes;
 
 pub use create::{CreateRequest, ENDPOINT, complete_abandoned, create_payment};
-pub use model::{ChargeOutcome, Payment, PaymentStatus};
+pub use model::{ChargeOutcome, GATEWAY_REJECTED, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, MAX_AMOUNT, ValidationError, validate_metadata};
 pub use view::{PaymentList, PaymentView};

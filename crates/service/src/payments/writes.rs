@@ -19,8 +19,9 @@ use crate::gateway::reports::KEEPS_REPORTS;
 use crate::idempotency::PhaseWrites;
 use crate::outbox::StagedEvent;
 
-/// The columns of [`super::Payment`], as a phase returns them: `{payment.*}` in the SQL below.
-const PAYMENT: &str = "id, account_id, idempotency_key_id, idempotency_key, amount, currency, description, metadata, \
+/// The columns of [`super::Payment`], as a phase returns them: `{payment.*}` in the SQL below (and
+/// in a capture's or a cancel's).
+pub(crate) const PAYMENT: &str = "id, account_id, idempotency_key_id, idempotency_key, amount, currency, description, metadata, \
                        status, gateway_charge_id, failure_code, failure_message, created_at, updated_at, gateway, \
                        amount_refunded, amount_refund_pending, capture_method, amount_captured, capture_before, \
                        canceled_at, cancellation_reason";

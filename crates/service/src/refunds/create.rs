@@ -38,7 +38,7 @@ use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
-use crate::gateway::{self, Answered, GatewayError, WrongGateway};
+use crate::gateway::{self, Answered, GatewayError};
 use crate::idempotency::{
     Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
     Run, StoredResponse, Transition,
@@ -303,7 +303,7 @@ impl<'a> RefundPhases<'a> {
             status,
             gateway_refund_id: gateway_refund_id.as_deref(),
             failure_code: failure_code.as_deref(),
-            failure_message: failure_message.as_deref().map(|message| truncated(message, 500)),
+            failure_message: failure_message.as_deref().map(|message| crate::fields::truncated(message, 500)),
             audit,
         };
         self.refund = Some(run.phase(Transition::Advance(RecoveryPoint::RefundCreated), writes).await?);
@@ -355,22 +355,14 @@ pub(super) fn event_of(status: RefundStatus) -> &'static str {
     }
 }
 
-/// The answer, if the charge's own gateway gave it: a refund is made and looked up only where the
-/// charge is, and another gateway's answer (even "nothing found") says nothing about it.
+/// The answer, if the charge's own gateway gave it (see [`Answered::ours`]): another's is no answer.
 fn ours<T>(answered: Answered<T>, gateway: &str) -> Result<T, DriveError> {
-    match answered.is_from(gateway) {
-        true => Ok(answered.answer),
-        false => Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(gateway, answered.by())))),
-    }
+    answered.ours(gateway).map_err(|wrong| DriveError::OutcomeUnknown(Box::new(wrong)))
 }
 
 fn indeterminate(error: GatewayError) -> DriveError {
     tracing::warn!(%error, "gateway outcome unknown; the refund's key stays at started");
     DriveError::OutcomeUnknown(Box::new(error))
-}
-
-fn truncated(text: &str, max_chars: usize) -> &str {
-    text.char_indices().nth(max_chars).map_or(text, |(end, _)| &text[..end])
 }
 
 fn audit<'a>(

@@ -1,0 +1,435 @@
+//! `POST /v1/payments/{id}/capture` and `/cancel`: a change of an authorized payment, driven
+//! through its recovery points by the same idempotency driver as a payment and a refund. Only the
+//! phases are a change's own.
+//!
+//! ```text
+//!         claim + started            gateway capture or cancel       (no foreign effect)
+//!   (new) ─────────► started ──────────────────────────► capture_created ───────────────► finished
+//!                    key row locked,                     or cancel_created:               response stored,
+//!                    the change made,                    the answer recorded on           event staged, unlocked
+//!                    if it is the one                    the change and the payment
+//!                    that stands
+//! ```
+//!
+//! - `started` decides whether the payment is an authorization still open, and makes the change in
+//!   the same statement; a unique index lets one change stand per payment, so a capture, a cancel and the lapse racing under different keys cannot both win (see
+//!   [`super::writes::Start`]). A refusal (no such payment, not an open authorization or another
+//!   change took it, more than was authorized) is stored under the key as its answer.
+//! - The gateway call captures or cancels the payment's charge at the payment's own gateway, under
+//!   a key derived from our key row. A resumed key reads the charge first and adopts what an
+//!   earlier run did; a gateway that says the charge was captured or cancelled already is read too.
+//! - `capture_created` / `cancel_created` records the answer: done (the payment captured, for what
+//!   the gateway says, or cancelled), or refused for good (the change fails, and the payment is an
+//!   open authorization again).
+//! - `finished` stores the answer (`200` with the payment, or `502`), stages `payment.captured` or
+//!   `payment.canceled` if it was done, and unlocks.
+
+use diesel::prelude::*;
+use diesel_async::RunQueryDsl;
+use payments_protocol::{self as protocol, FirstCall};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::request::{ChangeKind, ChangeRequest};
+use super::view::{Refusal, done_response, rejected_response};
+use super::writes::{self, Started};
+use crate::audit::{Actor, AuditRecord};
+use crate::db;
+use crate::db::schema::payment_changes;
+use crate::db::wake::Wake;
+use crate::faults::{Fault, FaultPoint, fault_at};
+use crate::gateway::{self, Answered, Authorization, Changed, GatewayError};
+use crate::idempotency::{
+    Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
+    Run, StoredResponse, Transition,
+};
+use crate::metrics::KeyEndpoint;
+use crate::outbox::StagedEvent;
+use crate::payments::{Payment, PaymentView};
+use crate::request_id::RequestId;
+use crate::state::AppState;
+
+/// The endpoints: a key is bound to one (used on another, it is a mismatch); the payment, from
+/// the path, is part of the request, so the same key on another payment is one too.
+pub static CAPTURE: Endpoint =
+    Endpoint { method: "POST", path: "/v1/payments/{id}/capture", label: KeyEndpoint::Captures };
+pub static CANCEL: Endpoint =
+    Endpoint { method: "POST", path: "/v1/payments/{id}/cancel", label: KeyEndpoint::Cancels };
+
+/// A capture or a cancel as its key judges it (see [`KeyedRequest`]).
+pub type CreateRequest = KeyedRequest<ChangeRequest>;
+
+/// Captures or cancels a payment, or answers for what this key already did.
+#[tracing::instrument(name = "payments.change", skip_all, fields(account.id = %create.account_id, idempotency_key.id, payment.id = %create.request.payment))]
+pub async fn change_payment(
+    state: &AppState,
+    create: CreateRequest,
+    fault: Option<Fault>,
+    request_id: &RequestId,
+) -> Result<Reply, DriveError> {
+    create.answer(state.keys(), request_id, |request| ChangePhases::new(state, request, fault)).await
+}
+
+/// Finishes a capture or a cancel that a worker took over from its vanished client.
+#[tracing::instrument(name = "payments.change_complete", skip_all, fields(idempotency_key.id = %abandoned.lock.key_id, attempt = abandoned.attempts))]
+pub async fn complete_abandoned(
+    state: &AppState,
+    abandoned: Abandoned,
+    run: &RequestId,
+) -> Result<StoredResponse, DriveError> {
+    let (run, request) = Run::of_abandoned::<ChangeRequest>(state.keys(), abandoned, run).await?;
+    run.drive(ChangePhases::new(state, request, None), None).await
+}
+
+/// What `started` left: a change to ask the gateway for, or why there is nothing to do.
+enum Start {
+    Made(Made),
+    Refused(Refusal),
+}
+
+/// A change that stands, and what its gateway call needs.
+struct Made {
+    change_id: Uuid,
+    /// A capture's amount.
+    amount: Option<i64>,
+    /// The gateway holding the payment's charge: the only one that may change it.
+    gateway: String,
+    charge_id: String,
+}
+
+/// What the gateway did with the change: done (a capture's amount, as the gateway says), or
+/// refused for good.
+enum Outcome {
+    Done { captured: Option<i64> },
+    Refused { code: &'static str, message: String },
+}
+
+/// A change's phases, from the key's recovery point to `finished`.
+struct ChangePhases<'a> {
+    state: &'a AppState,
+    request: ChangeRequest,
+    fault: Option<Fault>,
+    /// What `started` found, when it ran with the claim.
+    started: Option<Started>,
+    /// The change's id, the payment, and whether the change was done, as `*_created` left them.
+    recorded: Option<(Uuid, Payment, bool)>,
+}
+
+impl Phases for ChangePhases<'_> {
+    type Started = Started;
+
+    /// `started`: it needs nothing but the request and the database.
+    fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p> {
+        Some(self.start_writes(new.account_id, new.key, Actor::Api, new.request_id))
+    }
+
+    fn started_with_claim(&mut self, started: Started) {
+        self.started = Some(started);
+    }
+
+    /// The recovery-point loop's body: each arm runs from the recorded point to the next.
+    async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
+        match run.recovery_point() {
+            RecoveryPoint::Started => match self.start(run).await? {
+                Start::Refused(refusal) => self.refuse(run, refusal).await,
+                Start::Made(made) => {
+                    fault_at(self.fault, FaultPoint::AfterStarted);
+                    let outcome = self.call(run, &made).await?;
+                    fault_at(self.fault, FaultPoint::AfterChange);
+                    self.record(run, &made, outcome).await
+                }
+            },
+            RecoveryPoint::CaptureCreated | RecoveryPoint::CancelCreated => {
+                fault_at(self.fault, FaultPoint::AfterChangeCreated);
+                self.finish(run).await
+            }
+            point => Err(DriveError::inconsistent(format!("a {} key at {point}", self.request.kind.as_str()))),
+        }
+    }
+
+    /// A late retry whose key was reaped: `410`, naming the payment the change was of.
+    async fn expired_answer(&mut self, new: &NewKey<'_>, made: Uuid) -> Result<StoredResponse, DriveError> {
+        let mut conn = db::connect(&self.state.db).await?;
+        let payment_id = db::query(
+            payment_changes::table
+                .filter(payment_changes::account_id.eq(new.account_id))
+                .filter(payment_changes::id.eq(made))
+                .select(payment_changes::payment_id)
+                .get_result::<Uuid>(&mut conn),
+        )
+        .await?;
+        let payment = db::query(Payment::find(&mut conn, new.account_id, payment_id)).await?;
+        let payment = payment.ok_or_else(|| DriveError::inconsistent(format!("payment {payment_id} vanished")))?;
+        Ok(crate::payments::view::expired_key_response(&payment, new.request_id))
+    }
+}
+
+impl<'a> ChangePhases<'a> {
+    fn new(state: &'a AppState, request: ChangeRequest, fault: Option<Fault>) -> Self {
+        ChangePhases { state, request, fault, started: None, recorded: None }
+    }
+
+    fn kind(&self) -> ChangeKind {
+        self.request.kind
+    }
+
+    /// `started`: the change made, or why not; as it ran with the claim, or else on its own now.
+    /// On resumption it finds the change an earlier run made.
+    async fn start(&mut self, run: &mut Run<'_>) -> Result<Start, DriveError> {
+        let started = match self.started.take() {
+            Some(started) => started,
+            None => {
+                let (request_id, key) = (run.request_id().clone(), run.key().clone());
+                let writes = self.start_writes(run.lock().account_id, &key, run.actor(), &request_id);
+                run.phase(Transition::Stay, writes).await?
+            }
+        };
+        match started {
+            Started {
+                change_id: Some(change_id), gateway: Some(gateway), charge_id: Some(charge_id), amount, ..
+            } => Ok(Start::Made(Made { change_id, amount, gateway, charge_id })),
+            Started { refusal: Some(code), capturable, .. } => Refusal::from_code(&code, capturable)
+                .map(Start::Refused)
+                .ok_or_else(|| DriveError::inconsistent(format!("a change refused for {code:?}"))),
+            started => Err(DriveError::inconsistent(format!("a change's start found {started:?}"))),
+        }
+    }
+
+    /// What `started` writes: see [`writes::Start`].
+    fn start_writes<'w>(
+        &'w self,
+        account_id: Uuid,
+        key: &'w IdempotencyKey,
+        actor: Actor,
+        request_id: &'w RequestId,
+    ) -> writes::Start<'w> {
+        let change_id = Uuid::now_v7();
+        let kind = self.kind().as_str();
+        let data = json!({ "recovery_point": RecoveryPoint::Started, "kind": kind, "payment": self.request.payment,
+                           "amount": self.request.amount });
+        writes::Start {
+            change_id,
+            account_id,
+            payment_id: self.request.payment,
+            kind,
+            amount: self.request.amount,
+            reason: self.request.reason.map(|reason| reason.as_str()),
+            idempotency_key: key.as_str(),
+            audit: audit(account_id, CHANGE, change_id, actor, action(self.kind(), "started"), data, request_id),
+        }
+    }
+
+    /// Stores a refusal as the key's answer, naming the payment as it stands: nothing was asked of
+    /// the gateway.
+    async fn refuse(&mut self, run: &mut Run<'_>, refusal: Refusal) -> Result<(), DriveError> {
+        let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
+        let payment = db::query(Payment::find(run.connection().await?, account_id, self.request.payment)).await?;
+        let response = refusal.response(self.kind(), self.request.payment, payment.as_ref(), &request_id);
+        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status,
+                           "refusal": refusal.code(self.kind()) });
+        let audit = audit(account_id, KEY, key_id, run.actor(), action(self.kind(), "refused"), data, &request_id);
+        let _: writes::Finished = run.finish(response, writes::Finish { event: None, audit }).await?;
+        Ok(())
+    }
+
+    /// The gateway call, the one foreign side effect, at the payment's own gateway, with no
+    /// transaction open, and only while the lease outlasts it. A key taken up again reads the
+    /// charge first: what an earlier run did is adopted, never done twice.
+    async fn call(&mut self, run: &mut Run<'_>, made: &Made) -> Result<Outcome, DriveError> {
+        run.let_go_of_connection();
+        let (gateway, call) = (&self.state.gateway, self.state.settings.gateway_timeout);
+        if protocol::first_call(run.lock().resumed()) == FirstCall::LookUp {
+            run.check_lease_outlasts(call)?;
+            let read = ours(gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?, &made.gateway)?;
+            match read {
+                Some(Authorization::Open) => {}
+                read => return Ok(self.settled_by(read)),
+            }
+        }
+        run.check_lease_outlasts(call)?;
+        let key = gateway::downstream_key(run.lock().account_id, run.lock().key_id);
+        let answered = match self.kind() {
+            ChangeKind::Capture => {
+                let request = gateway::CaptureRequest { amount: made.amount.unwrap_or_default() };
+                gateway.capture(&key, &made.charge_id, &request).await
+            }
+            ChangeKind::Cancel => gateway.cancel(&key, &made.charge_id).await,
+        };
+        match ours(answered.map_err(indeterminate)?, &made.gateway)? {
+            Ok(Changed::Now(authorization)) => Ok(self.settled_by(Some(authorization))),
+            // Captured or cancelled before (by this key, under a key the gateway forgot, or by
+            // the other change): the charge says which.
+            Ok(Changed::Before) => {
+                run.check_lease_outlasts(call)?;
+                let read = ours(gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?, &made.gateway)?;
+                Ok(self.settled_by(read))
+            }
+            Err(error @ (GatewayError::Rejected { .. } | GatewayError::Declined { .. })) => {
+                tracing::error!(%error, "the gateway refused a {}", self.kind().as_str());
+                Ok(Outcome::Refused { code: crate::payments::GATEWAY_REJECTED, message: error.to_string() })
+            }
+            Err(error) => Err(indeterminate(error)),
+        }
+    }
+
+    /// What the charge's state says of this change: done if it is what the change does; refused
+    /// for good if the charge ended otherwise. A charge still open after the change's answer, or
+    /// unknown to its own gateway, is not known yet.
+    fn settled_by(&self, charge: Option<Authorization>) -> Outcome {
+        let refused = |code, message: &str| Outcome::Refused { code, message: message.to_owned() };
+        match (self.kind(), charge) {
+            (ChangeKind::Capture, Some(Authorization::Captured { amount })) => Outcome::Done { captured: Some(amount) },
+            (ChangeKind::Cancel, Some(Authorization::Canceled)) => Outcome::Done { captured: None },
+            (_, Some(Authorization::Captured { .. })) => refused("charge_already_captured", "the charge is captured"),
+            (_, Some(Authorization::Canceled)) => refused("charge_canceled", "the charge is cancelled"),
+            (_, Some(Authorization::Failed)) => refused("charge_failed", "the charge failed"),
+            (_, Some(Authorization::Open) | None) => {
+                refused(crate::payments::GATEWAY_REJECTED, "the gateway does not show the change done")
+            }
+        }
+    }
+
+    /// `capture_created` or `cancel_created`: the gateway's answer, recorded on the change and the
+    /// payment.
+    async fn record(&mut self, run: &mut Run<'_>, made: &Made, outcome: Outcome) -> Result<(), DriveError> {
+        let (status, captured, failure_code, failure_message) = match &outcome {
+            Outcome::Done { captured } => ("succeeded", *captured, None, None),
+            Outcome::Refused { code, message } => ("failed", None, Some(*code), Some(message.as_str())),
+        };
+        let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
+        let point = match self.kind() {
+            ChangeKind::Capture => RecoveryPoint::CaptureCreated,
+            ChangeKind::Cancel => RecoveryPoint::CancelCreated,
+        };
+        let data = json!({ "recovery_point": point, "status": status, "captured": captured,
+                           "failure_code": failure_code });
+        let audit =
+            audit(account_id, CHANGE, made.change_id, run.actor(), action(self.kind(), "recorded"), data, &request_id);
+        let writes = writes::RecordChange {
+            account_id,
+            change_id: made.change_id,
+            payment_id: self.request.payment,
+            status,
+            captured,
+            failure_code,
+            failure_message: failure_message.map(|message| crate::fields::truncated(message, 500)),
+            audit,
+        };
+        let payment: Payment = run.phase(Transition::Advance(point), writes).await?;
+        self.recorded = Some((made.change_id, payment, status == "succeeded"));
+        Ok(())
+    }
+
+    /// `finished`: the response stored, the payment's event staged if the change was done, and
+    /// the key unlocked, together.
+    async fn finish(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
+        let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
+        // Resumed at `*_created`, the change and the payment are read first: only the lock's
+        // holder changes them until the key is finished.
+        let (change_id, payment, done) = match self.recorded.take() {
+            Some(recorded) => recorded,
+            None => {
+                let conn = run.connection().await?;
+                let (change_id, status): (Uuid, String) = db::query(
+                    payment_changes::table
+                        .filter(payment_changes::account_id.eq(account_id))
+                        .filter(payment_changes::idempotency_key_id.eq(key_id))
+                        .select((payment_changes::id, payment_changes::status))
+                        .get_result(conn),
+                )
+                .await?;
+                let payment = db::query(Payment::find(conn, account_id, self.request.payment)).await?;
+                let payment = payment.ok_or_else(|| DriveError::inconsistent("a change's payment vanished"))?;
+                (change_id, payment, status == "succeeded")
+            }
+        };
+        let response = match done {
+            true => done_response(&payment),
+            false => rejected_response(self.kind(), &payment, &request_id),
+        };
+        let event = done.then(|| {
+            let name = match self.kind() {
+                ChangeKind::Capture => "payment.captured",
+                ChangeKind::Cancel => "payment.canceled",
+            };
+            StagedEvent::new(account_id, name, PaymentView::from(&payment))
+        });
+        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
+        let audit =
+            audit(account_id, CHANGE, change_id, run.actor(), action(self.kind(), "finished"), data, &request_id);
+        let _: writes::Finished = run.finish(response, writes::Finish { event: event.as_ref(), audit }).await?;
+        if done {
+            self.state.wake.wake(Wake::Outbox);
+        }
+        Ok(())
+    }
+}
+
+/// The audit action of a change's step: `payment.capture_started`, `payment.cancel_recorded`...
+fn action(kind: ChangeKind, step: &str) -> &'static str {
+    match (kind, step) {
+        (ChangeKind::Capture, "started") => "payment.capture_started",
+        (ChangeKind::Capture, "refused") => "payment.capture_refused",
+        (ChangeKind::Capture, "recorded") => "payment.capture_recorded",
+        (ChangeKind::Capture, _) => "payment.capture_finished",
+        (ChangeKind::Cancel, "started") => "payment.cancel_started",
+        (ChangeKind::Cancel, "refused") => "payment.cancel_refused",
+        (ChangeKind::Cancel, "recorded") => "payment.cancel_recorded",
+        (ChangeKind::Cancel, _) => "payment.cancel_finished",
+    }
+}
+
+/// The answer, if the charge's own gateway gave it (see [`Answered::ours`]): another's is no answer.
+fn ours<T>(answered: Answered<T>, gateway: &str) -> Result<T, DriveError> {
+    answered.ours(gateway).map_err(|wrong| DriveError::OutcomeUnknown(Box::new(wrong)))
+}
+
+fn indeterminate(error: GatewayError) -> DriveError {
+    tracing::warn!(%error, "gateway outcome unknown; the change's key stays at started");
+    DriveError::OutcomeUnknown(Box::new(error))
+}
+
+/// What a change's audit records are about: the change, or (refused, there is none) its key.
+const CHANGE: &str = "payment_change";
+const KEY: &str = "idempotency_key";
+
+fn audit<'a>(
+    account_id: Uuid,
+    resource_type: &'a str,
+    resource_id: Uuid,
+    actor: Actor,
+    action: &'a str,
+    data: serde_json::Value,
+    request_id: &'a RequestId,
+) -> AuditRecord<'a> {
+    let request_id = Some(request_id.as_str());
+    AuditRecord { account_id, action, resource_type, resource_id, actor, data, request_id }
+}
+
+/// A change a key made: its id, its payment's and its key row's.
+#[derive(Debug, Clone, Copy)]
+pub struct MadeChange {
+    pub id: Uuid,
+    pub payment_id: Uuid,
+    pub key_id: Uuid,
+}
+
+/// The change the account's key made, by its key row (`key_id`) or, once the row is reaped, by
+/// the client's key: what a key's story shows for a capture's or a cancel's key.
+pub async fn made_by_key(
+    conn: &mut diesel_async::AsyncPgConnection,
+    account_id: Uuid,
+    key_id: Option<Uuid>,
+    key: &str,
+) -> QueryResult<Option<MadeChange>> {
+    let changes = payment_changes::table.filter(payment_changes::account_id.eq(account_id));
+    let columns = (payment_changes::id, payment_changes::payment_id, payment_changes::idempotency_key_id);
+    let found: Option<(Uuid, Uuid, Uuid)> = match key_id {
+        Some(key_id) => {
+            changes.filter(payment_changes::idempotency_key_id.eq(key_id)).select(columns).get_result(conn).await
+        }
+        None => changes.filter(payment_changes::idempotency_key.eq(key)).select(columns).get_result(conn).await,
+    }
+    .optional()?;
+    Ok(found.map(|(id, payment_id, key_id)| MadeChange { id, payment_id, key_id }))
+}

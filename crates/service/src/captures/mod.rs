@@ -1,0 +1,11 @@
+//! Authorize now, capture later: `POST /v1/payments/{id}/capture` and `/cancel`, each an
+//! idempotent request on the same driver as a payment and a refund, ending an authorization (a
+//! payment made with `capture: false`). Only the phases are their own; see [`create`].
+
+mod create;
+mod request;
+mod view;
+mod writes;
+
+pub use create::{CANCEL, CAPTURE, CreateRequest, MadeChange, change_payment, complete_abandoned, made_by_key};
+pub use request::{CancelBody, CancellationReason, CaptureBody, ChangeBody, ChangeKind, ChangeRequest};

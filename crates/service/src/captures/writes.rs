@@ -1,0 +1,261 @@
+//! What each phase of a capture or a cancel writes: the SQL of its one statement after the
+//! `fence` CTE that moves the key row (see [`crate::idempotency::atomic_phase`]), whole, one
+//! literal per phase. Each CTE takes its rows from `fence` or from a CTE that did, so nothing is
+//! written once the lock is lost. The account is a parameter wherever a table is read by it.
+
+use diesel::pg::Pg;
+use diesel::prelude::*;
+use diesel::query_builder::AstPass;
+use diesel::sql_types::{BigInt, Nullable, Text, Uuid as SqlUuid};
+use uuid::Uuid;
+
+use crate::audit::AuditRecord;
+use crate::db::sql::{Parameters, no_parameter, walk_text};
+use crate::gateway::reports::KEEPS_REPORTS;
+use crate::idempotency::PhaseWrites;
+use crate::outbox::StagedEvent;
+use crate::payments::writes::PAYMENT;
+
+/// `started`: the change (a capture or a cancel) of the payment, made if the payment is an
+/// authorization still open and no other change stands; or why not; or, when the phase runs
+/// again, the change an earlier run made.
+///
+/// The rule no key can enforce is the database's: a capture, a cancel and the lapse may race for
+/// one authorization, under different keys, and the unique index `payment_changes_one_per_payment`
+/// lets one change stand per payment. The insert that comes second conflicts with the first
+/// change (waiting for its transaction if it has not committed yet) and does nothing, and the
+/// request is refused. No lock on the payment is needed: whatever the payment looked like to this
+/// statement, a change that ended the authorization still stands in the index (only a change the
+/// gateway refused gives it back), so no second change can stand beside it.
+pub struct Start<'a> {
+    pub change_id: Uuid,
+    pub account_id: Uuid,
+    pub payment_id: Uuid,
+    pub kind: &'static str,
+    /// A capture's amount; none: all of the authorization.
+    pub amount: Option<i64>,
+    pub reason: Option<&'static str>,
+    pub idempotency_key: &'a str,
+    pub audit: AuditRecord<'a>,
+}
+
+/// What `started` found: the change (made now or by an earlier run) with what the gateway call
+/// needs, or a refusal (`refusal`, and what is `capturable` when that matters).
+#[derive(Debug, QueryableByName)]
+pub struct Started {
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    pub change_id: Option<Uuid>,
+    /// A capture's amount.
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub amount: Option<i64>,
+    /// The gateway holding the payment's charge.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub gateway: Option<String>,
+    #[diesel(sql_type = Nullable<Text>)]
+    pub charge_id: Option<String>,
+    /// `payment_not_found`, `payment_not_capturable`, `payment_not_cancelable` or
+    /// `capture_exceeds_authorization`.
+    #[diesel(sql_type = Nullable<Text>)]
+    pub refusal: Option<String>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    pub capturable: Option<i64>,
+}
+
+impl PhaseWrites for Start<'_> {
+    fn sql(&self) -> &'static str {
+        "earlier AS (
+             SELECT id, amount, gateway, payment_id FROM payment_changes
+             WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence)
+         ), payment AS (
+             SELECT account_id, id, status, amount, gateway, gateway_charge_id, capture_before
+             FROM payments
+             WHERE account_id = {account} AND id = {payment.id}
+               AND EXISTS (SELECT FROM fence) AND NOT EXISTS (SELECT FROM earlier)
+         ), decided AS (
+             SELECT p.*, CASE WHEN {kind} = 'capture' THEN coalesce({amount}::bigint, p.amount) END AS change_amount,
+                    CASE WHEN p.status <> 'requires_capture' OR p.gateway IS NULL OR p.gateway_charge_id IS NULL
+                              OR ({kind} = 'capture' AND p.capture_before <= now())
+                              THEN {not_possible}
+                         WHEN {kind} = 'capture' AND coalesce({amount}::bigint, p.amount) > p.amount
+                              THEN 'capture_exceeds_authorization'
+                    END AS refusal
+             FROM payment p
+         ), created AS (
+             INSERT INTO payment_changes (id, account_id, payment_id, idempotency_key_id, idempotency_key, kind,
+                                          amount, cancellation_reason, gateway)
+             SELECT {change.id}, {account}, d.id, f.id, {key}, {kind}, d.change_amount, {reason}, d.gateway
+             FROM decided d, fence f
+             WHERE d.refusal IS NULL
+             ON CONFLICT (account_id, payment_id) WHERE status <> 'failed' DO NOTHING
+             RETURNING id, amount, gateway, payment_id
+         ), audited AS (
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                    {audit.data}, {audit.request_id}
+             FROM created
+         )
+         SELECT c.id AS change_id, c.amount, c.gateway, d.gateway_charge_id AS charge_id, NULL::text AS refusal,
+                NULL::bigint AS capturable
+         FROM created c, decided d
+         UNION ALL
+         SELECT e.id, e.amount, e.gateway, p.gateway_charge_id, NULL, NULL
+         FROM earlier e JOIN payments p ON p.account_id = {account} AND p.id = e.payment_id
+         UNION ALL
+         SELECT NULL, NULL, NULL, NULL, d.refusal, d.amount FROM decided d WHERE d.refusal IS NOT NULL
+         UNION ALL
+         SELECT NULL, NULL, NULL, NULL, {not_possible}, NULL FROM decided d
+         WHERE d.refusal IS NULL AND NOT EXISTS (SELECT FROM created)
+         UNION ALL
+         SELECT NULL, NULL, NULL, NULL, 'payment_not_found', NULL FROM fence
+         WHERE NOT EXISTS (SELECT FROM earlier) AND NOT EXISTS (SELECT FROM payment)"
+    }
+}
+
+impl Parameters for Start<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
+            "payment.id" => out.push_bind_param::<SqlUuid, _>(&self.payment_id),
+            "change.id" => out.push_bind_param::<SqlUuid, _>(&self.change_id),
+            "kind" => out.push_bind_param::<Text, _>(self.kind),
+            "amount" => out.push_bind_param::<Nullable<BigInt>, _>(&self.amount),
+            "reason" => out.push_bind_param::<Nullable<Text>, _>(&self.reason),
+            "key" => out.push_bind_param::<Text, _>(self.idempotency_key),
+            "not_possible" => walk_text(
+                if self.kind == "capture" { "'payment_not_capturable'" } else { "'payment_not_cancelable'" },
+                out,
+            ),
+            name => self.audit.walk_parameter(name, out),
+        }
+    }
+}
+
+/// `capture_created` or `cancel_created`: the gateway's answer recorded on the change, and, if it
+/// was done, on the payment (captured, for how much; or cancelled, and why), whose authorization
+/// leaves the lapse's queue. A change the gateway refused for good fails, and gives the payment
+/// back. Its result is the payment as it stands after it.
+pub struct RecordChange<'a> {
+    pub account_id: Uuid,
+    pub change_id: Uuid,
+    pub payment_id: Uuid,
+    /// `succeeded` or `failed`.
+    pub status: &'static str,
+    /// What a capture captured, as the gateway says.
+    pub captured: Option<i64>,
+    pub failure_code: Option<&'a str>,
+    pub failure_message: Option<&'a str>,
+    pub audit: AuditRecord<'a>,
+}
+
+impl PhaseWrites for RecordChange<'_> {
+    fn sql(&self) -> &'static str {
+        "change AS (
+             UPDATE payment_changes
+             SET status = {status}, failure_code = {failure_code}, failure_message = {failure_message},
+                 updated_at = now()
+             WHERE account_id = {account} AND id = {change.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
+             RETURNING payment_id, kind AS change_kind, cancellation_reason AS change_reason, status AS change_status
+         ), changed AS (
+             UPDATE payments p
+             SET status = CASE WHEN c.change_kind = 'capture' THEN 'succeeded' ELSE 'canceled' END,
+                 amount_captured = CASE WHEN c.change_kind = 'capture' THEN {captured} ELSE p.amount_captured END,
+                 canceled_at = CASE WHEN c.change_kind = 'cancel' THEN now() END,
+                 cancellation_reason = CASE WHEN c.change_kind = 'cancel' THEN c.change_reason END,
+                 updated_at = now()
+             FROM change c
+             WHERE p.account_id = {account} AND p.id = c.payment_id AND c.change_status = 'succeeded'
+             RETURNING {payment.*}
+         ), closed AS (
+             DELETE FROM open_authorizations o
+             USING change c
+             WHERE o.account_id = {account} AND o.payment_id = c.payment_id AND c.change_status = 'succeeded'
+         ), audited AS (
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                    {audit.data}, {audit.request_id}
+             FROM change
+         )
+         SELECT {payment.*} FROM changed
+         UNION ALL
+         SELECT {payment.*} FROM payments
+         WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM change)
+           AND NOT EXISTS (SELECT FROM changed)"
+    }
+
+    fn requirement(&self) -> &'static str {
+        " AND EXISTS (SELECT FROM payment_changes WHERE account_id = {account} AND id = {change.id} AND status = 'pending')"
+    }
+}
+
+impl Parameters for RecordChange<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
+            "change.id" => out.push_bind_param::<SqlUuid, _>(&self.change_id),
+            "payment.id" => out.push_bind_param::<SqlUuid, _>(&self.payment_id),
+            "payment.*" => walk_text(PAYMENT, out),
+            "status" => out.push_bind_param::<Text, _>(self.status),
+            "captured" => out.push_bind_param::<Nullable<BigInt>, _>(&self.captured),
+            "failure_code" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_code),
+            "failure_message" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_message),
+            name if name.starts_with("audit.") => self.audit.walk_parameter(name, out),
+            name => Err(no_parameter(name)),
+        }
+    }
+}
+
+/// `finished`: the response stored by the fence, with an audit record, and the payment's event
+/// staged if the change was done. Its result is the key row's id.
+pub struct Finish<'a> {
+    pub event: Option<&'a StagedEvent>,
+    pub audit: AuditRecord<'a>,
+}
+
+/// The result of [`Finish`]: a phase returns a row, and this one's is the key row's id.
+#[derive(Debug, QueryableByName)]
+pub struct Finished {
+    #[expect(dead_code, reason = "a phase returns a row; nobody needs this one's")]
+    #[diesel(sql_type = SqlUuid)]
+    pub id: Uuid,
+}
+
+impl PhaseWrites for Finish<'_> {
+    fn sql(&self) -> &'static str {
+        match self.event {
+            Some(_) => {
+                "staged AS (
+                     INSERT INTO staged_jobs (account_id, job_name, job_args)
+                     SELECT {event.account}, {event.name}, {event.args} FROM fence
+                 ), audited AS (
+                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                            {audit.data}, {audit.request_id}
+                     FROM fence
+                 )
+                 SELECT id FROM fence"
+            }
+            None => {
+                "audited AS (
+                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                            {audit.data}, {audit.request_id}
+                     FROM fence
+                 )
+                 SELECT id FROM fence"
+            }
+        }
+    }
+
+    fn attention_on_finish(&self) -> &'static str {
+        KEEPS_REPORTS
+    }
+}
+
+impl Parameters for Finish<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match (name, self.event) {
+            (name, Some(event)) if name.starts_with("event.") => event.walk_parameter(name, out),
+            (name, _) => self.audit.walk_parameter(name, out),
+        }
+    }
+}
