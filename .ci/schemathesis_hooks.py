@@ -1,19 +1,22 @@
 """A check that holds .ci/schemathesis.toml's exceptions to their causes.
 
-POST /v1/payments and POST /v1/refunds may answer 422 only when this run already claimed the key
-with another body or on the other endpoint (a key serves one endpoint), and 413 only to a body over
-the limit. POST /v1/payments may answer 402 only to a source the mock gateway declines
+POST /v1/payments, POST /v1/refunds and POST /v1/payments/{id}/capture and /cancel may answer 422
+only when this run already claimed the key with another body or on another endpoint or payment (a
+key serves one request), and 413 only to a body over the limit. POST /v1/payments may answer 402 only to a source the mock gateway declines
 (`tok_chargeDeclined`) or does not know (anything not `tok_...`). POST /v1/refunds may answer a
 schema-valid request 400 only with a refusal decided against a payment that this run made (the
 links of openapi.yaml hand its id from one answer to the next request): `payment-not-refundable`,
 `payment-already-refunded`, or `refund-exceeds-payment` for more than the `refundable` it names.
-Each with its own problem type. POST /webhooks/gateway may answer 400 only `invalid-signature`: the
+Each with its own problem type. A capture or a cancel may answer a schema-valid request 400 only
+against a payment this run made: `payment-not-capturable` or `payment-not-cancelable`, or
+`capture-exceeds-authorization` for more than the `capturable` it names. POST /webhooks/gateway may answer 400 only `invalid-signature`: the
 fuzzer does not hold the gateway's secret, so no event it sends is signed.
 """
 
 import json
 import re
 import threading
+from urllib.parse import urlparse
 
 import schemathesis
 
@@ -21,11 +24,15 @@ import schemathesis
 MAX_BODY_BYTES = 16 * 1024
 PROBLEMS = "https://payments.example/problems/"
 # The endpoints whose requests claim keys.
-KEYED = {"/v1/payments", "/v1/refunds"}
+CHANGES = {"/v1/payments/{id}/capture", "/v1/payments/{id}/cancel"}
+KEYED = {"/v1/payments", "/v1/refunds"} | CHANGES
 # Answers that mean this request claimed its key (and so bound the key to its endpoint and body).
-CLAIMING_STATUSES = {201, 402, 502, 503}
-# A refund's refusals, decided against the payment once the refund claimed its key, and stored.
+CLAIMING_STATUSES = {200, 201, 402, 502, 503}
+# A refund's, a capture's and a cancel's refusals, decided against the payment once the request
+# claimed its key, and stored.
 REFUSALS = {"payment-not-found", "payment-not-refundable", "payment-already-refunded", "refund-exceeds-payment"}
+CHANGE_REFUSALS = {"payment-not-found", "payment-not-capturable", "payment-not-cancelable",
+                   "capture-exceeds-authorization"}
 # The mock gateway's tokens: this one is declined, and a source that is not a token is unknown.
 DECLINED_TOKEN = "tok_chargeDeclined"
 
@@ -85,13 +92,16 @@ def tolerated_answers_have_their_cause(ctx, response, case):
     problem = answer if isinstance(answer, dict) else {}
     kind = str(problem.get("type", "")).removeprefix(PROBLEMS)
     key = _key(request.headers.get("Idempotency-Key", ""))
-    refused = path == "/v1/refunds" and kind in REFUSALS
+    # The request as its key holds it: the path as sent (a capture's names its payment), and the body.
+    sent = urlparse(request.url).path
+    refused = (path == "/v1/refunds" and kind in REFUSALS) or (path in CHANGES and kind in CHANGE_REFUSALS)
     with _lock:
         earlier = _claimed.setdefault(key, [])
-        reused = any(claimed != (path, body) for claimed in earlier)
+        reused = any(claimed != (sent, body) for claimed in earlier)
         if status in CLAIMING_STATUSES or refused:
-            earlier.append((path, body))
-        known_payment = isinstance(body, dict) and str(body.get("payment")) in _payments
+            earlier.append((sent, body))
+        about = sent.split("/")[3] if path in CHANGES else (body.get("payment") if isinstance(body, dict) else None)
+        known_payment = str(about) in _payments
     causes = {
         422: ("idempotency-key-reused", reused),
         413: ("payload-too-large", len(request.body or b"") > MAX_BODY_BYTES),
@@ -102,6 +112,17 @@ def tolerated_answers_have_their_cause(ctx, response, case):
         else:
             source = str(body.get("source")) if isinstance(body, dict) else ""
             causes[402] = ("unknown-source", not source.startswith("tok_"))
+    elif path in CHANGES and _is_positive(case) and status == 400:
+        # A schema-valid capture or cancel refused: only against a payment this run made.
+        if kind == "capture-exceeds-authorization":
+            capturable = problem.get("capturable")
+            asked = body.get("amount") if isinstance(body, dict) else None
+            exceeds = isinstance(capturable, int) and isinstance(asked, (int, float)) and asked > capturable
+            causes[400] = (kind, known_payment and exceeds)
+        elif kind in ("payment-not-capturable", "payment-not-cancelable"):
+            causes[400] = (kind, known_payment)
+        else:
+            causes[400] = ("a refusal", False)
     elif _is_positive(case) and status == 400:
         # A schema-valid refund refused: only against a payment this run made, for what it was then.
         if kind == "refund-exceeds-payment":
