@@ -1,11 +1,15 @@
 #![doc = include_str!("../README.md")]
 
+mod authorization;
 mod explain;
 mod properties;
 mod rules;
 
 use stateright::Model;
 
+pub use authorization::{
+    AUTHORIZATION_ALWAYS, AUTHORIZATION_SOMETIMES, Authorization, AuthorizationAction, AuthorizationState, ChangePc,
+};
 pub use explain::summary;
 pub use properties::{ALWAYS, SOMETIMES};
 pub use rules::{Mutant, Rules};
@@ -802,7 +806,12 @@ impl State {
 /// The shortest path to a state where the guarantee `property` fails, if any: the checker
 /// searched breadth-first to one more step each time, so that the first path it finds is one of
 /// the shortest. (A single search keeps the last failing state it visits, not the first.)
-pub fn shortest_counterexample(model: &Protocol, property: &'static str) -> Option<stateright::Path<State, Action>> {
+pub fn shortest_counterexample<M>(model: &M, property: &'static str) -> Option<stateright::Path<M::State, M::Action>>
+where
+    M: Model + Clone + Send + Sync + 'static,
+    M::State: Clone + std::fmt::Debug + std::hash::Hash + PartialEq + Send + Sync,
+    M::Action: Clone + std::fmt::Debug + PartialEq + Send + Sync,
+{
     use stateright::{Checker, HasDiscoveries};
     let holds = model.properties().into_iter().find(|p| p.name == property)?.condition;
     let mut explored = 0;
@@ -817,7 +826,7 @@ pub fn shortest_counterexample(model: &Protocol, property: &'static str) -> Opti
         if let Some(path) = checker.discovery(property) {
             let steps = path.into_vec();
             let first = steps.iter().position(|(state, _)| !holds(model, state))?;
-            let actions: Vec<Action> = steps[..first].iter().filter_map(|(_, action)| *action).collect();
+            let actions: Vec<M::Action> = steps[..first].iter().filter_map(|(_, action)| action.clone()).collect();
             return stateright::Path::from_actions(model, steps[0].0.clone(), &actions);
         }
         // Deeper found nothing new: the whole space is explored.

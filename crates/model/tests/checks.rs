@@ -1,7 +1,10 @@
 //! The protocol, checked: the service's rules keep every guarantee in every state the model
 //! reaches, every path worth reaching is reached, and every rule broken on purpose is caught.
 
-use payments_model::{ALWAYS, Mutant, Protocol, Rules, SOMETIMES, shortest_counterexample};
+use payments_model::{
+    ALWAYS, AUTHORIZATION_ALWAYS, AUTHORIZATION_SOMETIMES, Authorization, Mutant, Protocol, Rules, SOMETIMES,
+    shortest_counterexample,
+};
 use payments_protocol::{AfterLookUp, Claim, Found, Lease};
 use stateright::{Checker, Model};
 
@@ -130,4 +133,24 @@ fn the_guide_shows_the_path_the_checker_prints() {
     let path = shortest_counterexample(&model, "at most one charge per key").expect("a double charge");
     let printed = model.explain(&path);
     assert!(guide.contains(&printed), "docs/model.md shows the path as the checker prints it:\n{printed}");
+}
+
+#[test]
+fn of_a_capture_a_cancel_and_the_lapse_one_wins_and_a_check_in_the_handler_is_caught() {
+    let model = Authorization { faults: 2, checked_in_the_handler: false };
+    let checker = model.clone().checker().spawn_bfs().join();
+    for property in AUTHORIZATION_ALWAYS {
+        assert!(checker.discovery(property).is_none(), "{property}");
+    }
+    for property in AUTHORIZATION_SOMETIMES {
+        assert!(checker.discovery(property).is_some(), "no run reaches \"{property}\"");
+    }
+    assert_eq!(checker.unique_state_count(), 91, "the states the race reaches");
+
+    // The transition checked by one statement and taken by another: two changes stand, and the
+    // second asks the gateway after the first ended the authorization.
+    let broken = Authorization { checked_in_the_handler: true, ..model };
+    let property = AUTHORIZATION_ALWAYS[0];
+    let path = shortest_counterexample(&broken, property).expect("the broken rule is caught");
+    assert_eq!(path.into_actions().len(), 6, "the shortest path to \"{property}\"");
 }

@@ -116,6 +116,15 @@ pub fn after_look_up<T>(found: Option<T>, made_now: bool, from_recorded: bool) -
     }
 }
 
+/// The rule of a capture's, a cancel's or the lapse's first phase, which its one statement
+/// (`captures/writes.rs`) states in SQL with a unique index: a change of an authorization stands
+/// only on one still open, and only if no other change of it stands (a change the gateway refused
+/// for good no longer does). Of changes racing under different keys, one stands: the others are
+/// refused, and never reach the gateway.
+pub fn change_stands(open: bool, another_stands: bool) -> bool {
+    open && !another_stands
+}
+
 /// Why a refund is refused, decided against the payment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Refusal {
@@ -192,6 +201,13 @@ pub fn read_refund_event(recorded: RefundStage, recorded_id: Option<&str>, repor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_change_of_an_open_authorization_stands() {
+        assert!(change_stands(true, false));
+        assert!(!change_stands(true, true), "another stands");
+        assert!(!change_stands(false, false), "the authorization ended");
+    }
 
     #[test]
     fn a_key_is_taken_only_when_it_is_new_or_unfinished_and_not_held() {
