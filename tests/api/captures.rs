@@ -6,6 +6,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
+use payments_service::workers::{Outcome, Worker};
 
 use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key};
 
@@ -289,4 +290,31 @@ async fn end_the_leases(url: &str) {
     let over =
         "UPDATE idempotency_keys SET locked_until = now() - interval '1 millisecond' WHERE locked_until IS NOT NULL";
     diesel_async::RunQueryDsl::execute(diesel::sql_query(over), &mut conn).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_authorization_lapses_once_past_its_time_and_a_capture_then_loses_to_it() {
+    let app = TestApp::builder().authorization_ttl(std::time::Duration::from_secs(1)).spawn().await;
+    let lapser = app.workers().lapser;
+    // Captured in time: nothing lapses.
+    let captured = app.authorized(5000).await;
+    assert_eq!(app.change(&captured, "capture", &new_key(), &json!({})).await.status(), StatusCode::OK);
+    // Left alone past its time: the lapse cancels it, at the gateway too; a capture then is refused.
+    let lapsing = app.authorized(5000).await;
+    let due = format!("(SELECT capture_before <= now() FROM payments WHERE id = '{lapsing}')");
+    crate::helpers::wait_until(std::time::Duration::from_secs(10), "the authorization is past its time", || {
+        app.database_says(&due)
+    })
+    .await;
+    let late = app.change(&lapsing, "capture", &new_key(), &json!({})).await;
+    assert_eq!(problem_type(late).await, (StatusCode::BAD_REQUEST, "payment-not-capturable".into()));
+    assert_eq!(lapser.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(lapser.run_once().await.unwrap(), Outcome::Idle, "one lapse, once");
+    let payment: Value = app.get(&format!("/v1/payments/{lapsing}")).await.json().await.unwrap();
+    assert_eq!((&payment["status"], &payment["cancellation_reason"]), (&json!("canceled"), &json!("expired")));
+    let charge = app.gateway.charge(payment["gateway_charge_id"].as_str().unwrap()).await;
+    assert_eq!(charge["status"], "canceled");
+    let still: Value = app.get(&format!("/v1/payments/{captured}")).await.json().await.unwrap();
+    assert_eq!(still["status"], "succeeded", "a captured payment never lapses");
+    assert_eq!(app.gateway.all_stats().await["cancels"], 1);
 }

@@ -23,6 +23,8 @@ text_enum! {
         Outbox = "outbox",
         /// The worker that settles refunds the gateway left pending.
         Settler = "settler",
+        /// The worker that cancels authorizations once they lapse.
+        Lapser = "lapser",
         /// The gateway, by an event it sent (`POST /webhooks/gateway`).
         Gateway = "gateway",
         Operator = "operator",

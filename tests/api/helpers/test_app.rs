@@ -58,6 +58,11 @@ impl TestAppBuilder {
         self
     }
 
+    pub fn authorization_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.authorization_ttl = ttl;
+        self
+    }
+
     pub fn gateway_timeout(mut self, timeout: Duration) -> Self {
         self.settings.gateway_timeout = timeout;
         self

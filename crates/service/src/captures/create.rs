@@ -30,7 +30,7 @@ use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::request::{ChangeKind, ChangeRequest};
+use super::request::{CancellationReason, ChangeKind, ChangeRequest};
 use super::view::{Refusal, done_response, rejected_response};
 use super::writes::{self, Started};
 use crate::audit::{Actor, AuditRecord};
@@ -81,6 +81,30 @@ pub async fn complete_abandoned(
     run.drive(ChangePhases::new(state, request, None), None).await
 }
 
+/// Cancels the account's authorization `payment_id`, past its `capture_before`, at the gateway too
+/// (`cancellation_reason: expired`), as a client's cancel would: under a key of the lapse's own, so
+/// that the race with a capture or a cancel is decided by the same rule, and a lapse whose worker
+/// died is finished by the completer. Each attempt has a key of its own, which no client can have
+/// taken: if another change stands meanwhile, this one is refused, and leaves the payment to it.
+#[tracing::instrument(name = "payments.lapse", skip_all, fields(account.id = %account_id, payment.id = %payment_id, idempotency_key.id))]
+pub async fn lapse(state: &AppState, account_id: Uuid, payment_id: Uuid, run: &RequestId) -> Result<Reply, DriveError> {
+    let key = format!("lapse:{payment_id}:{}", Uuid::new_v4());
+    let key = IdempotencyKey::parse(key.as_bytes()).map_err(|error| DriveError::inconsistent(error.to_string()))?;
+    let request = ChangeRequest {
+        amount: None,
+        kind: ChangeKind::Cancel,
+        payment: payment_id,
+        reason: Some(CancellationReason::Expired),
+    };
+    let create = KeyedRequest::new(account_id, key, &CANCEL, request);
+    create
+        .answer(state.keys(), run, |request| ChangePhases {
+            actor: Actor::Lapser,
+            ..ChangePhases::new(state, request, None)
+        })
+        .await
+}
+
 /// What `started` left: a change to ask the gateway for, or why there is nothing to do.
 enum Start {
     Made(Made),
@@ -113,6 +137,8 @@ struct ChangePhases<'a> {
     started: Option<Started>,
     /// The change's id, the payment, and whether the change was done, as `*_created` left them.
     recorded: Option<(Uuid, Payment, bool)>,
+    /// Who asks for the change: a client (the API), or the lapse.
+    actor: Actor,
 }
 
 impl Phases for ChangePhases<'_> {
@@ -120,7 +146,7 @@ impl Phases for ChangePhases<'_> {
 
     /// `started`: it needs nothing but the request and the database.
     fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p> {
-        Some(self.start_writes(new.account_id, new.key, Actor::Api, new.request_id))
+        Some(self.start_writes(new.account_id, new.key, self.actor, new.request_id))
     }
 
     fn started_with_claim(&mut self, started: Started) {
@@ -166,7 +192,7 @@ impl Phases for ChangePhases<'_> {
 
 impl<'a> ChangePhases<'a> {
     fn new(state: &'a AppState, request: ChangeRequest, fault: Option<Fault>) -> Self {
-        ChangePhases { state, request, fault, started: None, recorded: None }
+        ChangePhases { state, request, fault, started: None, recorded: None, actor: Actor::Api }
     }
 
     fn kind(&self) -> ChangeKind {

@@ -7,5 +7,5 @@ mod request;
 mod view;
 mod writes;
 
-pub use create::{CANCEL, CAPTURE, CreateRequest, MadeChange, change_payment, complete_abandoned, made_by_key};
+pub use create::{CANCEL, CAPTURE, CreateRequest, MadeChange, change_payment, complete_abandoned, lapse, made_by_key};
 pub use request::{CancelBody, CancellationReason, CaptureBody, ChangeBody, ChangeKind, ChangeRequest};

@@ -7,6 +7,7 @@
 //!   once their retention is over.
 //! - The [`Outbox`] delivers the events that finished payments and refunds staged.
 //! - The [`Settler`] settles the refunds the gateway left pending, looking them up with backoff.
+//! - The [`Lapser`] cancels authorizations past their `capture_before`, at the gateway too.
 //! - The [`Analyzer`] analyzes the tables the request path probes as they grow from empty, so that
 //!   the planner picks their indexes from real statistics.
 //!
@@ -17,6 +18,7 @@
 
 mod analyzer;
 mod completer;
+mod lapser;
 mod outbox;
 mod reaper;
 mod settler;
@@ -30,6 +32,7 @@ use tokio::sync::{Notify, watch};
 
 pub use analyzer::Analyzer;
 pub use completer::Completer;
+pub use lapser::Lapser;
 pub use outbox::Outbox;
 pub use reaper::Reaper;
 pub use settler::Settler;
@@ -62,6 +65,7 @@ pub struct Workers {
     pub reaper: Reaper,
     pub outbox: Outbox,
     pub settler: Settler,
+    pub lapser: Lapser,
     pub analyzer: Analyzer,
     interval: Duration,
     state: Arc<AppState>,
@@ -74,6 +78,7 @@ impl Workers {
             reaper: Reaper::new(state.clone(), settings),
             outbox: Outbox::new(state.clone(), settings)?,
             settler: Settler::new(state.clone(), settings),
+            lapser: Lapser::new(state.clone()),
             analyzer: Analyzer::new(state.clone()),
             interval: settings.interval,
             state,
@@ -93,6 +98,7 @@ impl Workers {
             run_loop(self.reaper, self.interval, never(), stop.clone()),
             run_loop(self.outbox, self.interval, woken.of(Wake::Outbox), stop.clone()),
             run_loop(self.settler, self.interval, woken.of(Wake::Settler), stop.clone()),
+            run_loop(self.lapser, self.interval, never(), stop.clone()),
             run_loop(self.analyzer, self.interval, never(), stop),
         );
     }
