@@ -318,3 +318,26 @@ async fn an_authorization_lapses_once_past_its_time_and_a_capture_then_loses_to_
     assert_eq!(still["status"], "succeeded", "a captured payment never lapses");
     assert_eq!(app.gateway.all_stats().await["cancels"], 1);
 }
+
+#[tokio::test]
+async fn the_gateways_capture_and_cancel_events_are_applied_once_and_agree() {
+    let app = TestApp::builder().gateway_events().spawn().await;
+    let captured = app.authorized(5000).await;
+    assert_eq!(app.change(&captured, "capture", &new_key(), &json!({ "amount": 100 })).await.status(), StatusCode::OK);
+    let canceled = app.authorized(5000).await;
+    assert_eq!(app.change(&canceled, "cancel", &new_key(), &json!({})).await.status(), StatusCode::OK);
+    // Two authorizations (charge.succeeded, not captured), a capture and a cancel: each recorded
+    // once, and each agreeing with what its key recorded (or, come before, waking it).
+    let recorded = "SELECT count(*) = 4 FROM gateway_events";
+    crate::helpers::wait_until(std::time::Duration::from_secs(10), "the four events are recorded", || {
+        app.database_says(recorded)
+    })
+    .await;
+    let kinds = "SELECT array_agg(event_type ORDER BY event_type) = \
+                 '{charge.canceled,charge.captured,charge.succeeded,charge.succeeded}' FROM gateway_events";
+    assert!(app.database_says(kinds).await);
+    assert!(
+        app.database_says("NOT EXISTS (SELECT FROM gateway_events WHERE outcome NOT IN ('applied', 'nudged'))").await
+    );
+    assert!(app.database_says("NOT EXISTS (SELECT FROM idempotency_keys WHERE needs_attention_at IS NOT NULL)").await);
+}

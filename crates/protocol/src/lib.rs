@@ -151,6 +151,13 @@ pub fn refund_fits(succeeded: bool, refundable: i64, asked: Option<i64>) -> Resu
     }
 }
 
+/// A capture or cancel event about a change whose answer is recorded: it agrees with a change
+/// recorded as done (`done`), of the kind the event says (`same_kind`), of the same charge
+/// (`same_charge`); anything else says otherwise than we recorded.
+pub fn read_change_event(done: bool, same_kind: bool, same_charge: bool) -> Reading {
+    if done && same_kind && same_charge { Reading::Agrees } else { Reading::Disagrees }
+}
+
 /// Where a refund stands, in the order a gateway moves one: `pending`, then `succeeded`, then
 /// `failed` (a refund that succeeded can still fail later, when the money cannot reach the card;
 /// none comes back from `failed`).
@@ -201,6 +208,14 @@ pub fn read_refund_event(recorded: RefundStage, recorded_id: Option<&str>, repor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_event_agrees_only_with_the_same_change_done() {
+        assert_eq!(read_change_event(true, true, true), Reading::Agrees);
+        assert_eq!(read_change_event(false, true, true), Reading::Disagrees, "recorded as refused");
+        assert_eq!(read_change_event(true, false, true), Reading::Disagrees, "a capture said of a cancel");
+        assert_eq!(read_change_event(true, true, false), Reading::Disagrees, "another charge");
+    }
 
     #[test]
     fn one_change_of_an_open_authorization_stands() {

@@ -44,9 +44,13 @@ struct Target {
     gateway: Option<String>,
     #[diesel(sql_type = Text)]
     status: String,
-    /// The gateway's id of the charge or refund, once recorded.
+    /// The gateway's id of the charge or refund, once recorded (a capture's or a cancel's: its
+    /// payment's charge).
     #[diesel(sql_type = Nullable<Text>)]
     object_id: Option<String>,
+    /// A capture's or a cancel's kind.
+    #[diesel(sql_type = Nullable<Text>)]
+    change_kind: Option<String>,
     /// The key's recovery point; none once it is reaped (only finished keys are).
     #[diesel(sql_type = Nullable<Text>)]
     key_point: Option<RecoveryPoint>,
@@ -66,7 +70,8 @@ pub async fn receive(
     db::bounded(conn.transaction::<_, StoreError, _>(async |conn| {
         let Some(target) = target(conn, account_id, key_id).await? else { return Ok(EventOutcome::Unknown) };
         let about_refunds = matches!(event.kind(), EventKind::RefundSucceeded | EventKind::RefundFailed);
-        if about_refunds != (target.kind == "refund") {
+        let about_changes = matches!(event.kind(), EventKind::ChargeCaptured | EventKind::ChargeCanceled);
+        if about_refunds != (target.kind == "refund") || about_changes != (target.kind == "payment_change") {
             return Ok(EventOutcome::Unknown);
         }
         // The row first: a second delivery waits here for the first to commit, then finds its row.
@@ -77,6 +82,13 @@ pub async fn receive(
         let outcome = match target.key_point {
             // Before the gateway's answer is recorded: only the key's driver may record it.
             Some(RecoveryPoint::Started) => nudge(conn, account_id, key_id).await?,
+            // A capture's or a cancel's: held to what was recorded, the key woken to finish if it
+            // has not.
+            Some(RecoveryPoint::CaptureCreated | RecoveryPoint::CancelCreated) => {
+                nudge(conn, account_id, key_id).await?;
+                compare_change(&target, event)
+            }
+            _ if about_changes => compare_change(&target, event),
             // The answer is recorded, the key not finished yet: held to what was recorded, and
             // the key woken to finish. A refund the gateway left pending is the settler's, later.
             Some(RecoveryPoint::ChargeCreated | RecoveryPoint::RefundCreated) => {
@@ -128,11 +140,16 @@ pub async fn receive(
 async fn target(conn: &mut AsyncPgConnection, account_id: Uuid, key_id: Uuid) -> QueryResult<Option<Target>> {
     diesel::sql_query(
         "WITH made AS (
-             SELECT 'payment' AS kind, id, gateway, status::text, gateway_charge_id::text AS object_id
+             SELECT 'payment' AS kind, id, gateway, status::text, gateway_charge_id::text AS object_id,
+                    NULL::text AS change_kind
              FROM payments WHERE account_id = $1 AND idempotency_key_id = $2
              UNION ALL
-             SELECT 'refund', id, gateway, status, gateway_refund_id
+             SELECT 'refund', id, gateway, status, gateway_refund_id, NULL
              FROM refunds WHERE account_id = $1 AND idempotency_key_id = $2
+             UNION ALL
+             SELECT 'payment_change', c.id, c.gateway, c.status, p.gateway_charge_id, c.kind
+             FROM payment_changes c JOIN payments p ON p.account_id = $1 AND p.id = c.payment_id
+             WHERE c.account_id = $1 AND c.idempotency_key_id = $2
          )
          SELECT made.*, (SELECT recovery_point FROM idempotency_keys WHERE account_id = $1 AND id = $2)
                         AS key_point
@@ -190,6 +207,22 @@ fn compare_charge(payment: &Target, event: &GatewayEvent) -> EventOutcome {
     // A charge made: captured, or authorized (and then perhaps captured or cancelled since).
     let made = matches!(payment.status.as_str(), "succeeded" | "requires_capture" | "canceled");
     let read = protocol::read_charge_event(made, payment.object_id.as_deref(), succeeded, &event.object().id);
+    outcome_of(read)
+}
+
+/// A capture or cancel event about a change whose answer is recorded: it agrees if the change
+/// was done, is of the kind the event says, and of the same charge (see
+/// [`protocol::read_change_event`]).
+fn compare_change(change: &Target, event: &GatewayEvent) -> EventOutcome {
+    let kind = match event.kind() {
+        EventKind::ChargeCaptured => "capture",
+        _ => "cancel",
+    };
+    let read = protocol::read_change_event(
+        change.status == "succeeded",
+        change.change_kind.as_deref() == Some(kind),
+        change.object_id.as_deref() == Some(event.object().id.as_str()),
+    );
     outcome_of(read)
 }
 

@@ -184,6 +184,8 @@ label! {
     pub enum EventKind {
         ChargeSucceeded = "charge.succeeded",
         ChargeFailed = "charge.failed",
+        ChargeCaptured = "charge.captured",
+        ChargeCanceled = "charge.canceled",
         RefundSucceeded = "refund.succeeded",
         RefundFailed = "refund.failed",
         Other = "other",
@@ -197,6 +199,8 @@ impl EventKind {
         match type_name {
             "charge.succeeded" => EventKind::ChargeSucceeded,
             "charge.failed" => EventKind::ChargeFailed,
+            "charge.captured" => EventKind::ChargeCaptured,
+            "charge.canceled" => EventKind::ChargeCanceled,
             "refund.succeeded" => EventKind::RefundSucceeded,
             "refund.failed" => EventKind::RefundFailed,
             _ => EventKind::Other,
