@@ -9,7 +9,7 @@ use payments_service::telemetry::LogFormat;
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
 use crate::commands::chaos::ChaosArgs;
 use crate::commands::model::ModelCommand;
-use crate::commands::pay::PayArgs;
+use crate::commands::pay::{CancelArgs, CaptureArgs, PayArgs};
 use crate::commands::refund::RefundArgs;
 
 /// A reference payment API: idempotency keys, atomic phases and recovery points on PostgreSQL.
@@ -51,6 +51,13 @@ pub enum Command {
     /// key is printed, to resume with --key); 6 the key's record has expired (the payment it made
     /// is printed).
     Pay(PayArgs),
+    /// Capture a payment `pay --no-capture` authorized, all or --amount of it, through the same
+    /// client and with the same exit codes: 0 captured; 3 refused (not found, not an authorization
+    /// still open, or more than was authorized); 4 rejected; 5 gave up; 6 expired.
+    Capture(CaptureArgs),
+    /// Cancel a payment `pay --no-capture` authorized, releasing the money held, with the exit
+    /// codes of `capture`.
+    Cancel(CancelArgs),
     /// Refund a payment, all it has left or --amount of it, through the same client and with the
     /// same exit codes: 0 refunded (or pending: the gateway settles it later, as stderr says); 3
     /// declined: nothing refunded (the payment was not found, is not refundable, is refunded

@@ -16,7 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     payments_service::telemetry::init(cli.log_format);
-    // Most commands succeed or fail; `pay`, `chaos` and `model` say with their exit code how a run ended.
+    // Most commands succeed or fail; `pay`, `capture`, `cancel`, `refund`, `chaos` and `model` say with their exit code how a run ended.
     let done = |()| ExitCode::SUCCESS;
     match cli.command {
         Command::Serve(args) => commands::serve::run(args).await.map(done),
@@ -30,6 +30,8 @@ async fn main() -> anyhow::Result<ExitCode> {
         }
         Command::Stats(args) => commands::stats::run(args).await.map(done),
         Command::Pay(args) => commands::pay::run(args).await,
+        Command::Capture(args) => commands::pay::capture(args).await,
+        Command::Cancel(args) => commands::pay::cancel(args).await,
         Command::Refund(args) => commands::refund::run(args).await,
         Command::Chaos(args) => commands::chaos::run(args).await,
         Command::Model(command) => commands::model::run(command).await,

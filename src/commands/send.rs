@@ -1,4 +1,4 @@
-//! What `payments pay` and `payments refund` share: one request through the reference client
+//! What `payments pay`, `capture`, `cancel` and `refund` share: one request through the reference client
 //! ([`payments_client`]), for a person at a terminal or a script. Each attempt is a line on stderr;
 //! the final answer's body goes to stdout; the exit code says how it ended (see [`Ended`]). A key
 //! given with `--key` may have been sent by an earlier run, so only an answer about that key ends
@@ -95,6 +95,8 @@ impl Words {
         match endpoint {
             Endpoint::Payments => Words { object: "payment", done: "charged" },
             Endpoint::Refunds => Words { object: "refund", done: "refunded" },
+            Endpoint::Captures => Words { object: "payment", done: "captured" },
+            Endpoint::Cancels => Words { object: "payment", done: "canceled" },
         }
     }
 }

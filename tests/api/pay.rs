@@ -73,7 +73,13 @@ async fn retry_after_is_honoured() {
     };
     let client = Client::new(&[app.address.parse().unwrap()], &app.api_key, policy).unwrap();
     app.gateway.fault("error_before", 2).await;
-    let payment = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
+    let payment = NewPayment {
+        amount: 1000,
+        currency: "usd".into(),
+        source: "tok_visa".into(),
+        description: None,
+        capture: true,
+    };
     let mut ended = Vec::new();
     let finished = client
         .send(&Client::new_key(), KeySeen::No, &payment, |attempt| ended.push((Instant::now(), attempt.clone())))
@@ -195,4 +201,36 @@ async fn a_key_whose_record_expired_exits_6_naming_the_payment_it_made() {
     );
     assert_eq!(late.body()["payment"]["id"], payment.as_str());
     assert_eq!(app.gateway.stats().await.requests, 1);
+}
+
+#[tokio::test]
+async fn an_authorization_is_captured_through_a_gateway_fault_once_and_a_second_capture_is_refused() {
+    let app = TestApp::spawn().await;
+    let authorized = pay(&app, "tok_visa", &["--no-capture"]).await;
+    assert_eq!(authorized.code, 0, "{}", authorized.stderr);
+    assert_eq!(authorized.body()["status"], "requires_capture");
+    let id = authorized.body()["id"].as_str().unwrap().to_owned();
+
+    app.gateway.fault("error_after", 1).await;
+    let captured = ClientRun::of(&app, "capture", &[&id, "--amount", "300"]).await;
+    assert_eq!(captured.code, 0, "{}", captured.stderr);
+    let attempts = captured.attempts();
+    assert_eq!(attempts.len(), 2, "{}", captured.stderr);
+    assert_eq!(attempts[1], "attempt 2: 200 OK");
+    assert_eq!((&captured.body()["status"], &captured.body()["amount_captured"]), (&"succeeded".into(), &300.into()));
+    assert_eq!(app.gateway.all_stats().await["captures"], 1);
+
+    // A second capture, and a cancel, are refused about their own keys: exit 3, not retried.
+    let again = ClientRun::of(&app, "capture", &[&id]).await;
+    assert_eq!((again.code, again.attempts().len()), (3, 1), "{}", again.stderr);
+    let cancel = ClientRun::of(&app, "cancel", &[&id]).await;
+    assert_eq!(cancel.code, 3, "{}", cancel.stderr);
+
+    let other = pay(&app, "tok_visa", &["--no-capture"]).await.body()["id"].as_str().unwrap().to_owned();
+    let canceled = ClientRun::of(&app, "cancel", &[&other, "--reason", "duplicate"]).await;
+    assert_eq!(canceled.code, 0, "{}", canceled.stderr);
+    assert_eq!(
+        (&canceled.body()["status"], &canceled.body()["cancellation_reason"]),
+        (&"canceled".into(), &"duplicate".into())
+    );
 }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use answer::problem_slug;
 pub use answer::{Answer, KeySeen, NoAnswer};
-pub use request::{Endpoint, IdempotentRequest, NewPayment, NewRefund};
+pub use request::{Endpoint, IdempotentRequest, NewCancel, NewCapture, NewPayment, NewRefund};
 pub use retry::{
     DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_DELAY,
     MIN_ATTEMPT_TIME, RetryPolicy, parse_retry_after,
@@ -110,7 +110,7 @@ impl Client {
                 base.set_path(&format!("{}/", base.path()));
             }
             for endpoint in Endpoint::ALL {
-                base.join(endpoint.path())?;
+                base.join(&endpoint.path().replace("{id}", "0"))?;
             }
             bases.push(base);
         }
@@ -159,7 +159,7 @@ impl Client {
         loop {
             number += 1;
             let base = &self.bases[(first_base + number as usize - 1) % self.bases.len()];
-            let endpoint = base.join(R::ENDPOINT.path()).expect("every endpoint joins every base, as checked in new");
+            let endpoint = base.join(&request.path()).expect("every endpoint joins every base, as checked in new");
             let left = self.policy.deadline.saturating_sub(started.elapsed());
             let headers = if number == 1 { first_attempt_headers } else { &[] };
             let timeout = self.policy.attempt_timeout.min(left);

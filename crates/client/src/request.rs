@@ -13,6 +13,10 @@ pub enum Endpoint {
     Payments,
     /// `POST /v1/refunds`.
     Refunds,
+    /// `POST /v1/payments/{id}/capture`.
+    Captures,
+    /// `POST /v1/payments/{id}/cancel`.
+    Cancels,
 }
 
 /// The problems every endpoint answers only about the key's own request: the key made something
@@ -22,13 +26,16 @@ const ABOUT_ANY_KEY: [ProblemType; 3] =
     [ProblemType::IdempotencyKeyExpired, ProblemType::IdempotencyKeyReused, ProblemType::GatewayRejected];
 
 impl Endpoint {
-    pub const ALL: [Endpoint; 2] = [Endpoint::Payments, Endpoint::Refunds];
+    pub const ALL: [Endpoint; 4] = [Endpoint::Payments, Endpoint::Refunds, Endpoint::Captures, Endpoint::Cancels];
 
-    /// Its path, relative to the service's base URL.
+    /// Its path, relative to the service's base URL (`{id}`: the payment a capture or a cancel is
+    /// of).
     pub fn path(self) -> &'static str {
         match self {
             Endpoint::Payments => "v1/payments",
             Endpoint::Refunds => "v1/refunds",
+            Endpoint::Captures => "v1/payments/{id}/capture",
+            Endpoint::Cancels => "v1/payments/{id}/cancel",
         }
     }
 
@@ -36,7 +43,7 @@ impl Endpoint {
     /// `payment`, a `refund`.
     pub fn object(self) -> &'static str {
         match self {
-            Endpoint::Payments => "payment",
+            Endpoint::Payments | Endpoint::Captures | Endpoint::Cancels => "payment",
             Endpoint::Refunds => "refund",
         }
     }
@@ -46,6 +53,8 @@ impl Endpoint {
         match self {
             Endpoint::Payments => "paid",
             Endpoint::Refunds => "refunded",
+            Endpoint::Captures => "captured",
+            Endpoint::Cancels => "canceled",
         }
     }
 
@@ -63,6 +72,12 @@ impl Endpoint {
                 ProblemType::PaymentAlreadyRefunded,
                 ProblemType::RefundExceedsPayment,
             ],
+            Endpoint::Captures => &[
+                ProblemType::PaymentNotFound,
+                ProblemType::PaymentNotCapturable,
+                ProblemType::CaptureExceedsAuthorization,
+            ],
+            Endpoint::Cancels => &[ProblemType::PaymentNotFound, ProblemType::PaymentNotCancelable],
         }
     }
 
@@ -75,6 +90,11 @@ impl Endpoint {
 /// A request to an idempotent endpoint, as its JSON body.
 pub trait IdempotentRequest: Serialize + Sync {
     const ENDPOINT: Endpoint;
+
+    /// Where it is sent, relative to the service's base URL.
+    fn path(&self) -> String {
+        Self::ENDPOINT.path().to_owned()
+    }
 }
 
 /// A payment to make, as `POST /v1/payments` takes it.
@@ -85,6 +105,13 @@ pub struct NewPayment {
     pub source: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// `false`: only authorize, to capture or cancel later. Sent only then.
+    #[serde(skip_serializing_if = "is_at_once")]
+    pub capture: bool,
+}
+
+fn is_at_once(capture: &bool) -> bool {
+    *capture
 }
 
 impl IdempotentRequest for NewPayment {
@@ -106,6 +133,44 @@ pub struct NewRefund {
 
 impl IdempotentRequest for NewRefund {
     const ENDPOINT: Endpoint = Endpoint::Refunds;
+}
+
+/// A capture of an authorized payment, as `POST /v1/payments/{id}/capture` takes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewCapture {
+    /// The payment's id: in the path, not the body.
+    #[serde(skip)]
+    pub payment: uuid::Uuid,
+    /// In the payment's minor units; all of the authorization when `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub amount: Option<u64>,
+}
+
+impl IdempotentRequest for NewCapture {
+    const ENDPOINT: Endpoint = Endpoint::Captures;
+
+    fn path(&self) -> String {
+        format!("v1/payments/{}/capture", self.payment)
+    }
+}
+
+/// A cancel of an authorized payment, as `POST /v1/payments/{id}/cancel` takes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewCancel {
+    /// The payment's id: in the path, not the body.
+    #[serde(skip)]
+    pub payment: uuid::Uuid,
+    /// `duplicate`, `fraudulent`, `requested_by_customer` or `abandoned`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl IdempotentRequest for NewCancel {
+    const ENDPOINT: Endpoint = Endpoint::Cancels;
+
+    fn path(&self) -> String {
+        format!("v1/payments/{}/cancel", self.payment)
+    }
 }
 
 #[cfg(test)]

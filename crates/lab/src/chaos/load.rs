@@ -133,7 +133,8 @@ async fn one_payment(client: &Client, mix: Mix, live: &Live) -> Vec<KeyRun> {
         }
         _ => "tok_visa",
     };
-    let payment = NewPayment { amount, currency: "usd".into(), source: source.into(), description: None };
+    let payment =
+        NewPayment { amount, currency: "usd".into(), source: source.into(), description: None, capture: true };
     let (run, outcome) = one_key(client, mix, &CRASH_POINTS, Request::Payment(payment), live).await;
     live.keys.fetch_add(1, Ordering::Relaxed);
     let payment_id = match outcome {

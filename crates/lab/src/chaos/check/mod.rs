@@ -212,7 +212,13 @@ mod tests {
     }
 
     pub(super) fn run(answers: Vec<Answer>) -> KeyRun {
-        let payment = NewPayment { amount: 100, currency: "usd".into(), source: "tok_visa".into(), description: None };
+        let payment = NewPayment {
+            amount: 100,
+            currency: "usd".into(),
+            source: "tok_visa".into(),
+            description: None,
+            capture: true,
+        };
         let request = Request::Payment(payment);
         KeyRun { key: "k".into(), request, crash_point: None, abandoned: false, answers, gave_up: false }
     }

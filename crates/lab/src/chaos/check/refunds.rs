@@ -202,7 +202,13 @@ mod tests {
         let refund = format!(r#"{{"id":"{}","object":"refund","status":"succeeded"}}"#, refund_id());
         let refused = r#"{"type":"https://payments.example/problems/refund-exceeds-payment","refundable":600}"#;
         let new_refund = |amount| Request::Refund(NewRefund { payment: PAYMENT.into(), amount, reason: None });
-        let paying = NewPayment { amount: 1000, currency: "usd".into(), source: "tok_visa".into(), description: None };
+        let paying = NewPayment {
+            amount: 1000,
+            currency: "usd".into(),
+            source: "tok_visa".into(),
+            description: None,
+            capture: true,
+        };
         vec![
             key_run("k", Request::Payment(paying), vec![answer(Endpoint::Payments, 201, &payment, false)]),
             key_run(
