@@ -12,7 +12,7 @@ use diesel::query_builder::AstPass;
 use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
 use uuid::Uuid;
 
-use super::model::{ChargeChanges, NewPayment};
+use super::model::{ChargeChanges, NewPayment, PaymentStatus};
 use crate::audit::AuditRecord;
 use crate::db::sql::{Parameters, no_parameter, walk_text};
 use crate::gateway::reports::KEEPS_REPORTS;
@@ -106,18 +106,34 @@ const PAYMENT_EXISTS: &str = " AND EXISTS (SELECT FROM payments WHERE account_id
 impl PhaseWrites for ChangePayment<'_> {
     fn sql(&self) -> &'static str {
         match self.change {
+            // A charge at once writes what it always did; only an authorization sets when it
+            // lapses and joins the lapse's queue, so a payment's phase pays nothing for them.
+            PaymentChange::Outcome { ref changes, .. } if changes.status != PaymentStatus::RequiresCapture => {
+                "changed AS (
+                     UPDATE payments
+                     SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
+                         failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now()
+                     WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
+                     RETURNING {payment.*}
+                 ), audited AS (
+                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                            {audit.data}, {audit.request_id}
+                     FROM changed
+                 )
+                 SELECT {payment.*} FROM changed"
+            }
             PaymentChange::Outcome { .. } => {
                 "changed AS (
                      UPDATE payments
                      SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
                          failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now(),
-                         capture_before = CASE WHEN {status} = 'requires_capture'
-                                               THEN now() + {authorization_ttl_ms} * interval '1 millisecond' END
+                         capture_before = now() + {authorization_ttl_ms} * interval '1 millisecond'
                      WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
                      RETURNING {payment.*}
                  ), authorized AS (
                      INSERT INTO open_authorizations (account_id, payment_id, capture_before)
-                     SELECT account_id, id, capture_before FROM changed WHERE status = 'requires_capture'
+                     SELECT account_id, id, capture_before FROM changed
                  ), audited AS (
                      INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
