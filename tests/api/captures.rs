@@ -251,37 +251,80 @@ async fn a_capture_whose_answer_was_lost_is_done_once_by_its_retry() {
 }
 
 #[tokio::test]
-async fn a_capture_crashed_before_or_after_the_gateway_is_done_once_by_its_retry() {
+async fn a_capture_or_cancel_crashed_before_or_after_the_gateway_is_done_once_by_its_retry() {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "crashing").await.unwrap();
     let gateway = Process::gateway().await;
     let env = [("PAYMENTS_FAULT_INJECTION", "1")];
     let http = reqwest::Client::new();
-    for (n, point) in ["after_started", "after_change", "after_change_created"].into_iter().enumerate() {
-        let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
-        let post = |server: &Process, path: String, key: &str, body: Value| {
-            let request =
-                http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
-            request.json(&body).send()
-        };
-        let authorized =
-            post(&server, "/v1/payments".into(), &new_key(), authorization(5000, "tok_visa")).await.unwrap();
-        let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
-        let key = new_key();
-        let path = format!("/v1/payments/{id}/cancel");
-        let crash = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", &key);
-        let crashed = crash.header("X-Fault-Inject", format!("crash={point}")).json(&json!({})).send().await;
-        assert!(crashed.is_err(), "{point}: the process died");
-        // Another process takes the retry, once the dead one's lease on the key is over.
-        end_the_leases(&database.url).await;
-        let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
-        let retried = post(&server, path, &key, json!({})).await.unwrap();
-        assert_eq!(retried.status(), StatusCode::OK, "{point}");
-        assert_eq!(retried.json::<Value>().await.unwrap()["status"], "canceled", "{point}");
-        let stats = GatewayControl::new(&gateway.url).all_stats().await;
-        assert_eq!(stats["cancels"], n + 1, "{point}: cancelled once");
+    let post = |server: &Process, path: &str, key: &str, body: &Value| {
+        let request = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
+        request.json(body).send()
+    };
+    let changes = [("capture", json!({ "amount": 3000 }), "captures"), ("cancel", json!({}), "cancels")];
+    for (kind, body, counted) in changes {
+        // Between `started` and the gateway's call; between its answer and its recording; and
+        // between that and `finished`.
+        for (n, point) in ["after_started", "after_change", "after_change_created"].into_iter().enumerate() {
+            let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+            let authorized = post(&server, "/v1/payments", &new_key(), &authorization(5000, "tok_visa")).await.unwrap();
+            let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+            let (key, path) = (new_key(), format!("/v1/payments/{id}/{kind}"));
+            let crash =
+                http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", &key);
+            let crashed = crash.header("X-Fault-Inject", format!("crash={point}")).json(&body).send().await;
+            assert!(crashed.is_err(), "{kind} {point}: the process died");
+            // Another process takes the retry, once the dead one's lease on the key is over.
+            end_the_leases(&database.url).await;
+            let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+            let retried = post(&server, &path, &key, &body).await.unwrap();
+            assert_eq!(retried.status(), StatusCode::OK, "{kind} {point}");
+            let payment: Value = retried.json().await.unwrap();
+            match kind {
+                "capture" => {
+                    assert_eq!((&payment["status"], &payment["amount_captured"]), (&json!("succeeded"), &json!(3000)))
+                }
+                _ => assert_eq!(payment["status"], "canceled", "{point}"),
+            }
+            let stats = GatewayControl::new(&gateway.url).all_stats().await;
+            assert_eq!(stats[counted], n + 1, "{kind} {point}: done once");
+        }
     }
+}
+
+#[tokio::test]
+async fn a_capture_refused_because_the_gateway_cancelled_the_authorization_leaves_the_payment_cancelled() {
+    let app = TestApp::spawn().await;
+    let id = app.authorized(5000).await;
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    app.gateway.cancel_charge(payment["gateway_charge_id"].as_str().unwrap()).await;
+    // The gateway refuses the capture (`charge_canceled`) and says the charge is cancelled: the
+    // payment says so too, rather than wait for a capture that can never come.
+    let key = new_key();
+    let refused = app.change(&id, "capture", &key, &json!({})).await;
+    assert_eq!(refused.status(), StatusCode::BAD_GATEWAY);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["type"], "https://payments.example/problems/gateway-rejected");
+    assert_eq!(
+        (&refused["payment"]["status"], &refused["payment"]["cancellation_reason"]),
+        (&json!("canceled"), &Value::Null),
+        "{refused}"
+    );
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    assert_eq!((&payment["status"], &payment["amount_capturable"]), (&json!("canceled"), &json!(0)), "{payment}");
+    assert!(
+        app.database_says(&format!("NOT EXISTS (SELECT FROM open_authorizations WHERE payment_id = '{id}')")).await
+    );
+    let staged = format!(
+        "EXISTS (SELECT FROM staged_jobs WHERE job_name = 'payment.canceled' \
+         AND job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+    );
+    assert!(app.database_says(&staged).await, "its event: payment.canceled");
+    // A cancel now is refused, naming the payment as it stands; nothing more at the gateway.
+    let cancel = app.change(&id, "cancel", &new_key(), &json!({})).await;
+    assert_eq!(problem_type(cancel).await, (StatusCode::BAD_REQUEST, "payment-not-cancelable".into()));
+    assert_eq!(app.gateway.all_stats().await["captures"], 0);
 }
 
 /// Ends the lease of every held key now, as time would for a dead process's.

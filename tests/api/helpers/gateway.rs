@@ -112,6 +112,15 @@ impl GatewayControl {
         response.json().await.unwrap()
     }
 
+    /// Cancels an authorization at the gateway itself, as someone using the gateway's own
+    /// dashboard would: the service is not told, but for the event.
+    pub async fn cancel_charge(&self, id: &str) {
+        let url = format!("{}/v1/charges/{id}/cancel", self.url);
+        let response = self.http.post(url).header("Idempotency-Key", uuid::Uuid::new_v4().to_string()).send().await;
+        let response = response.unwrap();
+        assert!(response.status().is_success(), "cancel {id}: {}", response.status());
+    }
+
     /// The charges the gateway holds for one downstream key.
     pub async fn charges_for(&self, downstream_key: &str) -> Vec<Value> {
         self.made_with("charges", downstream_key).await

@@ -20,9 +20,10 @@
 //!   earlier run did; a gateway that says the charge was captured or cancelled already is read too.
 //! - `capture_created` / `cancel_created` records the answer: done (the payment captured, for what
 //!   the gateway says, or cancelled), or refused for good (the change fails, and the payment is an
-//!   open authorization again).
+//!   open authorization again, unless the gateway says the charge ended otherwise: then the
+//!   payment ends as the charge did).
 //! - `finished` stores the answer (`200` with the payment, or `502`), stages `payment.captured` or
-//!   `payment.canceled` if it was done, and unlocks.
+//!   `payment.canceled` if the authorization ended, and unlocks.
 
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
@@ -32,7 +33,7 @@ use uuid::Uuid;
 
 use super::request::{CancellationReason, ChangeKind, ChangeRequest};
 use super::view::{Refusal, done_response, rejected_response};
-use super::writes::{self, Started};
+use super::writes::{self, PaymentEnd, Started};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::schema::payment_changes;
@@ -45,7 +46,7 @@ use crate::idempotency::{
 };
 use crate::metrics::KeyEndpoint;
 use crate::outbox::StagedEvent;
-use crate::payments::{Payment, PaymentView};
+use crate::payments::{Payment, PaymentStatus, PaymentView};
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
@@ -121,11 +122,12 @@ struct Made {
     charge_id: String,
 }
 
-/// What the gateway did with the change: done (a capture's amount, as the gateway says), or
-/// refused for good.
+/// What the gateway did with the change: done, and how the payment ends; or refused for good,
+/// and how the payment ends if the gateway says the charge ended otherwise (the payment records
+/// what the gateway says, rather than stay an authorization the gateway has closed).
 enum Outcome {
-    Done { captured: Option<i64> },
-    Refused { code: &'static str, message: String },
+    Done(PaymentEnd),
+    Refused { code: &'static str, message: String, ends: Option<PaymentEnd> },
 }
 
 /// A change's phases, from the key's recovery point to `finished`.
@@ -292,20 +294,27 @@ impl<'a> ChangePhases<'a> {
             }
             Err(error @ (GatewayError::Rejected { .. } | GatewayError::Declined { .. })) => {
                 tracing::error!(%error, "the gateway refused a {}", self.kind().as_str());
-                Ok(Outcome::Refused { code: crate::payments::GATEWAY_REJECTED, message: error.to_string() })
+                Ok(Outcome::Refused { code: crate::payments::GATEWAY_REJECTED, message: error.to_string(), ends: None })
             }
             Err(error) => Err(indeterminate(error)),
         }
     }
 
     /// What the charge's state says of this change: done if it is what the change does; refused
-    /// for good if the charge ended otherwise. A charge still open after the change's answer, or
-    /// unknown to its own gateway, is not known yet.
+    /// for good if the charge ended otherwise (and the payment ends as it did). A charge still open
+    /// after the change's answer, or unknown to its own gateway, is refused, the payment left open.
     fn settled_by(&self, charge: Option<Authorization>) -> Outcome {
-        let refused = |code, message: &str| Outcome::Refused { code, message: message.to_owned() };
+        let ends = match charge {
+            Some(Authorization::Captured { amount }) => Some(PaymentEnd::Captured(amount)),
+            Some(Authorization::Canceled) => Some(PaymentEnd::Canceled),
+            Some(Authorization::Open | Authorization::Failed) | None => None,
+        };
+        let refused = |code, message: &str| Outcome::Refused { code, message: message.to_owned(), ends };
         match (self.kind(), charge) {
-            (ChangeKind::Capture, Some(Authorization::Captured { amount })) => Outcome::Done { captured: Some(amount) },
-            (ChangeKind::Cancel, Some(Authorization::Canceled)) => Outcome::Done { captured: None },
+            (ChangeKind::Capture, Some(Authorization::Captured { amount })) => {
+                Outcome::Done(PaymentEnd::Captured(amount))
+            }
+            (ChangeKind::Cancel, Some(Authorization::Canceled)) => Outcome::Done(PaymentEnd::Canceled),
             (_, Some(Authorization::Captured { .. })) => refused("charge_already_captured", "the charge is captured"),
             (_, Some(Authorization::Canceled)) => refused("charge_canceled", "the charge is cancelled"),
             (_, Some(Authorization::Failed)) => refused("charge_failed", "the charge failed"),
@@ -318,9 +327,13 @@ impl<'a> ChangePhases<'a> {
     /// `capture_created` or `cancel_created`: the gateway's answer, recorded on the change and the
     /// payment.
     async fn record(&mut self, run: &mut Run<'_>, made: &Made, outcome: Outcome) -> Result<(), DriveError> {
-        let (status, captured, failure_code, failure_message) = match &outcome {
-            Outcome::Done { captured } => ("succeeded", *captured, None, None),
-            Outcome::Refused { code, message } => ("failed", None, Some(*code), Some(message.as_str())),
+        let (status, ends, failure_code, failure_message) = match &outcome {
+            Outcome::Done(ends) => ("succeeded", Some(*ends), None, None),
+            Outcome::Refused { code, message, ends } => ("failed", *ends, Some(*code), Some(message.as_str())),
+        };
+        let captured = match ends {
+            Some(PaymentEnd::Captured(amount)) => Some(amount),
+            _ => None,
         };
         let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
         let point = match self.kind() {
@@ -336,7 +349,7 @@ impl<'a> ChangePhases<'a> {
             change_id: made.change_id,
             payment_id: self.request.payment,
             status,
-            captured,
+            ends,
             failure_code,
             failure_message: failure_message.map(|message| crate::fields::truncated(message, 500)),
             audit,
@@ -346,7 +359,7 @@ impl<'a> ChangePhases<'a> {
         Ok(())
     }
 
-    /// `finished`: the response stored, the payment's event staged if the change was done, and
+    /// `finished`: the response stored, the payment's event staged if its authorization ended, and
     /// the key unlocked, together.
     async fn finish(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
@@ -373,18 +386,19 @@ impl<'a> ChangePhases<'a> {
             true => done_response(&payment),
             false => rejected_response(self.kind(), &payment, &request_id),
         };
-        let event = done.then(|| {
-            let name = match self.kind() {
-                ChangeKind::Capture => "payment.captured",
-                ChangeKind::Cancel => "payment.canceled",
-            };
-            StagedEvent::new(account_id, name, PaymentView::from(&payment))
-        });
+        // The payment's event if its authorization ended: by this change, or otherwise, as the
+        // gateway said when it refused the change.
+        let name = match payment.status {
+            PaymentStatus::Succeeded => Some("payment.captured"),
+            PaymentStatus::Canceled => Some("payment.canceled"),
+            _ => None,
+        };
+        let event = name.map(|name| StagedEvent::new(account_id, name, PaymentView::from(&payment)));
         let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
         let audit =
             audit(account_id, CHANGE, change_id, run.actor(), action(self.kind(), "finished"), data, &request_id);
         let _: writes::Finished = run.finish(response, writes::Finish { event: event.as_ref(), audit }).await?;
-        if done {
+        if event.is_some() {
             self.state.wake.wake(Wake::Outbox);
         }
         Ok(())

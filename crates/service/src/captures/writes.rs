@@ -130,18 +130,26 @@ impl Parameters for Start<'_> {
     }
 }
 
-/// `capture_created` or `cancel_created`: the gateway's answer recorded on the change, and, if it
-/// was done, on the payment (captured, for how much; or cancelled, and why), whose authorization
-/// leaves the lapse's queue. A change the gateway refused for good fails, and gives the payment
-/// back. Its result is the payment as it stands after it.
+/// How an authorization ended, as the gateway says: captured, for this much; or cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentEnd {
+    Captured(i64),
+    Canceled,
+}
+
+/// `capture_created` or `cancel_created`: the gateway's answer recorded on the change, and on the
+/// payment if the authorization ended (captured, for how much; or cancelled, and why: the
+/// change's reason if it was the change that did it), when it leaves the lapse's queue too. A
+/// change the gateway refused for good fails, and gives the payment back, unless the gateway says
+/// the authorization ended otherwise. Its result is the payment as it stands after it.
 pub struct RecordChange<'a> {
     pub account_id: Uuid,
     pub change_id: Uuid,
     pub payment_id: Uuid,
     /// `succeeded` or `failed`.
     pub status: &'static str,
-    /// What a capture captured, as the gateway says.
-    pub captured: Option<i64>,
+    /// How the authorization ended, if it did.
+    pub ends: Option<PaymentEnd>,
     pub failure_code: Option<&'a str>,
     pub failure_message: Option<&'a str>,
     pub audit: AuditRecord<'a>,
@@ -157,18 +165,19 @@ impl PhaseWrites for RecordChange<'_> {
              RETURNING payment_id, kind AS change_kind, cancellation_reason AS change_reason, status AS change_status
          ), changed AS (
              UPDATE payments p
-             SET status = CASE WHEN c.change_kind = 'capture' THEN 'succeeded' ELSE 'canceled' END,
-                 amount_captured = CASE WHEN c.change_kind = 'capture' THEN {captured} ELSE p.amount_captured END,
-                 canceled_at = CASE WHEN c.change_kind = 'cancel' THEN now() END,
-                 cancellation_reason = CASE WHEN c.change_kind = 'cancel' THEN c.change_reason END,
+             SET status = {ends},
+                 amount_captured = coalesce({captured}, p.amount_captured),
+                 canceled_at = CASE WHEN {ends} = 'canceled' THEN now() END,
+                 cancellation_reason = CASE WHEN {ends} = 'canceled' AND c.change_status = 'succeeded'
+                                            THEN c.change_reason END,
                  updated_at = now()
              FROM change c
-             WHERE p.account_id = {account} AND p.id = c.payment_id AND c.change_status = 'succeeded'
+             WHERE p.account_id = {account} AND p.id = c.payment_id AND {ends}::text IS NOT NULL
              RETURNING {payment.*}
          ), closed AS (
              DELETE FROM open_authorizations o
              USING change c
-             WHERE o.account_id = {account} AND o.payment_id = c.payment_id AND c.change_status = 'succeeded'
+             WHERE o.account_id = {account} AND o.payment_id = c.payment_id AND {ends}::text IS NOT NULL
          ), audited AS (
              INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
@@ -195,7 +204,16 @@ impl Parameters for RecordChange<'_> {
             "payment.id" => out.push_bind_param::<SqlUuid, _>(&self.payment_id),
             "payment.*" => walk_text(PAYMENT, out),
             "status" => out.push_bind_param::<Text, _>(self.status),
-            "captured" => out.push_bind_param::<Nullable<BigInt>, _>(&self.captured),
+            // The payment's status once it ends, or NULL.
+            "ends" => match self.ends {
+                Some(PaymentEnd::Captured(_)) => out.push_bind_param::<Text, _>("succeeded"),
+                Some(PaymentEnd::Canceled) => out.push_bind_param::<Text, _>("canceled"),
+                None => out.push_bind_param::<Nullable<Text>, _>(&None::<&str>),
+            },
+            "captured" => match &self.ends {
+                Some(PaymentEnd::Captured(amount)) => out.push_bind_param::<BigInt, _>(amount),
+                _ => out.push_bind_param::<Nullable<BigInt>, _>(&None::<i64>),
+            },
             "failure_code" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_code),
             "failure_message" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_message),
             name if name.starts_with("audit.") => self.audit.walk_parameter(name, out),
