@@ -38,6 +38,12 @@ pub struct ChaosArgs {
     /// The share of payments made with a card that is declined.
     #[arg(long, default_value_t = 0.1, value_parser = rate)]
     pub decline_rate: f64,
+    /// The share of the other payments only authorized (`capture: false`): then 1 to 3 captures
+    /// (all or part) and cancels, each with a key of its own, race for each at once (with its
+    /// refunds), at a moment up to a little past its lapse (the run's authorizations lapse after
+    /// 4 s); a fifth are left alone, for the lapse.
+    #[arg(long, default_value_t = 0.3, value_parser = rate)]
+    pub authorize_rate: f64,
     /// The share of the other payments that are refunded once they succeed, by 1 to 3 refunds at
     /// once, each with a key of its own, for part of the payment or all it has left.
     #[arg(long, default_value_t = 0.3, value_parser = rate)]
@@ -98,6 +104,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
             crash: args.crash_rate,
             abandon: args.abandon_rate,
             decline: args.decline_rate,
+            authorize: args.authorize_rate,
             refund: args.refund_rate,
             pending_refund: args.pending_refund_rate,
         },

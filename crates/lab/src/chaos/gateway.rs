@@ -28,6 +28,10 @@ pub struct GatewayStats {
     /// Refunds made, whatever their status.
     pub refunds: u64,
     pub refund_requests: u64,
+    /// Charges only authorized; authorizations captured; authorizations cancelled.
+    pub authorizations: u64,
+    pub captures: u64,
+    pub cancels: u64,
     /// Events made (none by a gateway that sends no events).
     pub events: u64,
     /// Events of which at least one attempt was made.

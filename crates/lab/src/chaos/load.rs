@@ -4,6 +4,10 @@
 //! at once, each with a key of its own, for parts of the payment or all it has left, so that they
 //! race for its money and some are refused; some of them on charges whose refunds the gateway
 //! leaves pending (and a few of those fail). Refunds carry crash points and are abandoned too.
+//! A share of the payments are only authorized: then, at a moment drawn up to a little past the
+//! authorization's lapse, captures (of all or part of it) and cancels, each with a key of its own,
+//! race for it at once, and its refunds with them; some are left alone, for the lapse. Captures
+//! and cancels carry crash points and are abandoned too.
 //! Every answer a client sees is kept, for the checks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +15,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use payments_client::{Answer, Attempt, Client, KeySeen, NewPayment, NewRefund, Outcome, RetryPolicy};
+use payments_client::{
+    Answer, Attempt, Client, KeySeen, NewCancel, NewCapture, NewPayment, NewRefund, Outcome, RetryPolicy,
+};
 use payments_service::faults::FAULT_HEADER;
 use rand::Rng;
 use tokio::time::Instant;
@@ -24,6 +30,27 @@ const CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_charge", "c
 
 /// The crash points a refund request can carry.
 const REFUND_CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_refund", "crash=after_refund_created"];
+
+/// The crash points a capture or a cancel can carry.
+const CHANGE_CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_change", "crash=after_change_created"];
+
+/// How long an authorization lives before it lapses, as the run's services are told
+/// ([`super::world`]). An authorization's captures and cancels are sent at a moment drawn from
+/// none to [`CHANGES_WITHIN`], so that some race its lapse, and some come after it.
+pub const AUTHORIZATION_TTL: Duration = Duration::from_secs(4);
+const CHANGES_WITHIN: Duration = Duration::from_secs(5);
+
+/// At most this many captures and cancels of one authorization are sent at once.
+const MAX_CHANGES_AT_ONCE: usize = 3;
+
+/// The share of authorizations left alone, for the lapse to cancel.
+const LEFT_TO_LAPSE: f64 = 0.2;
+
+/// The share of captures that take part of the authorization; the others take all of it.
+const PARTIAL_CAPTURE: f64 = 0.5;
+
+/// The share of an authorization's changes that are cancels; the others are captures.
+const CANCELS: f64 = 0.4;
 
 /// At most this many refunds of one payment are sent at once: enough that together they often
 /// ask for more than it has.
@@ -62,7 +89,11 @@ pub struct Mix {
     pub abandon: f64,
     /// The card is declined.
     pub decline: f64,
-    /// Of the payments not declined, those refunded once they succeed.
+    /// Of the payments not declined, those only authorized, to be captured, cancelled or left to
+    /// lapse.
+    pub authorize: f64,
+    /// Of the payments not declined, those refunded once they succeed (an authorization's refunds
+    /// race its captures and cancels).
     pub refund: f64,
     /// Of those, the ones charged with `tok_refundPending` (a quarter of them `tok_refundFails`):
     /// the gateway leaves their refunds pending, to settle later.
@@ -76,6 +107,8 @@ pub struct Live {
     pub keys: AtomicU64,
     /// Refunds asked for (their keys).
     pub refunds: AtomicU64,
+    /// Captures and cancels asked for (their keys).
+    pub changes: AtomicU64,
     pub attempts: AtomicU64,
     pub timeline: Arc<Timeline>,
 }
@@ -116,12 +149,14 @@ pub async fn drive(
     Ok(std::mem::take(&mut *runs.lock().unwrap_or_else(PoisonError::into_inner)))
 }
 
-/// One payment, treated as `mix` draws, and its refunds if it is to be refunded and succeeds.
+/// One payment, treated as `mix` draws: its refunds if it is to be refunded and succeeds, and
+/// its captures and cancels, racing them, if it is only authorized.
 async fn one_payment(client: &Client, mix: Mix, live: &Live) -> Vec<KeyRun> {
-    let (declined, refunded, amount) = {
+    let (declined, authorized, refunded, amount) = {
         let mut rng = rand::rng();
         let declined = rng.random_bool(mix.decline);
-        (declined, !declined && rng.random_bool(mix.refund), rng.random_range(100..100_000))
+        let authorized = !declined && rng.random_bool(mix.authorize);
+        (declined, authorized, !declined && rng.random_bool(mix.refund), rng.random_range(100..100_000))
     };
     let source = match () {
         _ if declined => "tok_chargeDeclined",
@@ -134,29 +169,67 @@ async fn one_payment(client: &Client, mix: Mix, live: &Live) -> Vec<KeyRun> {
         _ => "tok_visa",
     };
     let payment =
-        NewPayment { amount, currency: "usd".into(), source: source.into(), description: None, capture: true };
+        NewPayment { amount, currency: "usd".into(), source: source.into(), description: None, capture: !authorized };
     let (run, outcome) = one_key(client, mix, &CRASH_POINTS, Request::Payment(payment), live).await;
     live.keys.fetch_add(1, Ordering::Relaxed);
     let payment_id = match outcome {
-        Outcome::Succeeded(answer) if refunded => answer.object_id(),
+        Outcome::Succeeded(answer) if refunded || authorized => answer.object_id(),
         _ => None,
     };
     let Some(payment_id) = payment_id else { return vec![run] };
-    let refunds = rand::rng().random_range(1..=MAX_REFUNDS_AT_ONCE);
+    let changes = match authorized {
+        true => changes_of(&payment_id, amount),
+        false => Vec::new(),
+    };
+    if !changes.is_empty() {
+        let wait = rand::rng().random_range(Duration::ZERO..CHANGES_WITHIN);
+        tokio::time::sleep(wait).await;
+    }
+    let refunds = match refunded {
+        true => rand::rng().random_range(1..=MAX_REFUNDS_AT_ONCE),
+        false => 0,
+    };
     let refunds = (0..refunds).map(|_| {
         let amount = {
             let mut rng = rand::rng();
             (!rng.random_bool(WHOLE_REFUND)).then(|| rng.random_range(amount / 4..=amount * 3 / 4))
         };
-        let refund = NewRefund { payment: payment_id.clone(), amount, reason: None };
-        one_key(client, mix, &REFUND_CRASH_POINTS, Request::Refund(refund), live)
+        Request::Refund(NewRefund { payment: payment_id.clone(), amount, reason: None })
     });
+    let requests = changes
+        .into_iter()
+        .map(|change| (change, &CHANGE_CRASH_POINTS))
+        .chain(refunds.map(|refund| (refund, &REFUND_CRASH_POINTS)));
+    let sent = requests.map(|(request, crash_points)| one_key(client, mix, crash_points, request, live));
     let mut runs = vec![run];
-    for (run, _) in futures_util::future::join_all(refunds).await {
-        live.refunds.fetch_add(1, Ordering::Relaxed);
+    for (run, _) in futures_util::future::join_all(sent).await {
+        match run.request.is_refund() {
+            true => live.refunds.fetch_add(1, Ordering::Relaxed),
+            false => live.changes.fetch_add(1, Ordering::Relaxed),
+        };
         runs.push(run);
     }
     runs
+}
+
+/// The captures and cancels to race for an authorization of `amount`: none, if it is left to
+/// lapse.
+fn changes_of(payment_id: &str, amount: u64) -> Vec<Request> {
+    let mut rng = rand::rng();
+    let Ok(payment) = payment_id.parse() else { return Vec::new() };
+    if rng.random_bool(LEFT_TO_LAPSE) {
+        return Vec::new();
+    }
+    let changes = rng.random_range(1..=MAX_CHANGES_AT_ONCE);
+    (0..changes)
+        .map(|_| match rng.random_bool(CANCELS) {
+            true => Request::Cancel(NewCancel { payment, reason: None }),
+            false => {
+                let amount = rng.random_bool(PARTIAL_CAPTURE).then(|| rng.random_range(amount / 4..=amount * 3 / 4));
+                Request::Capture(NewCapture { payment, amount })
+            }
+        })
+        .collect()
 }
 
 /// One request with a key of its own, treated as `mix` draws (a crash point among

@@ -216,6 +216,9 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
     let database = world.database_url.as_str();
     let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
+    // The authorizations left alone lapse within a few seconds of their time.
+    let open =
+        wait_for_none(&settling, "authorizations still open", || check::open_authorizations(database, &keys)).await?;
     let keys_took = took();
     // Asked once more before the refunds settle: a refund whose every attempt was lost before its
     // claim committed is made only now, and may be left pending too.
@@ -252,8 +255,9 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         left => format!("{left} {what} not {done} after {:.1} s", took.as_secs_f64()),
     };
     settling.finish(&format!(
-        "{}, each asked once more in {:.1} s, {}, {}, the outbox's events awaited {:.1} s: {:.1} s",
+        "{}{}, each asked once more in {:.1} s, {}, {}, the outbox's events awaited {:.1} s: {:.1} s",
         waited(unfinished, "keys", "finished", keys_took),
+        if open > 0 { format!(" ({open} authorizations still open)") } else { String::new() },
         asked_took.as_secs_f64(),
         waited(pending, "pending refunds", "settled", refunds_took),
         waited(unacknowledged, "gateway events", "acknowledged", events_took),
@@ -273,10 +277,15 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         _ => GatewayEvents::Sent { made: after.events.saturating_sub(before.events), sent },
     };
     // A gateway restarted meanwhile counts from zero again; the check then fails, as it should.
+    let charged = stored.totals.values().filter_map(|totals| totals.charge_id.clone());
+    let authorized = stored.authorizations().filter_map(|payment| payment.charge_id.clone());
     let outside = Outside {
         gateway_charges: after.charges.saturating_sub(before.charges),
+        gateway_authorizations: after.authorizations.saturating_sub(before.authorizations),
+        gateway_captures: after.captures.saturating_sub(before.captures),
+        gateway_cancels: after.cancels.saturating_sub(before.cancels),
         gateway_refunds: after.refunds.saturating_sub(before.refunds),
-        charges: gateway.charges(stored.totals.values().filter_map(|totals| totals.charge_id.clone())).await?,
+        charges: gateway.charges(charged.chain(authorized).collect::<HashSet<_>>().into_iter()).await?,
         refunds_by_key: gateway
             .refunds_by_key(
                 stored.all_refunds().map(|refund| (refund.id, downstream_key(refund.account_id, refund.key_id))),

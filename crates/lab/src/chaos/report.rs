@@ -26,6 +26,11 @@ pub struct Did {
     raced: usize,
     /// What the refunds' keys made: refunds by status now, then refusals by problem type.
     refund_outcomes: Vec<(String, u64)>,
+    /// Captures' and cancels' keys, and the authorizations they raced for.
+    changes: usize,
+    authorizations: usize,
+    /// How the authorizations ended: captured, cancelled, lapsed, still open.
+    authorization_outcomes: Vec<(&'static str, u64)>,
     /// The load's attempts.
     attempts: u64,
     /// The attempts of the final round, which asks every key once more.
@@ -94,6 +99,20 @@ impl Did {
         let answered: u64 = answers.values().sum();
         answers.insert(None, (attempts + final_attempts).saturating_sub(answered));
         let refunds: Vec<&KeyRun> = runs.iter().filter(|run| run.request.is_refund()).collect();
+        let changes = runs.iter().filter(|run| run.request.changes().is_some()).count();
+        let ended = |status: &str, reason: Option<&str>| {
+            let ended = stored.authorizations().filter(|payment| payment.status == status);
+            ended
+                .filter(|payment| reason.is_none_or(|reason| payment.cancellation_reason.as_deref() == Some(reason)))
+                .count() as u64
+        };
+        let lapsed = ended("canceled", Some("expired"));
+        let authorization_outcomes = vec![
+            ("captured", ended("succeeded", None)),
+            ("cancelled", ended("canceled", None) - lapsed),
+            ("lapsed", lapsed),
+            ("still open", ended("requires_capture", None)),
+        ];
         let mut per_payment: BTreeMap<&str, usize> = BTreeMap::new();
         for run in &refunds {
             if let Request::Refund(refund) = &run.request {
@@ -115,8 +134,11 @@ impl Did {
         }
         refund_outcomes.extend(refusals);
         Did {
-            payments: runs.len() - refunds.len(),
+            payments: runs.len() - refunds.len() - changes,
             refunds: refunds.len(),
+            changes,
+            authorizations: stored.authorizations().count(),
+            authorization_outcomes,
             refunded: per_payment.len(),
             raced: per_payment.values().filter(|refunds| **refunds > 1).count(),
             refund_outcomes,
@@ -236,7 +258,13 @@ impl Report {
             .collect();
         let outcomes: Vec<String> =
             did.refund_outcomes.iter().filter(|(_, n)| *n > 0).map(|(outcome, n)| format!("{outcome} ×{n}")).collect();
-        let keys = (did.payments + did.refunds) as u64;
+        let ended: Vec<String> = did
+            .authorization_outcomes
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(outcome, n)| format!("{outcome} ×{n}"))
+            .collect();
+        let keys = (did.payments + did.refunds + did.changes) as u64;
         let rows = [
             ("payments (keys)", did.payments.to_string(), String::new()),
             (
@@ -245,6 +273,11 @@ impl Report {
                 format!("of {} payments, {} of them by 2 or 3 refunds at once", did.refunded, did.raced),
             ),
             ("refund outcomes", String::new(), outcomes.join(" · ")),
+            (
+                "captures and cancels (keys)",
+                did.changes.to_string(),
+                format!("racing for {} authorizations, and the lapse: {}", did.authorizations, ended.join(" · ")),
+            ),
             ("attempts", did.attempts.to_string(), format!("{} retries", did.attempts.saturating_sub(keys))),
             ("abandoned after one try", did.abandoned.to_string(), "left to the workers".into()),
             ("clients that gave up", did.gave_up.to_string(), "their keys asked again at the end".into()),

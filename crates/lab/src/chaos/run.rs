@@ -1,12 +1,14 @@
 //! What each key's client asked for and saw: the record the load writes and the checks read.
 
-use payments_client::{Answer, Attempt, Client, Finished, KeySeen, NewPayment, NewRefund};
+use payments_client::{Answer, Attempt, Client, Finished, KeySeen, NewCancel, NewCapture, NewPayment, NewRefund};
 
 /// What a key asked for.
 #[derive(Debug, Clone)]
 pub enum Request {
     Payment(NewPayment),
     Refund(NewRefund),
+    Capture(NewCapture),
+    Cancel(NewCancel),
 }
 
 /// One key's story, as its client saw it.
@@ -36,10 +38,21 @@ impl Request {
         match self {
             Request::Payment(payment) => client.send_with(key, seen, payment, first_attempt_headers, observe).await,
             Request::Refund(refund) => client.send_with(key, seen, refund, first_attempt_headers, observe).await,
+            Request::Capture(capture) => client.send_with(key, seen, capture, first_attempt_headers, observe).await,
+            Request::Cancel(cancel) => client.send_with(key, seen, cancel, first_attempt_headers, observe).await,
         }
     }
 
     pub fn is_refund(&self) -> bool {
         matches!(self, Request::Refund(_))
+    }
+
+    /// A capture's or a cancel's: the payment it is of.
+    pub fn changes(&self) -> Option<uuid::Uuid> {
+        match self {
+            Request::Capture(capture) => Some(capture.payment),
+            Request::Cancel(cancel) => Some(cancel.payment),
+            Request::Payment(_) | Request::Refund(_) => None,
+        }
     }
 }

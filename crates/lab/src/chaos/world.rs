@@ -19,6 +19,7 @@ use payments_service::startup::{LISTENING, WORKER_RUNNING};
 use rand::seq::IteratorRandom;
 use reqwest::Url;
 
+use super::load::AUTHORIZATION_TTL;
 use crate::child::{Child, payments};
 use crate::relay::Relay;
 use crate::webhook::WebhookSink;
@@ -120,6 +121,9 @@ impl World {
             ];
             env.extend(SERVICE_SETTINGS.iter().map(|(name, value)| (*name, value.to_string())));
             env.push(("PAYMENTS_LOCK_TIMEOUT_MS", LOCK_TIMEOUT.as_millis().to_string()));
+            // Authorizations lapse within the run, some while their captures and cancels are on
+            // their way.
+            env.push(("PAYMENTS_AUTHORIZATION_TTL_SECS", AUTHORIZATION_TTL.as_secs().to_string()));
             env.extend(extra);
             env
         };

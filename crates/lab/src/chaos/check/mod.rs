@@ -1,7 +1,9 @@
 //! The invariants, checked from outside (what the clients were answered, what the gateway
 //! charged, refunded and sent, what the webhook received) against the database. The payments' are
-//! here, the refunds' in [`refunds`], the gateway's events' in [`events`].
+//! here, the refunds' in [`refunds`], the authorizations' in [`captures`], the gateway's events'
+//! in [`events`].
 
+mod captures;
 mod events;
 mod refunds;
 mod stored;
@@ -15,7 +17,7 @@ use super::run::KeyRun;
 use crate::webhook::Events;
 pub use events::{GatewayEvents, SentEvent, inbox_outcomes};
 pub use refunds::{GatewayCharge, refund_events_missing};
-pub use stored::{Stored, pending_refunds, unsettled};
+pub use stored::{Stored, open_authorizations, pending_refunds, unsettled};
 
 /// How many offending keys an invariant's detail names.
 const SHOWN: usize = 3;
@@ -31,11 +33,16 @@ pub struct Invariant {
 /// What the run saw from outside, besides the clients' answers.
 #[derive(Debug, Default)]
 pub struct Outside {
-    /// Charges the gateway made during the run.
+    /// Charges the gateway made during the run: at once, and only authorized.
     pub gateway_charges: u64,
+    pub gateway_authorizations: u64,
+    /// Authorizations the gateway captured, and cancelled, during the run.
+    pub gateway_captures: u64,
+    pub gateway_cancels: u64,
     /// Refunds the gateway made during the run, whatever their status.
     pub gateway_refunds: u64,
-    /// The refunded payments' charges as the gateway shows them now, by charge id.
+    /// The refunded payments' and the authorizations' charges as the gateway shows them now, by
+    /// charge id.
     pub charges: HashMap<String, GatewayCharge>,
     /// The gateway's refunds made with each refund's downstream key, by our refund's id.
     pub refunds_by_key: HashMap<Uuid, Vec<String>>,
@@ -47,8 +54,9 @@ pub struct Outside {
 
 /// Checks every invariant.
 pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Invariant> {
-    let (refund_runs, payment_runs): (Vec<&KeyRun>, Vec<&KeyRun>) =
-        runs.iter().partition(|run| run.request.is_refund());
+    let (refund_runs, others): (Vec<&KeyRun>, Vec<&KeyRun>) = runs.iter().partition(|run| run.request.is_refund());
+    let (change_runs, payment_runs): (Vec<&KeyRun>, Vec<&KeyRun>) =
+        others.into_iter().partition(|run| run.request.changes().is_some());
     vec![
         finished(runs, stored),
         phases_once(stored),
@@ -58,6 +66,9 @@ pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Invaria
         distinct_charges(stored),
         refunds::one_per_key(&refund_runs, stored, outside),
         refunds::within_the_payment(stored, outside),
+        captures::ended_once(stored, outside),
+        captures::one_answer(&change_runs, stored),
+        captures::every_one_ended(stored),
         one_payment(&payment_runs, stored),
         refunds::one_refund_or_refusal(&refund_runs, stored),
         events(stored, outside),
@@ -103,18 +114,22 @@ fn committed_once(stored: &Stored, made: &[Uuid], what: &str) -> (bool, String) 
     (twice.is_empty(), detail)
 }
 
+/// Charges made at once and authorizations alike: the gateway's, ours, and the keys answered
+/// with one.
 fn charges(runs: &[&KeyRun], stored: &Stored, outside: &Outside) -> Invariant {
-    let succeeded = stored.succeeded().count() as u64;
+    let charged = stored.payments.values().flatten().filter(|payment| payment.charged()).count() as u64;
     let answered = runs.iter().filter(|run| run.answers.iter().any(|answer| answer.status.is_success())).count() as u64;
+    let at_the_gateway = outside.gateway_charges + outside.gateway_authorizations;
     Invariant {
         name: "gateway charges = succeeded payments = successful answers",
-        held: outside.gateway_charges == succeeded && succeeded == answered,
-        detail: format!("{} = {succeeded} = {answered}", outside.gateway_charges),
+        held: at_the_gateway == charged && charged == answered,
+        detail: format!("{at_the_gateway} = {charged} = {answered}"),
     }
 }
 
 fn distinct_charges(stored: &Stored) -> Invariant {
-    let ids: Vec<Option<&str>> = stored.succeeded().map(|payment| payment.charge_id.as_deref()).collect();
+    let charged = stored.payments.values().flatten().filter(|payment| payment.charged());
+    let ids: Vec<Option<&str>> = charged.map(|payment| payment.charge_id.as_deref()).collect();
     let distinct: HashSet<&str> = ids.iter().flatten().copied().collect();
     Invariant {
         name: "every succeeded payment has a charge of its own",
@@ -224,8 +239,13 @@ mod tests {
     }
 
     pub(super) fn stored(payments: usize, charge: &str) -> Stored {
-        let payment =
-            StoredPayment { id: PAYMENT.parse().unwrap(), status: "succeeded".into(), charge_id: Some(charge.into()) };
+        let payment = StoredPayment {
+            id: PAYMENT.parse().unwrap(),
+            status: "succeeded".into(),
+            charge_id: Some(charge.into()),
+            captured: None,
+            cancellation_reason: None,
+        };
         let mut stored = Stored::default();
         stored.keys.insert("k".into(), ("finished".into(), false));
         stored.phases.insert(PAYMENT.parse().unwrap(), [1, 1]);

@@ -12,12 +12,15 @@ use super::{Invariant, Outside, answers_problem, committed_once, each_key, name_
 use crate::chaos::run::KeyRun;
 use crate::webhook::Events;
 
-/// A charge as the gateway's `GET /v1/charges/{id}` shows it: its amount, and what its refunds
-/// that have not failed take back, pending ones included.
-#[derive(Debug, Clone, Copy, Deserialize)]
+/// A charge as the gateway's `GET /v1/charges/{id}` shows it: what it captured (all of it, or
+/// what an authorization's capture took), what its refunds that have not failed take
+/// back, pending ones included, and its status (`requires_capture` while only authorized,
+/// `canceled` once its authorization is).
+#[derive(Debug, Clone, Deserialize)]
 pub struct GatewayCharge {
-    pub amount: i64,
+    pub amount_captured: i64,
     pub amount_refunded: i64,
+    pub status: String,
 }
 
 pub fn phases_once(stored: &Stored) -> Invariant {
@@ -83,14 +86,14 @@ pub fn within_the_payment(stored: &Stored, outside: &Outside) -> Invariant {
         let ours = totals.refunded + totals.pending;
         let charge = totals.charge_id.as_ref().and_then(|id| outside.charges.get(id));
         let problem = match charge {
-            _ if ours > totals.amount => Some(format!("{ours} refunded or pending of {}", totals.amount)),
+            _ if ours > totals.amount => Some(format!("{ours} refunded or pending of {} captured", totals.amount)),
             _ if (totals.refunded, totals.pending) != (succeeded, pending) => Some(format!(
                 "totals {} + {} pending, its refunds {succeeded} + {pending}",
                 totals.refunded, totals.pending
             )),
             None => Some("its charge was not found at the gateway".into()),
-            Some(charge) if charge.amount_refunded > charge.amount => {
-                Some(format!("the gateway refunded {} of {}", charge.amount_refunded, charge.amount))
+            Some(charge) if charge.amount_refunded > charge.amount_captured => {
+                Some(format!("the gateway refunded {} of {} captured", charge.amount_refunded, charge.amount_captured))
             }
             Some(charge) if charge.amount_refunded > ours || (pending == 0 && charge.amount_refunded != ours) => {
                 Some(format!("the gateway refunded {}, we {ours}", charge.amount_refunded))
@@ -103,7 +106,7 @@ pub fn within_the_payment(stored: &Stored, outside: &Outside) -> Invariant {
     }
     let detail = format!("{} of {} refunded payments", stored.totals.len() - broken.len(), stored.totals.len());
     Invariant {
-        name: "per payment, refunded + pending ≤ amount, here and at the gateway",
+        name: "per payment, refunded + pending ≤ captured, here and at the gateway",
         held: broken.is_empty(),
         detail: detail + &name_some(broken.iter()),
     }
@@ -234,7 +237,13 @@ mod tests {
         for key in ["k", "r1", "r2"] {
             stored.keys.insert(key.into(), ("finished".into(), false));
         }
-        let payment = StoredPayment { id: payment_id, status: "succeeded".into(), charge_id: Some("ch_1".into()) };
+        let payment = StoredPayment {
+            id: payment_id,
+            status: "succeeded".into(),
+            charge_id: Some("ch_1".into()),
+            captured: None,
+            cancellation_reason: None,
+        };
         stored.payments.insert("k".into(), vec![payment]);
         let refund = StoredRefund {
             id: refund_id(),
@@ -254,12 +263,20 @@ mod tests {
         stored
     }
 
+    /// The payment's charge at the gateway, captured whole, with `refunded` taken back.
+    fn charge(refunded: i64) -> GatewayCharge {
+        GatewayCharge { amount_captured: 1000, amount_refunded: refunded, status: "succeeded".into() }
+    }
+
     fn outside() -> Outside {
         let events = [(PAYMENT, "payment.succeeded"), (&refund_id().to_string(), "refund.succeeded")];
         Outside {
             gateway_charges: 1,
             gateway_refunds: 1,
-            charges: HashMap::from([("ch_1".into(), GatewayCharge { amount: 1000, amount_refunded: 400 })]),
+            gateway_authorizations: 0,
+            gateway_captures: 0,
+            gateway_cancels: 0,
+            charges: HashMap::from([("ch_1".into(), charge(400))]),
             refunds_by_key: HashMap::from([(refund_id(), vec!["re_1".into()])]),
             events: Some(events.iter().map(|(id, kind)| (id.to_string(), [kind.to_string()].into())).collect()),
             gateway_events: Default::default(),
@@ -274,13 +291,13 @@ mod tests {
         let mut twice = outside();
         twice.gateway_refunds = 2;
         twice.refunds_by_key.insert(refund_id(), vec!["re_1".into(), "re_2".into()]);
-        twice.charges.insert("ch_1".into(), GatewayCharge { amount: 1000, amount_refunded: 800 });
+        twice.charges.insert("ch_1".into(), charge(800));
         assert_eq!(
             broken(&runs(), &stored(), &twice),
             [
                 "gateway refunds = refunds that reached it = refunds answered 201",
                 "each refund key made one refund, at the gateway too",
-                "per payment, refunded + pending ≤ amount, here and at the gateway",
+                "per payment, refunded + pending ≤ captured, here and at the gateway",
             ]
         );
         // Totals that are not the refunds' sums (a reservation never given back, say).
@@ -288,7 +305,7 @@ mod tests {
         leaked.totals.values_mut().for_each(|totals| totals.pending = 300);
         assert_eq!(
             broken(&runs(), &leaked, &outside()),
-            ["per payment, refunded + pending ≤ amount, here and at the gateway"]
+            ["per payment, refunded + pending ≤ captured, here and at the gateway"]
         );
         // A refusal replayed as another.
         let mut runs_differ = runs();

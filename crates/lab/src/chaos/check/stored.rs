@@ -8,7 +8,9 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use payments_service::db::schema::{audit_records, gateway_events, idempotency_keys, payments, refunds};
+use payments_service::db::schema::{
+    audit_records, gateway_events, idempotency_keys, payment_changes, payments, refunds,
+};
 use payments_service::events::DISAGREEMENT;
 
 /// The audit actions of the two key phases after `started`, of a payment and of a refund: each
@@ -34,6 +36,8 @@ pub struct Stored {
     pub refunds: HashMap<String, Vec<StoredRefund>>,
     /// The refunded payments' running totals, by payment.
     pub totals: HashMap<Uuid, Totals>,
+    /// The authorizations' captures and cancels (failed ones and the lapse's too), by payment.
+    pub changes: HashMap<Uuid, Vec<StoredChange>>,
     /// Payment or refund → how many times each of its key phases ([`PAYMENT_PHASES`],
     /// [`REFUND_PHASES`]) was recorded for it.
     pub phases: HashMap<Uuid, [u32; 2]>,
@@ -51,6 +55,30 @@ pub struct StoredPayment {
     pub id: Uuid,
     pub status: String,
     pub charge_id: Option<String>,
+    /// Only authorized (`capture: false`): what its capture took (`0` until then); `None` for a
+    /// payment charged at once.
+    pub captured: Option<i64>,
+    pub cancellation_reason: Option<String>,
+}
+
+impl StoredPayment {
+    /// Whether the gateway holds a charge of it: charged at once, or authorized (and perhaps
+    /// captured or cancelled since).
+    pub fn charged(&self) -> bool {
+        matches!(self.status.as_str(), "succeeded" | "requires_capture" | "canceled")
+    }
+
+    pub fn authorized(&self) -> bool {
+        self.captured.is_some() && self.charged()
+    }
+}
+
+/// A capture or a cancel of an authorization, under a client's key or the lapse's.
+#[derive(Debug, Clone)]
+pub struct StoredChange {
+    pub key: String,
+    pub kind: String,
+    pub status: String,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +96,7 @@ pub struct StoredRefund {
 /// A refunded payment's amount and running totals, as the database keeps them.
 #[derive(Debug, Clone)]
 pub struct Totals {
+    /// What it captured: its amount, or what an authorization's capture took.
     pub amount: i64,
     pub refunded: i64,
     pub pending: i64,
@@ -93,12 +122,36 @@ impl Stored {
         let mut accounts: Vec<Uuid> = key_rows.iter().map(|row| row.1).collect();
         accounts.sort_unstable();
         accounts.dedup();
-        let key_ids: Vec<Uuid> = key_rows.iter().map(|row| row.2).collect();
-        let payment_rows: Vec<(String, Uuid, String, Option<String>)> = payments::table
+        let mut key_ids: Vec<Uuid> = key_rows.iter().map(|row| row.2).collect();
+        type PaymentRow = (String, Uuid, String, Option<String>, Option<i64>, Option<String>);
+        let payment_rows: Vec<PaymentRow> = payments::table
             .filter(payments::idempotency_key.eq_any(keys))
-            .select((payments::idempotency_key, payments::id, payments::status, payments::gateway_charge_id))
+            .select((
+                payments::idempotency_key,
+                payments::id,
+                payments::status,
+                payments::gateway_charge_id,
+                payments::amount_captured,
+                payments::cancellation_reason,
+            ))
             .load(&mut conn)
             .await?;
+        let authorized: Vec<Uuid> = payment_rows.iter().filter(|row| row.4.is_some()).map(|row| row.1).collect();
+        let change_rows: Vec<(Uuid, Uuid, Uuid, String, String, String)> = payment_changes::table
+            .filter(payment_changes::account_id.eq_any(&accounts))
+            .filter(payment_changes::payment_id.eq_any(&authorized))
+            .select((
+                payment_changes::id,
+                payment_changes::idempotency_key_id,
+                payment_changes::payment_id,
+                payment_changes::idempotency_key,
+                payment_changes::kind,
+                payment_changes::status,
+            ))
+            .load(&mut conn)
+            .await?;
+        // The lapse's keys are none of the run's, but the gateway's events about what they did are.
+        key_ids.extend(change_rows.iter().filter(|row| !keys.contains(&row.4)).map(|row| row.1));
         type RefundRow = (String, Uuid, Uuid, Uuid, Uuid, i64, String, Option<String>);
         let refund_rows: Vec<RefundRow> = refunds::table
             .filter(refunds::idempotency_key.eq_any(keys))
@@ -115,18 +168,25 @@ impl Stored {
             .load(&mut conn)
             .await?;
         let refunded: Vec<Uuid> = refund_rows.iter().map(|row| row.4).collect();
-        let total_rows: Vec<(Uuid, i64, i64, i64, Option<String>)> = payments::table
+        type TotalsRow = (Uuid, i64, Option<i64>, i64, i64, Option<String>);
+        let total_rows: Vec<TotalsRow> = payments::table
             .filter(payments::id.eq_any(&refunded))
             .select((
                 payments::id,
                 payments::amount,
+                payments::amount_captured,
                 payments::amount_refunded,
                 payments::amount_refund_pending,
                 payments::gateway_charge_id,
             ))
             .load(&mut conn)
             .await?;
-        let made: Vec<Uuid> = payment_rows.iter().map(|row| row.1).chain(refund_rows.iter().map(|row| row.1)).collect();
+        let made: Vec<Uuid> = payment_rows
+            .iter()
+            .map(|row| row.1)
+            .chain(refund_rows.iter().map(|row| row.1))
+            .chain(change_rows.iter().map(|row| row.0))
+            .collect();
         let phase_rows: Vec<(Uuid, String, serde_json::Value)> = audit_records::table
             .filter(audit_records::resource_id.eq_any(&made))
             .filter(audit_records::action.eq_any(PAYMENT_PHASES.iter().chain(&REFUND_PHASES)))
@@ -180,21 +240,28 @@ impl Stored {
             }
             stored.keys.insert(key, (recovery_point, attention));
         }
-        for (key, id, status, charge_id) in payment_rows {
-            stored.payments.entry(key).or_default().push(StoredPayment { id, status, charge_id });
+        for (key, id, status, charge_id, captured, cancellation_reason) in payment_rows {
+            let payment = StoredPayment { id, status, charge_id, captured, cancellation_reason };
+            stored.payments.entry(key).or_default().push(payment);
+        }
+        for (_, _, payment_id, key, kind, status) in change_rows {
+            stored.changes.entry(payment_id).or_default().push(StoredChange { key, kind, status });
         }
         for (key, id, account_id, key_id, payment_id, amount, status, gateway_refund_id) in refund_rows {
             let refund = StoredRefund { id, account_id, key_id, payment_id, amount, status, gateway_refund_id };
             stored.refunds.entry(key).or_default().push(refund);
         }
-        for (id, amount, refunded, pending, charge_id) in total_rows {
+        for (id, amount, captured, refunded, pending, charge_id) in total_rows {
+            // What its refunds may take back: what it captured.
+            let amount = captured.unwrap_or(amount);
             stored.totals.insert(id, Totals { amount, refunded, pending, charge_id });
         }
         Ok(stored)
     }
 
-    pub fn succeeded(&self) -> impl Iterator<Item = &StoredPayment> {
-        self.payments.values().flatten().filter(|payment| payment.status == "succeeded")
+    /// The payments only authorized, whose authorization went through.
+    pub fn authorizations(&self) -> impl Iterator<Item = &StoredPayment> {
+        self.payments.values().flatten().filter(|payment| payment.authorized())
     }
 
     pub fn all_refunds(&self) -> impl Iterator<Item = &StoredRefund> {
@@ -230,4 +297,17 @@ pub async fn pending_refunds(database_url: &str, keys: &[String]) -> anyhow::Res
         .get_result(&mut conn)
         .await?;
     Ok(pending)
+}
+
+/// How many payments of `keys` are authorizations still open: one count, polled while they are
+/// captured, cancelled or lapse.
+pub async fn open_authorizations(database_url: &str, keys: &[String]) -> anyhow::Result<i64> {
+    let mut conn = AsyncPgConnection::establish(database_url).await?;
+    let open = payments::table
+        .filter(payments::idempotency_key.eq_any(keys))
+        .filter(payments::status.eq("requires_capture"))
+        .count()
+        .get_result(&mut conn)
+        .await?;
+    Ok(open)
 }

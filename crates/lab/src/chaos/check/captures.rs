@@ -1,0 +1,211 @@
+//! The authorizations' invariants: what no key can enforce (a capture, a cancel and the lapse,
+//! racing for one authorization under keys of their own, and exactly one of them wins, here and
+//! at the gateway, for the same amount) and what keys must (every capture's or cancel's answer is
+//! its payment, the same bytes every time, and a `200` only for the one that won), then that
+//! every authorization ended.
+
+use super::stored::{Stored, StoredPayment};
+use super::{Invariant, Outside, answers_problem, each_key, name_some};
+use crate::chaos::run::KeyRun;
+
+/// The lapse's keys begin so (see `payments_service::captures::lapse`).
+const LAPSE_KEY: &str = "lapse:";
+
+/// Each authorization that ended was captured or cancelled by exactly one change (a client's
+/// capture or cancel, or the lapse), as its charge at the gateway was, for the amount the gateway
+/// captured; and the gateway captured and cancelled as many authorizations as ended so.
+pub fn ended_once(stored: &Stored, outside: &Outside) -> Invariant {
+    let mut broken = Vec::new();
+    let (mut captured, mut canceled) = (0, 0);
+    for payment in stored.authorizations() {
+        match payment.status.as_str() {
+            "succeeded" => captured += 1,
+            "canceled" => canceled += 1,
+            _ => continue,
+        }
+        if let Some(problem) = ended_problem(payment, stored, outside) {
+            broken.push(format!("{}: {problem}", payment.id));
+        }
+    }
+    let at_the_gateway = (outside.gateway_captures, outside.gateway_cancels);
+    let detail = format!(
+        "{captured} captured and {canceled} cancelled, the gateway {} and {}; {} broken",
+        at_the_gateway.0,
+        at_the_gateway.1,
+        broken.len()
+    );
+    Invariant {
+        name: "each authorization captured or cancelled once, by one change, as at the gateway, for its amount",
+        held: broken.is_empty() && at_the_gateway == (captured, canceled),
+        detail: detail + &name_some(broken.iter()),
+    }
+}
+
+/// What is wrong with how an authorization ended, if anything.
+fn ended_problem(payment: &StoredPayment, stored: &Stored, outside: &Outside) -> Option<String> {
+    let changes = stored.changes.get(&payment.id).map(Vec::as_slice).unwrap_or_default();
+    let won: Vec<_> = changes.iter().filter(|change| change.status == "succeeded").collect();
+    let [winner] = won.as_slice() else { return Some(format!("{} changes succeeded", won.len())) };
+    let (kind, lapse) = (winner.kind.as_str(), winner.key.starts_with(LAPSE_KEY));
+    match (payment.status.as_str(), kind) {
+        ("succeeded", "capture") | ("canceled", "cancel") => {}
+        (status, kind) => return Some(format!("{status}, but its {kind} won")),
+    }
+    if lapse != (payment.cancellation_reason.as_deref() == Some("expired")) {
+        return Some(format!("cancelled for {:?} by {}", payment.cancellation_reason, winner.key));
+    }
+    let charge = payment.charge_id.as_ref().and_then(|id| outside.charges.get(id));
+    let Some(charge) = charge else { return Some("its charge was not found at the gateway".into()) };
+    let at_the_gateway = match charge.status.as_str() {
+        "succeeded" => "succeeded",
+        "canceled" => "canceled",
+        other => return Some(format!("{}, the gateway {other}", payment.status)),
+    };
+    if at_the_gateway != payment.status {
+        return Some(format!("{}, the gateway {at_the_gateway}", payment.status));
+    }
+    let ours = payment.captured.unwrap_or_default();
+    (charge.amount_captured != ours).then(|| format!("captured {ours}, the gateway {}", charge.amount_captured))
+}
+
+/// Every answer for a capture's or a cancel's key is about its payment (the payment itself, or a
+/// refusal naming it), the same bytes each time; and a key answered `200` made the change that
+/// won.
+pub fn one_answer(runs: &[&KeyRun], stored: &Stored) -> Invariant {
+    let (held, detail) = each_key(runs, |run| {
+        let payment = run.request.changes()?;
+        if let Some(problem) = answers_problem(run, Some(payment)) {
+            return Some(problem);
+        }
+        let done = run.answers.iter().any(|answer| answer.status.is_success());
+        let changes = stored.changes.get(&payment).map(Vec::as_slice).unwrap_or_default();
+        let won = changes.iter().any(|change| change.key == run.key && change.status == "succeeded");
+        (done != won).then(|| format!("answered 200: {done}, its change won: {won}"))
+    });
+    Invariant {
+        name: "every capture or cancel key's answers: its payment, 200 only for the winner, byte-identical",
+        held,
+        detail,
+    }
+}
+
+/// Every authorization ended: captured, cancelled or lapsed, none left open.
+pub fn every_one_ended(stored: &Stored) -> Invariant {
+    let open: Vec<String> = stored
+        .authorizations()
+        .filter(|payment| payment.status == "requires_capture")
+        .map(|payment| payment.id.to_string())
+        .collect();
+    let all = stored.authorizations().count();
+    let lapsed = stored.authorizations().filter(|payment| payment.cancellation_reason.as_deref() == Some("expired"));
+    let detail = format!("{} of {all} ended, {} of them lapsed", all - open.len(), lapsed.count());
+    Invariant {
+        name: "every authorization ended: captured, cancelled or lapsed",
+        held: open.is_empty(),
+        detail: detail + &name_some(open.iter()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use payments_client::{Endpoint, NewCancel, NewCapture};
+
+    use super::super::GatewayCharge;
+    use super::super::stored::StoredChange;
+    use super::super::tests::{PAYMENT, answer};
+    use super::*;
+    use crate::chaos::run::Request;
+
+    /// An authorization of 1000, captured for 600 by `capture`'s key; `cancel`'s key lost.
+    fn stored() -> Stored {
+        let payment = StoredPayment {
+            id: PAYMENT.parse().unwrap(),
+            status: "succeeded".into(),
+            charge_id: Some("ch_1".into()),
+            captured: Some(600),
+            cancellation_reason: None,
+        };
+        let change = |key: &str, kind: &str, status: &str| StoredChange {
+            key: key.into(),
+            kind: kind.into(),
+            status: status.into(),
+        };
+        let mut stored = Stored::default();
+        stored.payments.insert("p".into(), vec![payment]);
+        let changes = vec![change("capture", "capture", "succeeded"), change("cancel", "cancel", "failed")];
+        stored.changes.insert(PAYMENT.parse().unwrap(), changes);
+        stored
+    }
+
+    fn outside(status: &str, captured: i64) -> Outside {
+        let charge = GatewayCharge { amount_captured: captured, amount_refunded: 0, status: status.into() };
+        Outside { gateway_captures: 1, charges: HashMap::from([("ch_1".into(), charge)]), ..Outside::default() }
+    }
+
+    fn runs() -> Vec<KeyRun> {
+        let payment = PAYMENT.parse().unwrap();
+        let captured = format!(r#"{{"id":"{PAYMENT}","object":"payment","status":"succeeded"}}"#);
+        let refused = format!(
+            r#"{{"type":"x/payment-not-cancelable","payment":{{"id":"{PAYMENT}","object":"payment","status":"succeeded"}}}}"#
+        );
+        let run = |key: &str, request, answers| KeyRun {
+            key: key.into(),
+            request,
+            crash_point: None,
+            abandoned: false,
+            answers,
+            gave_up: false,
+        };
+        vec![
+            run(
+                "capture",
+                Request::Capture(NewCapture { payment, amount: Some(600) }),
+                vec![
+                    answer(Endpoint::Captures, 200, &captured, false),
+                    answer(Endpoint::Captures, 200, &captured, true),
+                ],
+            ),
+            run(
+                "cancel",
+                Request::Cancel(NewCancel { payment, reason: None }),
+                vec![answer(Endpoint::Cancels, 400, &refused, false)],
+            ),
+        ]
+    }
+
+    fn broken(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<&'static str> {
+        let runs: Vec<&KeyRun> = runs.iter().collect();
+        let verdicts = [ended_once(stored, outside), one_answer(&runs, stored), every_one_ended(stored)];
+        verdicts.into_iter().filter(|verdict| !verdict.held).map(|verdict| verdict.name).collect()
+    }
+
+    const ONCE: &str =
+        "each authorization captured or cancelled once, by one change, as at the gateway, for its amount";
+    const ANSWERS: &str = "every capture or cancel key's answers: its payment, 200 only for the winner, byte-identical";
+
+    #[test]
+    fn a_clean_race_holds_and_each_breach_is_named() {
+        assert_eq!(broken(&runs(), &stored(), &outside("succeeded", 600)), Vec::<&str>::new());
+
+        // The gateway captured another amount, or cancelled what we captured.
+        assert_eq!(broken(&runs(), &stored(), &outside("succeeded", 1000)), [ONCE]);
+        assert_eq!(broken(&runs(), &stored(), &outside("canceled", 0)), [ONCE]);
+        // Two changes won: captured, then cancelled under another key.
+        let mut both = stored();
+        both.changes.values_mut().flatten().for_each(|change| change.status = "succeeded".into());
+        assert_eq!(broken(&runs(), &both, &outside("succeeded", 600)), [ONCE, ANSWERS]);
+        // A loser answered 200.
+        let mut runs_loser = runs();
+        runs_loser[1].answers = runs_loser[0].answers.clone();
+        assert_eq!(broken(&runs_loser, &stored(), &outside("succeeded", 600)), [ANSWERS]);
+        // An authorization left open.
+        let mut open = stored();
+        open.payments.values_mut().flatten().for_each(|payment| payment.status = "requires_capture".into());
+        open.changes.clear();
+        let mut none = outside("requires_capture", 0);
+        none.gateway_captures = 0;
+        assert_eq!(broken(&[], &open, &none), ["every authorization ended: captured, cancelled or lapsed"]);
+    }
+}
