@@ -29,7 +29,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,
     /// The scenarios to run, in this order.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "new,replay,duplicates,refund")]
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "new,replay,duplicates,refund,capture")]
     pub scenarios: Vec<Scenario>,
     /// Finished payments the `replay` scenario replays, picked at random; made before it starts.
     #[arg(long, default_value_t = DEFAULT_REPLAY_KEYS, value_parser = clap::value_parser!(u32).range(1..))]

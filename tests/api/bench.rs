@@ -7,8 +7,13 @@ use serde_json::Value;
 use crate::helpers::Svg;
 
 /// Each scenario's colour in the charts, and the references'.
-const SCENARIO_COLORS: [(&str, &str); 4] =
-    [("new", "#1F77B4"), ("replay", "#2CA02C"), ("duplicates", "#9467BD"), ("refund", "#FF7F0E")];
+const SCENARIO_COLORS: [(&str, &str); 5] = [
+    ("new", "#1F77B4"),
+    ("replay", "#2CA02C"),
+    ("duplicates", "#9467BD"),
+    ("refund", "#FF7F0E"),
+    ("capture", "#D62728"),
+];
 const REFERENCES: [&str; 4] = ["pgbench new_payment.sql", "pgbench replay.sql", "pgbench refund.sql", "bare endpoint"];
 
 /// Where each figure is in the JSON report; all of them must be there and measured.
@@ -38,6 +43,7 @@ const FIGURES: &[&str] = &[
     "/ratios/new_p99_vs_new_mean",
     "/ratios/refund_vs_pgbench_refund",
     "/ratios/refund_vs_new",
+    "/ratios/capture_vs_new",
 ];
 
 /// What every scenario reports.
@@ -50,7 +56,6 @@ const SCENARIO_FIGURES: &[&str] = &[
     "/latency_ms/p99",
     "/latency_ms/max",
     "/latency_ms/mean",
-    "/statuses/201",
     "/errors",
     "/violations",
     "/cpu_us_per_request/api",
@@ -87,17 +92,21 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
     let table = String::from_utf8_lossy(&output.stdout);
     assert!(table.contains("| new payments / pgbench new payment tps |"), "{table}");
     assert!(table.contains("| refunds / pgbench refund tps |"), "{table}");
+    assert!(table.contains("| authorized and captured / new payments |"), "{table}");
 
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).unwrap();
     for figure in FIGURES {
         assert!(report.pointer(figure).is_some_and(|v| !v.is_null()), "{figure} missing in {report:#}");
     }
-    for scenario in ["new", "replay", "duplicates", "refund"] {
+    for scenario in ["new", "replay", "duplicates", "refund", "capture"] {
         let figures = &report["scenarios"][scenario];
         for figure in SCENARIO_FIGURES {
             assert!(figures.pointer(figure).is_some_and(|v| !v.is_null()), "{scenario}{figure} missing in {figures:#}");
         }
+        // A capture's pair is answered, last, `200`; every other scenario's request `201`.
+        let success = if scenario == "capture" { "200" } else { "201" };
+        assert!(figures["statuses"][success].as_u64().unwrap() > 0, "{scenario}: {figures:#}");
         assert!(figures["throughput_per_s"].as_f64().unwrap() > 0.0, "{scenario}: {figures:#}");
         assert_eq!(figures["violations"], 0, "{scenario}: {figures:#}");
     }
@@ -115,6 +124,11 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
         "{refund:#}"
     );
     assert!(refund["outbox"]["deliveries"].as_u64() >= refund["refunds_created"].as_u64(), "every event delivered");
+    // Each capture request authorized one payment and captured it.
+    let capture = &report["scenarios"]["capture"];
+    assert_eq!(capture["payments_created"], capture["requests"], "{capture:#}");
+    assert_eq!(capture["errors"], 0, "{capture:#}");
+    assert!(report["ratios"]["capture_vs_new"].as_f64().unwrap() > 0.0, "{report:#}");
     assert_eq!(report["references"]["pgbench_refund"]["failed"], 0);
     assert!(report["references"]["bare_endpoint"]["throughput_per_s"].as_f64().unwrap() > 0.0);
 

@@ -114,5 +114,6 @@ fn color(scenario: Scenario) -> RGBColor {
         Scenario::Replay => PALETTE[2],
         Scenario::Duplicates => PALETTE[4],
         Scenario::Refund => PALETTE[1],
+        Scenario::Capture => PALETTE[3],
     }
 }

@@ -25,6 +25,9 @@ use payments_client::{RetryPolicy, parse_retry_after};
 /// A payment any gateway of ours charges.
 pub const PAYMENT: &str = r#"{"amount": 1000, "currency": "usd", "source": "tok_visa"}"#;
 
+/// The same payment, only authorized: what the `capture` scenario captures.
+pub const AUTHORIZATION: &str = r#"{"amount": 1000, "currency": "usd", "source": "tok_visa", "capture": false}"#;
+
 /// Requests sent at once with one key in the `duplicates` scenario: enough that most groups race.
 pub const GROUP_SIZE: usize = 4;
 
@@ -51,6 +54,9 @@ pub enum Scenario {
     /// A new refund per request, of part of a payment made beforehand: each client task refunds
     /// payments of its own in turn, so that no two requests in flight wait for one payment's lock.
     Refund,
+    /// An authorization, then its capture, each with a fresh key: one pair per request counted,
+    /// its latency the two together.
+    Capture,
 }
 
 /// Keys of finished payments, and the body each was answered with: what `replay` replays, and
@@ -231,6 +237,7 @@ impl Driver {
                             Some(index) => driver.refund(&mut tally, refunds[index].clone()).await,
                             None => break,
                         },
+                        Scenario::Capture => driver.authorize_and_capture(&mut tally).await,
                     }
                     sent.fetch_add(tally.take_unreported(), Ordering::Relaxed);
                 }
@@ -269,6 +276,32 @@ impl Driver {
         match (answer.status, answer.replayed) {
             (Some(StatusCode::CREATED), false) => {}
             (Some(StatusCode::CREATED), true) => tally.violations += 1,
+            _ => tally.errors += 1,
+        }
+    }
+
+    /// An authorization and its capture, each with a fresh key: `201` then `200`, neither a replay.
+    async fn authorize_and_capture(&self, tally: &mut Tally) {
+        let start = Instant::now();
+        let authorized =
+            self.post_to(&self.url, &Uuid::new_v4().to_string(), Bytes::from_static(AUTHORIZATION.as_bytes())).await;
+        let id = match (authorized.status, authorized.replayed) {
+            (Some(StatusCode::CREATED), false) => serde_json::from_slice::<serde_json::Value>(&authorized.body)
+                .ok()
+                .and_then(|payment| payment["id"].as_str().map(str::to_owned)),
+            _ => None,
+        };
+        let capture_url = id.and_then(|id| self.url.join(&format!("payments/{id}/capture")).ok());
+        let Some(capture_url) = capture_url else {
+            tally.record(start.elapsed(), &authorized);
+            tally.errors += 1;
+            return;
+        };
+        let captured = self.post_to(&capture_url, &Uuid::new_v4().to_string(), Bytes::from_static(b"{}")).await;
+        tally.record(start.elapsed(), &captured);
+        match (captured.status, captured.replayed) {
+            (Some(StatusCode::OK), false) => {}
+            (Some(StatusCode::OK), true) => tally.violations += 1,
             _ => tally.errors += 1,
         }
     }

@@ -207,6 +207,7 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
             Scenario::Replay => scenarios.replay = Some(report),
             Scenario::Duplicates => scenarios.duplicates = Some(report),
             Scenario::Refund => scenarios.refund = Some(report),
+            Scenario::Capture => scenarios.capture = Some(report),
         }
     }
     let rss_after = world.pids.api.and_then(rss_kib);

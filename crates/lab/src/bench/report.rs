@@ -45,6 +45,7 @@ pub struct Scenarios {
     pub replay: Option<ScenarioReport>,
     pub duplicates: Option<ScenarioReport>,
     pub refund: Option<ScenarioReport>,
+    pub capture: Option<ScenarioReport>,
 }
 
 #[derive(Serialize)]
@@ -159,6 +160,9 @@ pub struct Ratios {
     pub refund_vs_pgbench_refund: Option<f64>,
     /// Refunds per second over new payments per second: what a refund costs beside a payment.
     pub refund_vs_new: Option<f64>,
+    /// Authorizations captured per second (each an authorization and its capture) over new
+    /// payments per second.
+    pub capture_vs_new: Option<f64>,
 }
 
 impl LoadReport {
@@ -188,6 +192,7 @@ impl Ratios {
         let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).filter(|(_, b)| *b > 0.0).map(|(a, b)| a / b);
         let (new, replay) = (scenarios.new.as_ref().map(|s| &s.load), scenarios.replay.as_ref().map(|s| &s.load));
         let refund = scenarios.refund.as_ref().map(|s| &s.load);
+        let capture = scenarios.capture.as_ref().map(|s| &s.load);
         let bare = references.bare_endpoint.as_ref().map(|b| &b.load);
         Ratios {
             new_vs_pgbench_new_payment: ratio(
@@ -206,6 +211,7 @@ impl Ratios {
                 references.pgbench_refund.as_ref().map(|p| p.tps),
             ),
             refund_vs_new: ratio(refund.map(|r| r.throughput_per_s), new.map(|n| n.throughput_per_s)),
+            capture_vs_new: ratio(capture.map(|c| c.throughput_per_s), new.map(|n| n.throughput_per_s)),
         }
     }
 }
@@ -313,6 +319,7 @@ impl Report {
             ("new p99 / new mean", r.new_p99_vs_new_mean),
             ("refunds / pgbench refund tps", r.refund_vs_pgbench_refund),
             ("refunds / new payments", r.refund_vs_new),
+            ("authorized and captured / new payments", r.capture_vs_new),
         ];
         for (name, value) in ratios {
             let _ = writeln!(out, "| {name} | {} |", float(value, 3));
