@@ -32,6 +32,8 @@ pub struct GatewayStats {
     pub authorizations: u64,
     pub captures: u64,
     pub cancels: u64,
+    pub capture_requests: u64,
+    pub cancel_requests: u64,
     /// Events made (none by a gateway that sends no events).
     pub events: u64,
     /// Events of which at least one attempt was made.

@@ -202,8 +202,12 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         world.put_back(fleet);
     }
     let refunds = runs.iter().filter(|run| run.request.is_refund()).count();
-    let payments = runs.len() - refunds;
-    phase.finish(&format!("{payments} payments and {refunds} refunds in {:.1} s", load_took.as_secs_f64()));
+    let changes = runs.iter().filter(|run| run.request.changes().is_some()).count();
+    let payments = runs.len() - refunds - changes;
+    phase.finish(&format!(
+        "{payments} payments, {refunds} refunds and {changes} captures and cancels in {:.1} s",
+        load_took.as_secs_f64()
+    ));
 
     // The calm after it.
     let settling = progress.step("settling");
@@ -381,6 +385,7 @@ async fn disturb(
 async fn show(extent: Extent, live: Arc<Live>, disturbed: Arc<Disturbed>, bar: indicatif::ProgressBar) {
     loop {
         let (keys, refunds) = (live.keys.load(Ordering::Relaxed), live.refunds.load(Ordering::Relaxed));
+        let changes = live.changes.load(Ordering::Relaxed);
         let count = |counts: &Mutex<BTreeMap<String, u64>>| -> u64 {
             counts.lock().unwrap_or_else(PoisonError::into_inner).values().sum()
         };
@@ -392,7 +397,7 @@ async fn show(extent: Extent, live: Arc<Live>, disturbed: Arc<Disturbed>, bar: i
             Extent::For(_) => {}
         }
         bar.set_message(format!(
-            "{keys} payments · {refunds} refunds · {attempts} attempts · {kills} kills · {pauses} pauses · {aborted} \
+            "{keys} payments · {refunds} refunds · {changes} captures and cancels · {attempts} attempts · {kills} kills · {pauses} pauses · {aborted} \
              aborted at a crash point"
         ));
         tokio::time::sleep(Duration::from_millis(250)).await;

@@ -44,6 +44,8 @@ pub struct Did {
     forgotten: u64,
     charge_requests: u64,
     refund_requests: u64,
+    /// Capture and cancel requests.
+    change_requests: u64,
     faults: u64,
     /// Answers by status, the final replays' included; `None` for attempts that got none.
     answers: BTreeMap<Option<u16>, u64>,
@@ -153,6 +155,8 @@ impl Did {
             forgotten: disturbed.forgotten.load(Ordering::Relaxed),
             charge_requests: after.requests - before.requests,
             refund_requests: after.refund_requests - before.refund_requests,
+            change_requests: (after.capture_requests + after.cancel_requests)
+                - (before.capture_requests + before.cancel_requests),
             faults: after.faults - before.faults,
             answers,
             load,
@@ -287,7 +291,10 @@ impl Report {
             (
                 "gateway faults",
                 did.faults.to_string(),
-                format!("of {} charge and {} refund requests", did.charge_requests, did.refund_requests),
+                format!(
+                    "of {} charge, {} refund and {} capture or cancel requests",
+                    did.charge_requests, did.refund_requests, did.change_requests
+                ),
             ),
             ("gateway forgot its keys", did.forgotten.to_string(), "times".into()),
             ("final round", did.final_attempts.to_string(), "attempts asking every key once more".into()),
