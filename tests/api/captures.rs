@@ -384,3 +384,62 @@ async fn the_gateways_capture_and_cancel_events_are_applied_once_and_agree() {
     );
     assert!(app.database_says("NOT EXISTS (SELECT FROM idempotency_keys WHERE needs_attention_at IS NOT NULL)").await);
 }
+
+#[tokio::test]
+async fn a_lapse_the_gateway_refuses_is_tried_again_only_after_a_backoff() {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let gateway = MockServer::start().await;
+    let authorized = json!({ "id": "ch_held", "object": "charge", "amount": 5000, "amount_captured": 0,
+                             "currency": "usd", "captured": false, "status": "requires_capture" });
+    Mock::given(method("POST"))
+        .and(path("/v1/charges"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(&authorized))
+        .mount(&gateway)
+        .await;
+    // The gateway refuses to release the hold, for good, and the charge stays authorized.
+    let refused = json!({ "error": { "type": "invalid_request_error", "code": "processing_error",
+                                     "message": "This authorization cannot be cancelled now." } });
+    Mock::given(method("POST"))
+        .and(path("/v1/charges/ch_held/cancel"))
+        .respond_with(ResponseTemplate::new(400).set_body_json(refused))
+        .expect(1)
+        .mount(&gateway)
+        .await;
+    let app = TestApp::builder()
+        .gateway_url(gateway.uri())
+        .authorization_ttl(std::time::Duration::from_secs(1))
+        .workers(|w| w.completer_backoff = std::time::Duration::from_secs(3600))
+        .spawn()
+        .await;
+    let id = app.authorized(5000).await;
+    let due = format!("(SELECT capture_before <= now() FROM payments WHERE id = '{id}')");
+    crate::helpers::wait_until(std::time::Duration::from_secs(10), "the authorization is past its time", || {
+        app.database_says(&due)
+    })
+    .await;
+    let lapser = app.workers().lapser;
+    assert_eq!(lapser.run_once().await.unwrap(), Outcome::Worked);
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    assert_eq!(payment["status"], "requires_capture", "the gateway still holds it: {payment}");
+    // Refused once, the lapse waits out its backoff rather than ask again at every run, each
+    // time with a key and a change of its own.
+    assert_eq!(lapser.run_once().await.unwrap(), Outcome::Idle);
+    assert!(app.database_says(&format!("(SELECT count(*) = 1 FROM payment_changes WHERE payment_id = '{id}')")).await);
+    // Once it has waited, it is tried again.
+    let waited =
+        format!("UPDATE payment_changes SET updated_at = now() - interval '2 hours' WHERE payment_id = '{id}'");
+    app.run_sql(&waited).await;
+    gateway.reset().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/charges/ch_held/cancel"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({ "id": "ch_held", "object": "charge",
+            "amount": 5000, "amount_captured": 0, "captured": false, "status": "canceled" })))
+        .expect(1)
+        .mount(&gateway)
+        .await;
+    assert_eq!(lapser.run_once().await.unwrap(), Outcome::Worked);
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    assert_eq!((&payment["status"], &payment["cancellation_reason"]), (&json!("canceled"), &json!("expired")));
+}

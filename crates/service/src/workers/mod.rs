@@ -78,7 +78,7 @@ impl Workers {
             reaper: Reaper::new(state.clone(), settings),
             outbox: Outbox::new(state.clone(), settings)?,
             settler: Settler::new(state.clone(), settings),
-            lapser: Lapser::new(state.clone()),
+            lapser: Lapser::new(state.clone(), settings),
             analyzer: Analyzer::new(state.clone()),
             interval: settings.interval,
             state,
