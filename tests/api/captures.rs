@@ -443,3 +443,30 @@ async fn a_lapse_the_gateway_refuses_is_tried_again_only_after_a_backoff() {
     let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
     assert_eq!((&payment["status"], &payment["cancellation_reason"]), (&json!("canceled"), &json!("expired")));
 }
+
+#[tokio::test]
+async fn a_refund_racing_its_payments_capture_is_decided_on_the_capture_never_a_500() {
+    let app = TestApp::spawn().await;
+    let id = app.authorized(5000).await;
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    app.gateway.capture_charge(payment["gateway_charge_id"].as_str().unwrap(), 4000).await;
+    // The capture's record, committed while the refund's statement waits for the payment's row:
+    // the statement's snapshot is from before the capture, its decision (on the row it locked)
+    // from after it.
+    let mut capture = crate::helpers::OpenTransaction::begin(&app.database.url).await;
+    capture
+        .run(&format!(
+            "UPDATE payments SET status = 'succeeded', amount_captured = 4000, updated_at = now() WHERE id = '{id}'"
+        ))
+        .await;
+    let (key, body) = (new_key(), json!({ "payment": id, "amount": 3000 }));
+    let release = async {
+        let waits = || capture.is_waited_for();
+        crate::helpers::wait_until(std::time::Duration::from_secs(10), "the refund waits for the capture", waits).await;
+        capture.commit().await;
+    };
+    let (refund, ()) = tokio::join!(app.post_refund(&key, &body), release);
+    assert_eq!(refund.status(), StatusCode::CREATED, "{:?}", refund.text().await);
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    assert_eq!((&payment["amount_captured"], &payment["amount_refunded"]), (&json!(4000), &json!(3000)));
+}

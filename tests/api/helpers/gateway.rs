@@ -115,10 +115,19 @@ impl GatewayControl {
     /// Cancels an authorization at the gateway itself, as someone using the gateway's own
     /// dashboard would: the service is not told, but for the event.
     pub async fn cancel_charge(&self, id: &str) {
-        let url = format!("{}/v1/charges/{id}/cancel", self.url);
-        let response = self.http.post(url).header("Idempotency-Key", uuid::Uuid::new_v4().to_string()).send().await;
-        let response = response.unwrap();
-        assert!(response.status().is_success(), "cancel {id}: {}", response.status());
+        self.change_charge(id, "cancel", json!({})).await;
+    }
+
+    /// Captures `amount` of an authorization at the gateway itself.
+    pub async fn capture_charge(&self, id: &str, amount: i64) {
+        self.change_charge(id, "capture", json!({ "amount": amount })).await;
+    }
+
+    async fn change_charge(&self, id: &str, change: &str, body: Value) {
+        let url = format!("{}/v1/charges/{id}/{change}", self.url);
+        let request = self.http.post(url).header("Idempotency-Key", uuid::Uuid::new_v4().to_string());
+        let response = request.json(&body).send().await.unwrap();
+        assert!(response.status().is_success(), "{change} {id}: {}", response.status());
     }
 
     /// The charges the gateway holds for one downstream key.

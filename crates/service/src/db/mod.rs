@@ -191,6 +191,24 @@ impl From<DieselError> for StoreError {
     }
 }
 
+impl StoreError {
+    /// Whether the statement may succeed if it runs again, on a fresh snapshot: a conflict
+    /// between concurrent transactions; or a `CHECK` that failed on a row another transaction
+    /// changed since this statement's snapshot. In READ COMMITTED, PostgreSQL builds the new row
+    /// from the version its snapshot saw and checks it before it finds that version changed (and
+    /// only then builds it again from the newest): a refund racing its payment's capture checks
+    /// `amount_refund_pending` against the captured amount from before the capture. Run again,
+    /// the statement sees the newest row from the start; a check that still fails is a real
+    /// violation, reported as one.
+    pub fn is_worth_retrying(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Conflict(_)
+                | StoreError::Query(DieselError::DatabaseError(DatabaseErrorKind::CheckViolation, _))
+        )
+    }
+}
+
 impl From<bb8::RunError<PoolError>> for StoreError {
     fn from(error: bb8::RunError<PoolError>) -> Self {
         StoreError::Unavailable(error.to_string())

@@ -99,7 +99,7 @@ where
             Ok(None) => {
                 return Err(StoreError::Unavailable("the key claim kept racing with concurrent inserts".into()));
             }
-            Err(StoreError::Conflict(error)) if attempt < MAX_ATTEMPTS => {
+            Err(error) if error.is_worth_retrying() && attempt < MAX_ATTEMPTS => {
                 tracing::warn!(%error, attempt, "claim conflicted with a concurrent transaction; running it again");
             }
             Err(error) => return Err(error),

@@ -46,7 +46,8 @@ impl From<diesel::result::Error> for PhaseError {
 /// its end whatever the others do, so a write that found nothing could not undo the fence: what a
 /// write needs to find, the fence requires.) No row back means nothing was written: the lock was
 /// lost ([`PhaseError::LockLost`]), or, if we still hold it, the requirement failed, which is a
-/// bug. A serialization failure or deadlock runs the phase again, up to [`MAX_ATTEMPTS`] times.
+/// bug. A serialization failure, a deadlock or a check failed on a row changed meanwhile (see
+/// [`StoreError::is_worth_retrying`]) runs the phase again, up to [`MAX_ATTEMPTS`] times.
 pub async fn atomic_phase<W, R>(
     conn: &mut AsyncPgConnection,
     lock: &mut KeyLock,
@@ -73,7 +74,7 @@ where
                     true => PhaseError::Inconsistent("a phase did not find what it writes to".into()),
                 });
             }
-            Err(StoreError::Conflict(error)) if attempt < MAX_ATTEMPTS => {
+            Err(error) if error.is_worth_retrying() && attempt < MAX_ATTEMPTS => {
                 tracing::warn!(%error, attempt, "phase conflicted with a concurrent transaction; running it again");
                 attempt += 1;
             }
