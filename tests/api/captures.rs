@@ -470,3 +470,43 @@ async fn a_refund_racing_its_payments_capture_is_decided_on_the_capture_never_a_
     let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
     assert_eq!((&payment["amount_captured"], &payment["amount_refunded"]), (&json!(4000), &json!(3000)));
 }
+
+#[tokio::test]
+async fn a_change_refused_because_the_charge_was_captured_meanwhile_leaves_no_room_for_another() {
+    let app = TestApp::builder().gateway_timeout(std::time::Duration::from_millis(500)).spawn().await;
+    let id = app.authorized(5000).await;
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    // A cancel that stands, its outcome unknown (the gateway failed before doing anything).
+    app.gateway.fault("error_before", 1).await;
+    let cancel = app.change(&id, "cancel", &new_key(), &json!({})).await;
+    assert_eq!(cancel.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // Meanwhile the charge is captured at the gateway itself; the cancel's record, refused
+    // because of it, ends the payment captured: committed while a capture under another key
+    // waits for it.
+    app.gateway.capture_charge(payment["gateway_charge_id"].as_str().unwrap(), 5000).await;
+    let mut record = crate::helpers::OpenTransaction::begin(&app.database.url).await;
+    record.run(&format!("SELECT FROM payments WHERE id = '{id}' FOR UPDATE")).await;
+    record
+        .run(&format!(
+            "UPDATE payment_changes SET status = 'failed', failure_code = 'charge_already_captured', \
+             failure_message = 'the charge is captured' WHERE payment_id = '{id}'"
+        ))
+        .await;
+    record
+        .run(&format!(
+            "UPDATE payments SET status = 'succeeded', amount_captured = 5000, updated_at = now() WHERE id = '{id}'"
+        ))
+        .await;
+    record.run(&format!("DELETE FROM open_authorizations WHERE payment_id = '{id}'")).await;
+    let (key, body) = (new_key(), json!({}));
+    let release = async {
+        let waits = || record.is_waited_for();
+        crate::helpers::wait_until(std::time::Duration::from_secs(10), "the capture waits for the record", waits).await;
+        record.commit().await;
+    };
+    let (capture, ()) = tokio::join!(app.change(&id, "capture", &key, &body), release);
+    // The payment ended with the cancel's record: the capture finds it captured, and is refused.
+    assert_eq!(problem_type(capture).await, (StatusCode::BAD_REQUEST, "payment-not-capturable".into()));
+    assert!(app.database_says(&format!("(SELECT count(*) = 1 FROM payment_changes WHERE payment_id = '{id}')")).await);
+    assert_eq!(app.gateway.all_stats().await["capture_requests"], 1, "only the gateway's own capture");
+}

@@ -24,9 +24,11 @@ use crate::payments::writes::PAYMENT;
 /// one authorization, under different keys, and the unique index `payment_changes_one_per_payment`
 /// lets one change stand per payment. The insert that comes second conflicts with the first
 /// change (waiting for its transaction if it has not committed yet) and does nothing, and the
-/// request is refused. No lock on the payment is needed: whatever the payment looked like to this
-/// statement, a change that ended the authorization still stands in the index (only a change the
-/// gateway refused gives it back), so no second change can stand beside it.
+/// request is refused. A change the gateway refused leaves the index, and gives the payment back,
+/// unless the gateway said the charge ended otherwise: then the same transaction ends the
+/// payment. So the payment is read `FOR SHARE`, which waits for that transaction and reads the
+/// payment as it left it: an insert that waited for the refused change finds the payment ended,
+/// not the authorization the statement's snapshot still shows.
 pub struct Start<'a> {
     pub change_id: Uuid,
     pub account_id: Uuid,
@@ -71,6 +73,7 @@ impl PhaseWrites for Start<'_> {
              FROM payments
              WHERE account_id = {account} AND id = {payment.id}
                AND EXISTS (SELECT FROM fence) AND NOT EXISTS (SELECT FROM earlier)
+             FOR SHARE
          ), decided AS (
              SELECT p.*, CASE WHEN {kind} = 'capture' THEN coalesce({amount}::bigint, p.amount) END AS change_amount,
                     CASE WHEN p.status <> 'requires_capture' OR p.gateway IS NULL OR p.gateway_charge_id IS NULL
@@ -142,6 +145,10 @@ pub enum PaymentEnd {
 /// change's reason if it was the change that did it), when it leaves the lapse's queue too. A
 /// change the gateway refused for good fails, and gives the payment back, unless the gateway says
 /// the authorization ended otherwise. Its result is the payment as it stands after it.
+///
+/// It locks the payment before the change, as [`Start`] reads them (the payment `FOR SHARE`, then
+/// the index of changes): a `started` waiting on this change's row while holding the payment
+/// would otherwise wait for a record that waits for it.
 pub struct RecordChange<'a> {
     pub account_id: Uuid,
     pub change_id: Uuid,
@@ -157,11 +164,15 @@ pub struct RecordChange<'a> {
 
 impl PhaseWrites for RecordChange<'_> {
     fn sql(&self) -> &'static str {
-        "change AS (
+        "payment AS (
+             SELECT id FROM payments
+             WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
+             FOR UPDATE
+         ), change AS (
              UPDATE payment_changes
              SET status = {status}, failure_code = {failure_code}, failure_message = {failure_message},
                  updated_at = now()
-             WHERE account_id = {account} AND id = {change.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
+             WHERE account_id = {account} AND id = {change.id} AND status = 'pending' AND EXISTS (SELECT FROM payment)
              RETURNING payment_id, kind AS change_kind, cancellation_reason AS change_reason, status AS change_status
          ), changed AS (
              UPDATE payments p
