@@ -510,3 +510,29 @@ async fn a_change_refused_because_the_charge_was_captured_meanwhile_leaves_no_ro
     assert!(app.database_says(&format!("(SELECT count(*) = 1 FROM payment_changes WHERE payment_id = '{id}')")).await);
     assert_eq!(app.gateway.all_stats().await["capture_requests"], 1, "only the gateway's own capture");
 }
+
+#[tokio::test]
+async fn an_authorization_that_lapsed_before_its_key_finished_is_announced_as_authorized() {
+    let app = TestApp::spawn().await;
+    let (key, body) = (
+        new_key(),
+        json!({ "amount": 1000, "currency": "usd", "source": "tok_visa",
+                                          "description": "Order #42", "capture": false }),
+    );
+    // Its key left at `charge_created` by a process that died there; the lapse came first.
+    let key_id = app.seed_key(&key, &body, "charge_created", crate::helpers::Lock::Free).await;
+    let id = app.seed_payment(key_id, &key, "pending", None).await;
+    let lapsed = format!(
+        "UPDATE payments SET status = 'canceled', gateway_charge_id = 'ch_lapsed', capture_method = 'manual', \
+         amount_captured = 0, capture_before = now(), canceled_at = now(), cancellation_reason = 'expired' \
+         WHERE id = '{id}'"
+    );
+    app.run_sql(&lapsed).await;
+    let retried = app.post_payment(&key, &body).await;
+    assert_eq!(retried.status(), StatusCode::CREATED);
+    let staged = format!(
+        "(SELECT array_agg(job_name) = '{{payment.authorized}}' FROM staged_jobs \
+         WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+    );
+    assert!(app.database_says(&staged).await, "announced as authorized, never as failed");
+}

@@ -345,10 +345,14 @@ impl<'a> PaymentPhases<'a> {
                 .ok_or_else(|| DriveError::inconsistent(format!("key {key_id} is past `started` without a payment")))?,
         };
         let response = final_response(&payment, &request_id)?;
-        let event = match payment.status {
-            PaymentStatus::Succeeded => "payment.succeeded",
-            PaymentStatus::RequiresCapture => "payment.authorized",
-            _ => "payment.failed",
+        // An authorization's event says it was authorized, whatever became of it since this
+        // key's `charge_created` (captured, cancelled or lapsed before the key finished: that
+        // change stages its own event).
+        let event = match (payment.status, payment.captured.is_some()) {
+            (PaymentStatus::Failed, _) => "payment.failed",
+            (_, true) => "payment.authorized",
+            (PaymentStatus::Succeeded, false) => "payment.succeeded",
+            (_, false) => "payment.failed",
         };
         let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
         let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
