@@ -4,6 +4,7 @@ mod audit_archive;
 mod bench;
 mod captures;
 mod chaos;
+mod citus;
 mod commands;
 mod completer;
 mod concurrency;

@@ -305,6 +305,11 @@ pub struct MigrateArgs {
     /// PostgreSQL connection URL.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: String,
+    /// Then distribute every table not distributed yet over the Citus cluster the database is
+    /// the coordinator of: by `account_id`, colocated; `accounts` a reference table. Refuses,
+    /// changing nothing, if the database has no `citus` extension.
+    #[arg(long, env = "PAYMENTS_DISTRIBUTE", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
+    pub distribute: bool,
 }
 
 /// `payments accounts create`.

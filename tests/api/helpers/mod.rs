@@ -1,5 +1,6 @@
 //! What the tests share: the database, the app, the gateway, processes, and waiting.
 
+mod citus;
 mod client_run;
 mod cluster;
 mod db_proxy;
@@ -16,6 +17,7 @@ mod transaction;
 use std::future::Future;
 use std::time::Duration;
 
+pub use citus::CitusDatabase;
 pub use client_run::ClientRun;
 pub use cluster::TestDatabase;
 pub use db_proxy::DbProxy;

@@ -6,6 +6,7 @@
 //! again as soon as the database is back.
 
 pub mod cluster;
+pub mod distribute;
 pub mod embedded;
 pub mod migrate;
 pub mod schema;

@@ -1,0 +1,157 @@
+//! The schema on a real Citus cluster (a coordinator and two workers, see
+//! [`crate::helpers::CitusDatabase`]): `payments migrate --distribute` spreads every table by
+//! account, colocated, and a second run changes nothing; without Citus it refuses and changes
+//! nothing; and the service answers on the distributed schema as on one PostgreSQL. Each test is
+//! skipped, saying so, where Citus is not installed.
+
+use diesel::QueryableByName;
+use diesel::sql_types::{BigInt, Text};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::process::Command;
+
+use crate::helpers::{CitusDatabase, GatewayControl, Process, TestDatabase, new_key};
+
+/// `payments migrate --distribute` against `database_url`: its exit code and output.
+async fn migrate_distribute(database_url: &str) -> (Option<i32>, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    command.args(["migrate", "--distribute"]).env("DATABASE_URL", database_url).env("RUST_BACKTRACE", "0");
+    let output = command.output().await.unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code(), text)
+}
+
+#[derive(QueryableByName, Debug, PartialEq, Eq, Clone)]
+struct Placed {
+    #[diesel(sql_type = Text)]
+    table_name: String,
+    #[diesel(sql_type = Text)]
+    kind: String,
+    #[diesel(sql_type = Text)]
+    column: String,
+    #[diesel(sql_type = BigInt)]
+    colocation: i64,
+}
+
+/// Where Citus keeps each table, by name.
+async fn placement(url: &str) -> Vec<Placed> {
+    let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+    diesel::sql_query(
+        "SELECT table_name::text, citus_table_type AS kind, distribution_column AS column,
+                colocation_id::bigint AS colocation
+         FROM citus_tables ORDER BY table_name::text",
+    )
+    .load(&mut conn)
+    .await
+    .unwrap()
+}
+
+#[derive(QueryableByName)]
+struct Name {
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+/// The schema's tables (the migrations' bookkeeping aside), and its foreign keys and views, by name:
+/// on a Citus coordinator, neither the shards it keeps of the reference tables (which Citus hides
+/// from `pg_class`, not from `pg_constraint`) nor Citus's own views.
+async fn schema(url: &str) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+    let mut names = async |sql: &str| -> Vec<String> {
+        let rows: Vec<Name> = diesel::sql_query(sql).load(&mut conn).await.unwrap();
+        rows.into_iter().map(|row| row.name).collect()
+    };
+    let tables = names(
+        "SELECT relname::text AS name FROM pg_class WHERE relnamespace = 'public'::regnamespace AND relkind = 'r'
+           AND relname <> '__diesel_schema_migrations' ORDER BY 1",
+    )
+    .await;
+    let keys = names(
+        "SELECT conrelid::regclass::text || '.' || conname || ' ' || pg_get_constraintdef(oid) AS name
+         FROM pg_constraint WHERE contype = 'f' AND connamespace = 'public'::regnamespace
+           AND conrelid IN (SELECT oid FROM pg_class WHERE relnamespace = 'public'::regnamespace)
+         ORDER BY 1",
+    )
+    .await;
+    let views = names(
+        "SELECT viewname::text AS name FROM pg_views WHERE schemaname = 'public' AND viewname NOT LIKE 'citus%' ORDER BY 1",
+    )
+    .await;
+    (tables, keys, views)
+}
+
+#[tokio::test]
+async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
+    let Some(citus) = CitusDatabase::create("the_schema_distributes_by_account_colocated").await else { return };
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    assert!(output.contains("distributed payments: by account_id"), "{output}");
+
+    let placed = placement(&citus.url).await;
+    let (tables, keys, views) = schema(&citus.url).await;
+    let names: Vec<&str> = placed.iter().map(|table| table.table_name.as_str()).collect();
+    assert_eq!(names, tables, "every table is in Citus's metadata");
+    let payments = placed.iter().find(|table| table.table_name == "payments").unwrap().clone();
+    for table in &placed {
+        match table.table_name.as_str() {
+            // Copied to every node: every table's foreign key names `accounts`, and an unreadable
+            // event may belong to no account.
+            "accounts" | "unreadable_gateway_events" => assert_eq!(table.kind, "reference", "{table:?}"),
+            _ => {
+                assert_eq!((table.kind.as_str(), table.column.as_str()), ("distributed", "account_id"), "{table:?}");
+                assert_eq!(table.colocation, payments.colocation, "colocated with payments: {table:?}");
+            }
+        }
+    }
+    // Nothing a single node has is lost on the way: the same foreign keys, the same view.
+    let single = TestDatabase::create().await;
+    let (single_tables, single_keys, single_views) = schema(&single.url).await;
+    assert_eq!((tables.clone(), keys.clone(), views.clone()), (single_tables, single_keys, single_views));
+
+    // Again: nothing to do, and nothing changes.
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    assert!(output.contains("every table was distributed already"), "{output}");
+    assert_eq!(placement(&citus.url).await, placed);
+    assert_eq!(schema(&citus.url).await, (tables, keys, views));
+}
+
+#[tokio::test]
+async fn distributing_without_citus_refuses_and_changes_nothing() {
+    let database = TestDatabase::empty().await;
+    let (code, output) = migrate_distribute(&database.url).await;
+    assert_ne!(code, Some(0), "{output}");
+    assert!(output.contains("no `citus` extension") && output.contains("nothing was changed"), "{output}");
+    let (tables, keys, views) = schema(&database.url).await;
+    assert!(tables.is_empty() && keys.is_empty() && views.is_empty(), "no migration ran: {tables:?}");
+}
+
+#[tokio::test]
+async fn on_citus_a_payment_is_made_replayed_refused_for_another_body_and_refunded() {
+    let Some(citus) = CitusDatabase::create("on_citus_a_payment_is_made_replayed").await else { return };
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "on citus").await.unwrap();
+    let gateway = Process::gateway().await;
+    let server = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, key: &str, body: &Value| {
+        let request = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
+        request.json(body).send()
+    };
+    let (key, body) = (new_key(), json!({ "amount": 5000, "currency": "usd", "source": "tok_visa" }));
+    let made = post("/v1/payments", &key, &body).await.unwrap();
+    assert_eq!(made.status(), StatusCode::CREATED);
+    let made = made.bytes().await.unwrap();
+    let replayed = post("/v1/payments", &key, &body).await.unwrap();
+    assert_eq!((replayed.status(), replayed.bytes().await.unwrap()), (StatusCode::CREATED, made.clone()));
+    let other = post("/v1/payments", &key, &json!({ "amount": 6000, "currency": "usd", "source": "tok_visa" }));
+    assert_eq!(other.await.unwrap().status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let payment: Value = serde_json::from_slice(&made).unwrap();
+    let refund = post("/v1/refunds", &new_key(), &json!({ "payment": payment["id"], "amount": 2000 })).await.unwrap();
+    assert_eq!(refund.status(), StatusCode::CREATED);
+    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    assert_eq!((&stats["charges"], &stats["refunds"]), (&json!(1), &json!(1)), "{stats}");
+}
