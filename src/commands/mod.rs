@@ -125,7 +125,17 @@ pub async fn open_database(
     sharing: Sharing,
 ) -> anyhow::Result<(String, Option<EmbeddedDatabase>)> {
     match &args.database_url {
+        Some(url) if args.distribute => {
+            for (table, how) in payments_service::db::distribute::migrate_and_distribute(url).await? {
+                tracing::info!(%table, how, "distributed");
+            }
+            Ok((url.clone(), None))
+        }
         Some(url) => Ok((url.clone(), None)),
+        None if args.distribute => anyhow::bail!(
+            "PAYMENTS_DISTRIBUTE needs DATABASE_URL, the coordinator of a Citus cluster: the embedded PostgreSQL has \
+             no Citus"
+        ),
         None => {
             let embedded = EmbeddedDatabase::open(&args.data_dir, sharing).await?;
             let mut conn = AsyncPgConnection::establish(&embedded.url).await?;

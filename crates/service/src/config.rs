@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `DATABASE_URL` | unset: embedded mode | PostgreSQL to use; unset starts a private cluster |
 //! | `PAYMENTS_DATA_DIR` | `./.payments` | where embedded mode keeps its cluster |
+//! | `PAYMENTS_DISTRIBUTE` | unset | `1`: migrate and distribute `DATABASE_URL` over Citus first |
 //! | `GATEWAY_URL` | unset: in-process mock | base URL of the payment gateway |
 //! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081`, else a free port | where `serve`'s in-process mock gateway listens |
 //! | `PAYMENTS_BIND` | `127.0.0.1:8080` | listen address of `serve` |
@@ -110,6 +111,11 @@ pub struct DatabaseArgs {
     /// Where embedded mode keeps its PostgreSQL cluster (created on first run, kept across runs).
     #[arg(long, env = "PAYMENTS_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
+    /// Before starting, apply the migrations to DATABASE_URL, the coordinator of a Citus
+    /// cluster, and distribute every table not distributed yet (as `payments migrate
+    /// --distribute` does); refuses to start on a database without the `citus` extension.
+    #[arg(long, env = "PAYMENTS_DISTRIBUTE", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
+    pub distribute: bool,
 }
 
 /// `payments stats`.

@@ -54,6 +54,18 @@ struct ForeignKey {
     definition: String,
 }
 
+/// Applies the migrations, then distributes what is not distributed yet (see [`distribute`]):
+/// `payments migrate --distribute`, and any process started with `PAYMENTS_DISTRIBUTE=1`. A
+/// database without Citus is refused before any migration runs.
+pub async fn migrate_and_distribute(database_url: &str) -> anyhow::Result<Distributed> {
+    let mut conn = AsyncPgConnection::establish(database_url).await?;
+    if !has_citus(&mut conn).await? {
+        return Err(DistributeError::NoCitus.into());
+    }
+    super::migrate::run_pending(database_url).await?;
+    Ok(distribute(&mut conn).await?)
+}
+
 /// Whether the database has the `citus` extension: checked before anything is changed.
 pub async fn has_citus(conn: &mut AsyncPgConnection) -> Result<bool, diesel::result::Error> {
     let found = diesel::sql_query("SELECT extname AS name FROM pg_extension WHERE extname = 'citus'")
