@@ -11,7 +11,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::process::Command;
 
-use crate::helpers::{CitusDatabase, GatewayControl, Process, TestDatabase, new_key};
+use crate::helpers::{CitusDatabase, GatewayControl, Process, TestApp, TestDatabase, new_key};
+use payments_service::workers::{Outcome, Worker};
 
 /// `payments migrate --distribute` against `database_url`: its exit code and output.
 async fn migrate_distribute(database_url: &str) -> (Option<i32>, String) {
@@ -155,4 +156,29 @@ async fn on_citus_a_payment_is_made_replayed_refused_for_another_body_and_refund
     assert_eq!(refund.status(), StatusCode::CREATED);
     let stats = GatewayControl::new(&gateway.url).all_stats().await;
     assert_eq!((&stats["charges"], &stats["refunds"]), (&json!(1), &json!(1)), "{stats}");
+}
+
+/// A distributed database and an app on it (its workers run only when a test runs them).
+async fn app_on_citus(test: &str) -> Option<TestApp> {
+    let citus = CitusDatabase::create(test).await?;
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    let app = TestApp::builder()
+        .gateway_timeout(std::time::Duration::from_millis(500))
+        .workers(|w| w.completer_backoff = std::time::Duration::ZERO);
+    Some(app.spawn_on(TestDatabase::elsewhere(&citus.url)).await)
+}
+
+#[tokio::test]
+async fn on_citus_the_completer_finishes_a_payment_its_client_left() {
+    let Some(app) = app_on_citus("on_citus_the_completer_finishes").await else { return };
+    let (key, body) = (new_key(), crate::helpers::payment_body());
+    app.gateway.fault("error_after", 1).await;
+    assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let completer = app.workers().completer;
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Idle);
+    let replay = app.post_payment(&key, &body).await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(app.gateway.all_stats().await["charges"], 1, "charged once: the look-up found it");
 }

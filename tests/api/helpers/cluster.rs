@@ -95,6 +95,11 @@ impl TestDatabase {
         TestDatabase { url: cluster.url(&name), name, owned: true }
     }
 
+    /// A database elsewhere (a Citus cluster's, say), which dropping this leaves be.
+    pub fn elsewhere(url: &str) -> TestDatabase {
+        TestDatabase { name: String::new(), url: url.to_owned(), owned: false }
+    }
+
     /// The same database, for another app on it; dropping the alias leaves the database be.
     pub fn alias(&self) -> TestDatabase {
         TestDatabase { name: self.name.clone(), url: self.url.clone(), owned: false }

@@ -51,36 +51,77 @@ struct AbandonedRow {
     completer_attempts: i32,
 }
 
-/// Takes over the unfinished key that has waited longest, if one is due: unlocked or its lease
-/// over (by its owner's own lock timeout, which it wrote on the row), not given up on, and
-/// untouched for its backoff (`backoff` doubled per earlier attempt, counted from the end of the
-/// last run, at most an hour), or nudged by a gateway event about it since a worker last took it
-/// (then at once: the gateway has said what happened, and the look-up will find it). Our lease on
-/// it lasts `lease`.
-/// `FOR UPDATE SKIP LOCKED`: concurrent workers take different keys, and none takes a key while a
-/// request is committing a phase on it. The claim and its audit record are one statement; `run`
-/// is the id of the worker's run, which every record it writes about the key carries.
+/// Which unfinished keys are due for a worker: unlocked or its lease over (by its owner's own
+/// lock timeout, which it wrote on the row), not given up on, and untouched for its backoff
+/// (`$2` doubled per earlier attempt, counted from the end of the last run, at most `$3`), or
+/// nudged by a gateway event about it since a worker last took it (then at once: the gateway has
+/// said what happened, and the look-up will find it).
+const DUE: &str = "finished_at IS NULL AND needs_attention_at IS NULL
+                   AND (locked_until IS NULL OR locked_until < now())
+                   AND (last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3)
+                                         * interval '1 millisecond'
+                        OR nudged_at IS NOT NULL)";
+
+/// The accounts looked at in one run, those whose due key has waited longest first.
+const ACCOUNTS_A_RUN: i64 = 8;
+
+#[derive(QueryableByName)]
+struct Account {
+    #[diesel(sql_type = SqlUuid)]
+    account_id: Uuid,
+}
+
+/// Takes over the due key (see [`DUE`]) that has waited longest, if there is one, leasing it for
+/// `lease`. Two steps: the accounts with due keys, read without locks, then, account by account,
+/// the take itself, `FOR UPDATE SKIP LOCKED` within the account: concurrent workers take
+/// different keys, and none takes a key while a request is committing a phase on it. A row lock
+/// stays within one account's rows, as it must on Citus, where each account's rows are on one
+/// shard and a lock across shards is refused. The take and its audit record are one statement;
+/// `run` is the id of the worker's run, which every record it writes about the key carries.
 pub async fn claim_abandoned(
     conn: &mut AsyncPgConnection,
     lease: Duration,
     backoff: Duration,
     run: &RequestId,
 ) -> Result<Option<Abandoned>, StoreError> {
-    let claim = diesel::sql_query(
+    let accounts = diesel::sql_query(format!(
+        "SELECT account_id FROM idempotency_keys WHERE {DUE}
+         GROUP BY account_id ORDER BY min(last_run_at) LIMIT $1"
+    ))
+    .bind::<BigInt, _>(ACCOUNTS_A_RUN)
+    .bind::<BigInt, _>(millis(backoff))
+    .bind::<BigInt, _>(millis(MAX_BACKOFF));
+    let accounts: Vec<Account> = db::query(accounts.load(conn)).await?;
+    for Account { account_id } in accounts {
+        if let Some(abandoned) = take_abandoned(conn, account_id, lease, backoff, run).await? {
+            return Ok(Some(abandoned));
+        }
+    }
+    Ok(None)
+}
+
+/// Takes over the account's due key that has waited longest, if another worker has not.
+async fn take_abandoned(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    lease: Duration,
+    backoff: Duration,
+    run: &RequestId,
+) -> Result<Option<Abandoned>, StoreError> {
+    // The lock token is made here: Citus runs no volatile function in a distributed `UPDATE`.
+    let token = Uuid::new_v4();
+    let claim = diesel::sql_query(format!(
         "WITH claimed AS (
              UPDATE idempotency_keys k
-             SET locked_until = now() + $1 * interval '1 millisecond', lock_token = gen_random_uuid(),
+             SET locked_until = now() + $1 * interval '1 millisecond', lock_token = $6,
                  last_run_at = now(),
                  completer_attempts = k.completer_attempts + 1, nudged_at = NULL
              FROM (SELECT account_id, id FROM idempotency_keys
-                   WHERE finished_at IS NULL AND needs_attention_at IS NULL
-                     AND (locked_until IS NULL OR locked_until < now())
-                     AND (last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3) * interval '1 millisecond'
-                          OR nudged_at IS NOT NULL)
+                   WHERE account_id = $5 AND {DUE}
                    ORDER BY last_run_at
                    LIMIT 1
                    FOR UPDATE SKIP LOCKED) due
-             WHERE k.account_id = due.account_id AND k.id = due.id
+             WHERE k.account_id = $5 AND k.id = due.id
              RETURNING k.account_id, k.id, k.idempotency_key, k.recovery_point, k.lock_token,
                        k.request_path, k.request_params, k.completer_attempts
          ), audited AS (
@@ -89,12 +130,14 @@ pub async fn claim_abandoned(
                     jsonb_build_object('attempt', completer_attempts, 'recovery_point', recovery_point), $4
              FROM claimed
          )
-         SELECT * FROM claimed",
-    )
+         SELECT * FROM claimed"
+    ))
     .bind::<BigInt, _>(millis(lease))
     .bind::<BigInt, _>(millis(backoff))
     .bind::<BigInt, _>(millis(MAX_BACKOFF))
-    .bind::<Text, _>(run.as_str());
+    .bind::<Text, _>(run.as_str())
+    .bind::<SqlUuid, _>(account_id)
+    .bind::<SqlUuid, _>(token);
     let sent = since_boot();
     let row: Option<AbandonedRow> = db::query(async { claim.get_result(conn).await.optional() }).await?;
     Ok(row.map(|row| Abandoned {
