@@ -182,3 +182,41 @@ async fn on_citus_the_completer_finishes_a_payment_its_client_left() {
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(app.gateway.all_stats().await["charges"], 1, "charged once: the look-up found it");
 }
+
+#[tokio::test]
+async fn on_citus_every_worker_takes_its_work_one_account_at_a_time() {
+    let Some(app) = app_on_citus("on_citus_every_worker_takes_its_work").await else { return };
+    // A payment with a refund the gateway leaves pending (the settler's), an authorization left
+    // past its time (the lapse's), and the events both stage (the outbox's).
+    let paid: Value = app
+        .post_payment(&new_key(), &json!({ "amount": 5000, "currency": "usd", "source": "tok_refundPending" }))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let refund = app.post_refund(&new_key(), &json!({ "payment": paid["id"], "amount": 1000 })).await;
+    assert_eq!(refund.status(), StatusCode::CREATED);
+    let authorized = app
+        .post_payment(&new_key(), &json!({ "amount": 3000, "currency": "usd", "source": "tok_visa", "capture": false }))
+        .await;
+    let authorized: Value = authorized.json().await.unwrap();
+    let id = authorized["id"].as_str().unwrap();
+    app.run_sql(&format!("UPDATE open_authorizations SET capture_before = now() WHERE payment_id = '{id}'")).await;
+    app.run_sql(&format!("UPDATE payments SET capture_before = now() WHERE id = '{id}'")).await;
+    app.gateway.settle_refunds().await;
+    app.run_sql("UPDATE refunds SET settle_at = now()").await;
+
+    let workers = app.workers();
+    assert_eq!(workers.settler.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(workers.lapser.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(workers.outbox.run_once().await.unwrap(), Outcome::Worked);
+    workers.reaper.run_once().await.unwrap();
+    workers.analyzer.run_once().await.unwrap();
+    let refunded: Value =
+        app.get(&format!("/v1/payments/{}", paid["id"].as_str().unwrap())).await.json().await.unwrap();
+    assert_eq!(refunded["amount_refunded"], 1000, "settled: {refunded}");
+    let lapsed: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    assert_eq!((&lapsed["status"], &lapsed["cancellation_reason"]), (&json!("canceled"), &json!("expired")));
+    let left = "(SELECT count(*) = 0 FROM staged_jobs WHERE leased_until IS NULL AND dead_at IS NULL)";
+    assert!(app.database_says(left).await, "every event taken by the outbox");
+}

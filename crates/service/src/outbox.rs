@@ -85,12 +85,42 @@ pub async fn lease_due_events(
     let in_index_order = diesel::sql_query(
         "SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)",
     );
-    // `due` is materialized: taken once. As a subquery joined to the table, the planner may
-    // rescan it for each row of the table, and each rescan locks another batch.
-    let take = diesel::sql_query(
+    // Account by account, as on Citus a row lock must stay within one account's shard: the
+    // accounts of the first due events, read without locks, then each account's due events.
+    let accounts =
+        diesel::sql_query(format!("SELECT account_id FROM staged_jobs WHERE {DUE} ORDER BY run_at LIMIT $1"))
+            .bind::<BigInt, _>(batch);
+    // The settings last for the transaction only (`set_config(.., true)` is `SET LOCAL`).
+    db::bounded(conn.transaction(async |conn| -> Result<Vec<LeasedEvent>, StoreError> {
+        in_index_order.execute(conn).await?;
+        let mut leased: Vec<LeasedEvent> = Vec::new();
+        for account_id in db::accounts_of(accounts.load(conn).await?) {
+            let left = batch - i64::try_from(leased.len()).unwrap_or(i64::MAX);
+            if left <= 0 {
+                break;
+            }
+            leased.extend(lease_account(account_id, lease, left).load::<LeasedEvent>(conn).await?);
+        }
+        Ok(leased)
+    }))
+    .await
+}
+
+/// An outbox event is due once its time has come, unless it is dead or leased.
+const DUE: &str = "dead_at IS NULL AND run_at <= now() AND (leased_until IS NULL OR leased_until <= now())";
+
+/// Leases up to `batch` of the account's due events, those due longest first. `due` is
+/// materialized: taken once. As a subquery joined to the table, the planner may rescan it for
+/// each row of the table, and each rescan locks another batch.
+fn lease_account(
+    account_id: Uuid,
+    lease: Duration,
+    batch: i64,
+) -> diesel::query_builder::BoxedSqlQuery<'static, diesel::pg::Pg, diesel::query_builder::SqlQuery> {
+    diesel::sql_query(format!(
         "WITH due AS MATERIALIZED (
              SELECT account_id, id FROM staged_jobs
-             WHERE dead_at IS NULL AND run_at <= now() AND (leased_until IS NULL OR leased_until <= now())
+             WHERE account_id = $3 AND {DUE}
              ORDER BY run_at
              LIMIT $2
              FOR UPDATE SKIP LOCKED
@@ -98,17 +128,13 @@ pub async fn lease_due_events(
          UPDATE staged_jobs j
          SET leased_until = now() + $1 * interval '1 millisecond', attempts = j.attempts + 1
          FROM due
-         WHERE j.account_id = due.account_id AND j.id = due.id
-         RETURNING j.account_id, j.id AS job_id, j.job_args AS event, j.attempts",
-    )
+         WHERE j.account_id = $3 AND j.id = due.id
+         RETURNING j.account_id, j.id AS job_id, j.job_args AS event, j.attempts"
+    ))
+    .into_boxed()
     .bind::<BigInt, _>(millis(lease))
-    .bind::<BigInt, _>(batch);
-    // The settings last for the transaction only (`set_config(.., true)` is `SET LOCAL`).
-    db::bounded(conn.transaction(async |conn| -> Result<Vec<LeasedEvent>, StoreError> {
-        in_index_order.execute(conn).await?;
-        Ok(take.load(conn).await?)
-    }))
-    .await
+    .bind::<BigInt, _>(batch)
+    .bind::<SqlUuid, _>(account_id)
 }
 
 /// Deletes delivered events, each with its audit record, in one statement.

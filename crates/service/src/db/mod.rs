@@ -192,6 +192,27 @@ impl From<DieselError> for StoreError {
     }
 }
 
+/// A row's account: what a worker reads first, without locks, so as to take its items one
+/// account at a time. On Citus each account's rows are on one shard, and a row lock
+/// (`FOR UPDATE SKIP LOCKED`) is refused in a statement that spans shards.
+#[derive(diesel::QueryableByName)]
+pub struct AccountRow {
+    #[diesel(sql_type = diesel::sql_types::Uuid)]
+    pub account_id: uuid::Uuid,
+}
+
+/// The accounts of `rows`, each once, in the rows' order: the first rows a worker's scan found
+/// (a scan that walks an index and stops, never one that groups a whole backlog).
+pub fn accounts_of(rows: Vec<AccountRow>) -> Vec<uuid::Uuid> {
+    let mut accounts: Vec<uuid::Uuid> = Vec::with_capacity(rows.len());
+    for AccountRow { account_id } in rows {
+        if !accounts.contains(&account_id) {
+            accounts.push(account_id);
+        }
+    }
+    accounts
+}
+
 impl StoreError {
     /// Whether the statement may succeed if it runs again, on a fresh snapshot: a conflict
     /// between concurrent transactions; or a `CHECK` that failed on a row another transaction

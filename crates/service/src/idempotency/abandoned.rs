@@ -62,14 +62,8 @@ const DUE: &str = "finished_at IS NULL AND needs_attention_at IS NULL
                                          * interval '1 millisecond'
                         OR nudged_at IS NOT NULL)";
 
-/// The accounts looked at in one run, those whose due key has waited longest first.
-const ACCOUNTS_A_RUN: i64 = 8;
-
-#[derive(QueryableByName)]
-struct Account {
-    #[diesel(sql_type = SqlUuid)]
-    account_id: Uuid,
-}
+/// The due keys whose accounts one run looks at, those that have waited longest.
+const KEYS_A_RUN: i64 = 8;
 
 /// Takes over the due key (see [`DUE`]) that has waited longest, if there is one, leasing it for
 /// `lease`. Two steps: the accounts with due keys, read without locks, then, account by account,
@@ -84,15 +78,12 @@ pub async fn claim_abandoned(
     backoff: Duration,
     run: &RequestId,
 ) -> Result<Option<Abandoned>, StoreError> {
-    let accounts = diesel::sql_query(format!(
-        "SELECT account_id FROM idempotency_keys WHERE {DUE}
-         GROUP BY account_id ORDER BY min(last_run_at) LIMIT $1"
-    ))
-    .bind::<BigInt, _>(ACCOUNTS_A_RUN)
-    .bind::<BigInt, _>(millis(backoff))
-    .bind::<BigInt, _>(millis(MAX_BACKOFF));
-    let accounts: Vec<Account> = db::query(accounts.load(conn)).await?;
-    for Account { account_id } in accounts {
+    let accounts =
+        diesel::sql_query(format!("SELECT account_id FROM idempotency_keys WHERE {DUE} ORDER BY last_run_at LIMIT $1"))
+            .bind::<BigInt, _>(KEYS_A_RUN)
+            .bind::<BigInt, _>(millis(backoff))
+            .bind::<BigInt, _>(millis(MAX_BACKOFF));
+    for account_id in db::accounts_of(db::query(accounts.load(conn)).await?) {
         if let Some(abandoned) = take_abandoned(conn, account_id, lease, backoff, run).await? {
             return Ok(Some(abandoned));
         }

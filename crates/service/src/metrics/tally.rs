@@ -133,30 +133,47 @@ impl AccountRequests {
 }
 
 /// Deletes up to `batch` hourly rows that lie wholly outside `retention` (those `payments stats
-/// --hours N` with N the retention in hours no longer reads), oldest first, in one statement;
-/// returns how many. The index on `hour` serves the scan, and `SKIP LOCKED` lets reapers run side
-/// by side (and never waits on a flush, which only writes the current hour).
+/// --hours N` with N the retention in hours no longer reads), oldest first; returns how many.
+/// Account by account, as on Citus a row lock must stay within one shard: the accounts with such
+/// rows first, read without locks, then each account's, in one statement each. The index on
+/// `hour` serves the scan, and `SKIP LOCKED` lets reapers run side by side (and never waits on a
+/// flush, which only writes the current hour).
 pub async fn reap_request_counts(
     conn: &mut diesel_async::AsyncPgConnection,
     retention: Duration,
     batch: i64,
 ) -> Result<usize, StoreError> {
     let retention_secs = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
-    db::query(
-        diesel::sql_query(
-            "DELETE FROM key_request_counts c
-             USING (SELECT account_id, hour FROM key_request_counts
-                    WHERE hour <= now() - $1 * interval '1 second'
-                    ORDER BY hour
-                    LIMIT $2
-                    FOR UPDATE SKIP LOCKED) old
-             WHERE c.account_id = old.account_id AND c.hour = old.hour",
-        )
-        .bind::<BigInt, _>(retention_secs)
-        .bind::<BigInt, _>(batch)
-        .execute(conn),
+    let accounts = diesel::sql_query(
+        "SELECT account_id FROM key_request_counts WHERE hour <= now() - $1 * interval '1 second'
+         ORDER BY hour LIMIT $2",
     )
-    .await
+    .bind::<BigInt, _>(retention_secs)
+    .bind::<BigInt, _>(batch);
+    let mut reaped = 0;
+    for account_id in db::accounts_of(db::query(accounts.load(conn)).await?) {
+        let left = batch - i64::try_from(reaped).unwrap_or(i64::MAX);
+        if left <= 0 {
+            break;
+        }
+        reaped += db::query(
+            diesel::sql_query(
+                "DELETE FROM key_request_counts c
+                 USING (SELECT account_id, hour FROM key_request_counts
+                        WHERE account_id = $3 AND hour <= now() - $1 * interval '1 second'
+                        ORDER BY hour
+                        LIMIT $2
+                        FOR UPDATE SKIP LOCKED) old
+                 WHERE c.account_id = $3 AND c.hour = old.hour",
+            )
+            .bind::<BigInt, _>(retention_secs)
+            .bind::<BigInt, _>(left)
+            .bind::<diesel::sql_types::Uuid, _>(account_id)
+            .execute(conn),
+        )
+        .await?;
+    }
+    Ok(reaped)
 }
 
 /// Each account's requests in the last `hours` hours (the current one included), the accounts

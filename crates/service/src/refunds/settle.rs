@@ -55,29 +55,48 @@ pub async fn lease_due_refund(
     conn: &mut AsyncPgConnection,
     backoff: &Backoff,
 ) -> Result<Option<DueRefund>, StoreError> {
-    // `due` is materialized, taken once (see `outbox::lease_due_events`), and walks the partial
-    // index on `settle_at`. Its columns are renamed so that the refund's own are unambiguous.
-    let lease = diesel::sql_query(format!(
-        "WITH due AS MATERIALIZED (
-             SELECT account_id AS due_account_id, id AS due_id FROM refunds
-             WHERE settle_at <= now()
-             ORDER BY settle_at
-             LIMIT 1
-             FOR UPDATE SKIP LOCKED
-         )
-         UPDATE refunds
-         SET settle_attempts = settle_attempts + 1,
-             settle_at = now() + greatest($1, least($2 * power(2, least(settle_attempts, 30)), $3))
-                                 * interval '1 millisecond'
-         FROM due
-         WHERE account_id = due_account_id AND id = due_id
-         RETURNING {REFUND_COLUMNS}, settle_attempts AS attempts"
-    ))
-    .bind::<BigInt, _>(millis(backoff.lease))
-    .bind::<BigInt, _>(millis(backoff.first))
-    .bind::<BigInt, _>(millis(backoff.max));
-    db::query(async { lease.get_result(conn).await.optional() }).await
+    // Account by account, as on Citus a row lock must stay within one account's shard: the
+    // accounts of the refunds due longest, read without locks, then the take in one of them.
+    let accounts = diesel::sql_query(format!(
+        "SELECT account_id FROM refunds WHERE settle_at <= now() ORDER BY settle_at LIMIT {ACCOUNTS_A_RUN}"
+    ));
+    for account_id in db::accounts_of(db::query(accounts.load(conn)).await?) {
+        // `due` is materialized, taken once (see `outbox::lease_due_events`), and walks the
+        // partial index on `settle_at`. Its columns are renamed so that the refund's own are
+        // unambiguous. The next look-up's time is worked out there, not in the `SET`: Citus
+        // evaluates `now()` in a modification before it sends it, which it cannot do for an
+        // expression of a column.
+        let lease = diesel::sql_query(format!(
+            "WITH due AS MATERIALIZED (
+                 SELECT account_id AS due_account_id, id AS due_id,
+                        now() + greatest($1, least($2 * power(2, least(settle_attempts, 30)), $3))
+                                * interval '1 millisecond' AS next_settle_at
+                 FROM refunds
+                 WHERE account_id = $4 AND settle_at <= now()
+                 ORDER BY settle_at
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED
+             )
+             UPDATE refunds
+             SET settle_attempts = settle_attempts + 1, settle_at = next_settle_at
+             FROM due
+             WHERE account_id = $4 AND id = due_id
+             RETURNING {REFUND_COLUMNS}, settle_attempts AS attempts"
+        ))
+        .bind::<BigInt, _>(millis(backoff.lease))
+        .bind::<BigInt, _>(millis(backoff.first))
+        .bind::<BigInt, _>(millis(backoff.max))
+        .bind::<SqlUuid, _>(account_id);
+        let due: Option<DueRefund> = db::query(async { lease.get_result(conn).await.optional() }).await?;
+        if due.is_some() {
+            return Ok(due);
+        }
+    }
+    Ok(None)
 }
+
+/// The due refunds whose accounts one run looks at, those due longest.
+const ACCOUNTS_A_RUN: i64 = 8;
 
 /// Where the gateway says a pending refund ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
