@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use payments_lab::chaos::{self, Deployment, EventStorm, Extent, Mix, Plan};
+use payments_lab::chaos::{self, Deployment, EventStorm, Extent, LEFT_TO_LAPSE, Mix, Plan};
 use reqwest::Url;
 
 use super::parse_duration;
@@ -41,7 +41,7 @@ pub struct ChaosArgs {
     /// The share of the other payments only authorized (`capture: false`): then 1 to 3 captures
     /// (all or part) and cancels, each with a key of its own, race for each at once (with its
     /// refunds), at a moment up to a little past its lapse (the run's authorizations lapse after
-    /// 4 s); a fifth are left alone, for the lapse.
+    /// 4 s); a fifth are left alone, for the lapse (none against a running deployment).
     #[arg(long, default_value_t = 0.3, value_parser = rate)]
     pub authorize_rate: f64,
     /// The share of the other payments that are refunded once they succeed, by 1 to 3 refunds at
@@ -105,6 +105,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
             abandon: args.abandon_rate,
             decline: args.decline_rate,
             authorize: args.authorize_rate,
+            lapse: LEFT_TO_LAPSE,
             refund: args.refund_rate,
             pending_refund: args.pending_refund_rate,
         },

@@ -153,8 +153,13 @@ async fn a_running_deployment_is_driven_and_checked_but_not_killed() {
         assert_eq!(count(&table, row), 0, "{row}: {table}");
     }
     assert_eq!(table.matches("not checked: the deployment's webhook is not the run's").count(), 2, "{table}");
-    let succeeded = app.gateway.stats().await.charges;
+    // Charges made at once and authorizations alike.
+    let stats = app.gateway.all_stats().await;
+    let succeeded = stats["charges"].as_u64().unwrap() + stats["authorizations"].as_u64().unwrap();
     assert!(table.contains(&format!("{succeeded} = {succeeded} = {succeeded}")), "{table}");
+    // Its authorizations are not left to lapse (it need not lapse them within the run): each
+    // ends by a capture or a cancel.
+    assert!(!detail(&table, "captures and cancels (keys)").contains("lapsed"), "{table}");
     let refunds = app.gateway.all_stats().await["refunds"].as_u64().unwrap();
     assert!(refunds > 0, "{table}");
     assert!(table.contains(&format!("{refunds} = {refunds} = {refunds}")), "{table}");

@@ -43,8 +43,9 @@ const CHANGES_WITHIN: Duration = Duration::from_secs(5);
 /// At most this many captures and cancels of one authorization are sent at once.
 const MAX_CHANGES_AT_ONCE: usize = 3;
 
-/// The share of authorizations left alone, for the lapse to cancel.
-const LEFT_TO_LAPSE: f64 = 0.2;
+/// The share of authorizations left alone, for the lapse to cancel (in a world of the run's own,
+/// whose authorizations lapse within it).
+pub const LEFT_TO_LAPSE: f64 = 0.2;
 
 /// The share of captures that take part of the authorization; the others take all of it.
 const PARTIAL_CAPTURE: f64 = 0.5;
@@ -92,6 +93,9 @@ pub struct Mix {
     /// Of the payments not declined, those only authorized, to be captured, cancelled or left to
     /// lapse.
     pub authorize: f64,
+    /// Of the authorizations, those left alone for the lapse: none in a deployment the run was
+    /// pointed at, whose authorizations need not lapse within the run.
+    pub lapse: f64,
     /// Of the payments not declined, those refunded once they succeed (an authorization's refunds
     /// race its captures and cancels).
     pub refund: f64,
@@ -178,7 +182,7 @@ async fn one_payment(client: &Client, mix: Mix, live: &Live) -> Vec<KeyRun> {
     };
     let Some(payment_id) = payment_id else { return vec![run] };
     let changes = match authorized {
-        true => changes_of(&payment_id, amount),
+        true => changes_of(&payment_id, amount, mix.lapse),
         false => Vec::new(),
     };
     if !changes.is_empty() {
@@ -214,10 +218,10 @@ async fn one_payment(client: &Client, mix: Mix, live: &Live) -> Vec<KeyRun> {
 
 /// The captures and cancels to race for an authorization of `amount`: none, if it is left to
 /// lapse.
-fn changes_of(payment_id: &str, amount: u64) -> Vec<Request> {
+fn changes_of(payment_id: &str, amount: u64, lapse: f64) -> Vec<Request> {
     let mut rng = rand::rng();
     let Ok(payment) = payment_id.parse() else { return Vec::new() };
-    if rng.random_bool(LEFT_TO_LAPSE) {
+    if rng.random_bool(lapse) {
         return Vec::new();
     }
     let changes = rng.random_range(1..=MAX_CHANGES_AT_ONCE);

@@ -54,7 +54,7 @@ use timeline::Timeline;
 use world::{Fleet, LOCK_TIMEOUT, World};
 
 pub use gateway::EventStorm;
-pub use load::{Extent, Mix};
+pub use load::{Extent, LEFT_TO_LAPSE, Mix};
 
 /// The wait between two kills, and between two times the gateway forgets its keys, is drawn
 /// from this range.
@@ -140,6 +140,7 @@ pub async fn run(mut plan: Plan) -> anyhow::Result<bool> {
         Deployment::Own => World::start().await?,
         Deployment::Existing { urls, api_key, database_url, gateway_url } => {
             plan.mix.crash = 0.0;
+            plan.mix.lapse = 0.0;
             World::existing(urls.clone(), api_key.clone(), database_url.clone(), gateway_url.clone())
         }
     };
