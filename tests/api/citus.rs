@@ -220,3 +220,32 @@ async fn on_citus_every_worker_takes_its_work_one_account_at_a_time() {
     let left = "(SELECT count(*) = 0 FROM staged_jobs WHERE leased_until IS NULL AND dead_at IS NULL)";
     assert!(app.database_says(left).await, "every event taken by the outbox");
 }
+
+#[tokio::test]
+async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_201_or_409_never_410() {
+    let Some(citus) = CitusDatabase::create("on_citus_one_new_key_sent_thirty_times").await else { return };
+    let gateway = Process::gateway().await;
+    let env = [("PAYMENTS_DISTRIBUTE", "1")];
+    let first = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await;
+    let second = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await;
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "racing on citus").await.unwrap();
+    let http = reqwest::Client::new();
+    for round in 0..4 {
+        let (key, body) = (new_key(), json!({ "amount": 5000, "currency": "usd", "source": "tok_visa" }));
+        let sent = (0..30).map(|n| {
+            let server = if n % 2 == 0 { &first } else { &second };
+            let request = http.post(format!("{}/v1/payments", server.url)).bearer_auth(&api_key);
+            request.header("Idempotency-Key", &key).json(&body).send()
+        });
+        let statuses: Vec<u16> = futures_util::future::join_all(sent)
+            .await
+            .into_iter()
+            .map(|answer| answer.unwrap().status().as_u16())
+            .collect();
+        assert!(statuses.iter().all(|status| [201, 409].contains(status)), "round {round}: {statuses:?}");
+        assert!(statuses.contains(&201), "round {round}: {statuses:?}");
+    }
+    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    assert_eq!(stats["charges"], 4, "one charge a key: {stats}");
+}

@@ -43,7 +43,12 @@ pub enum Claim<S> {
 /// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
 ///   its recorded expiry has come, by the database's clock;
 /// - `expired` looks, only when there is no row or an expired one, for what the key made (the view
-///   `made_by_keys`: a probe of each endpoint's table by its unique client key). An expired key is
+///   `made_by_keys`: a probe of each endpoint's table by its unique client key). It reads the key's
+///   row again for that, rather than take `existing`'s word: on Citus each step of this statement
+///   may run on a snapshot of its own, and a step that saw no row could be followed by one that
+///   sees the payment a concurrent claim committed with its row, and take the key, in flight, for
+///   expired (`410`). Read in one step, the row and what it made are both there or both not yet.
+///   An expired key is
 ///   answered as one since reaped would be, whoever reads it and whatever its own retention: no
 ///   process replays a key past its expiry, from the database or from memory. (An expired key that
 ///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
@@ -206,7 +211,9 @@ existing AS (
     SELECT m.id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
     FROM made_by_keys m
     WHERE m.account_id = {account} AND m.idempotency_key = {key}
-      AND (NOT EXISTS (SELECT FROM existing) OR EXISTS (SELECT FROM existing WHERE expired))
+      AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+                      WHERE k.account_id = {account} AND k.idempotency_key = {key}
+                        AND (k.expires_at IS NULL OR k.expires_at > now()))
 ), inserted AS (
     INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
                                   request_fingerprint, request_params, locked_until, lock_token)
