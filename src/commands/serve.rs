@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
 use payments_service::accounts::DEMO_API_KEY;
-use payments_service::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, ServeArgs, Settings};
+use payments_service::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, DatabaseArgs, ServeArgs, Settings};
 use payments_service::db;
 use payments_service::db::embedded::{EmbeddedDatabase, Sharing};
 use payments_service::gateway::GatewayClient;
@@ -58,7 +58,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             (mock.url().parse()?, Some((mock, events)))
         }
     };
-    let (database_url, embedded) = open_database(&args.database, Sharing::Own).await?;
+    let (database_url, embedded) = match args.citus_workers {
+        None => open_database(&args.database, Sharing::Own).await?,
+        Some(workers) => open_citus(&args.database, workers).await?,
+    };
     if embedded.is_some() {
         advertise_gateway(&args.database.data_dir, &gateway_url)?;
     }
@@ -100,15 +103,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     println!(
         "workers: {}",
-        if workers.is_some() { "completer, reaper, outbox, settler" } else { "none (--no-workers)" }
+        if workers.is_some() { "completer, reaper, outbox, settler, lapser, analyzer" } else { "none (--no-workers)" }
     );
-    if embedded.is_some() {
+    if let Some(embedded) = &embedded {
         let socket = EmbeddedDatabase::socket_dir(&args.database.data_dir);
-        println!(
-            "database: embedded, under {} (psql -h {} -U postgres payments)",
-            args.database.data_dir.display(),
-            socket.display()
-        );
+        match embedded.citus_nodes().first() {
+            Some((_, port, _)) => println!(
+                "database: embedded Citus, under {} (psql -h 127.0.0.1 -p {port} -U postgres payments)",
+                args.database.data_dir.display()
+            ),
+            None => println!(
+                "database: embedded, under {} (psql -h {} -U postgres payments)",
+                args.database.data_dir.display(),
+                socket.display()
+            ),
+        }
         println!("demo API key: {DEMO_API_KEY}");
         println!(
             "try: curl -s -X POST http://{addr}/v1/payments -H 'Authorization: Bearer {DEMO_API_KEY}' \
@@ -229,4 +238,21 @@ fn start_mock_gateway(bind: Option<&str>, webhook: Webhook) -> anyhow::Result<Mo
         false => Controls::Hidden,
     };
     Ok(MockGateway::start_with_events(listener, FaultPlan::none(), controls, webhook)?)
+}
+
+/// `--citus-workers N`: a local Citus cluster under the data directory, the schema distributed over
+/// it, the demo account in it; where each node is, printed. Refused at once with DATABASE_URL, or
+/// where Citus is not installed.
+async fn open_citus(database: &DatabaseArgs, workers: u16) -> anyhow::Result<(String, Option<EmbeddedDatabase>)> {
+    if database.database_url.is_some() {
+        anyhow::bail!("--citus-workers starts a Citus cluster of its own: it cannot be used with DATABASE_URL");
+    }
+    payments_service::db::citus::installed().map_err(anyhow::Error::msg)?;
+    let embedded = EmbeddedDatabase::open_citus(&database.data_dir, workers.into()).await?;
+    let mut conn = <diesel_async::AsyncPgConnection as diesel_async::AsyncConnection>::establish(&embedded.url).await?;
+    payments_service::accounts::ensure_demo(&mut conn).await?;
+    for (role, port, root) in embedded.citus_nodes() {
+        println!("Citus {role:<11} 127.0.0.1:{port}  {}", root.display());
+    }
+    Ok((embedded.url.clone(), Some(embedded)))
 }

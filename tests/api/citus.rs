@@ -249,3 +249,31 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_201_
     let stats = GatewayControl::new(&gateway.url).all_stats().await;
     assert_eq!(stats["charges"], 4, "one charge a key: {stats}");
 }
+
+#[tokio::test]
+async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_them() {
+    if CitusDatabase::skipped("serve_with_citus_workers") {
+        return;
+    }
+    let data = std::env::temp_dir().join(format!("payments-citus-serve-{}", uuid::Uuid::new_v4().simple()));
+    let data_dir = data.to_str().unwrap();
+    let server = Process::serve_with(&["serve", "--citus-workers", "2", "--data-dir", data_dir], &[]).await;
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/payments", server.url))
+        .bearer_auth(payments_service::accounts::DEMO_API_KEY)
+        .header("Idempotency-Key", new_key())
+        .json(&json!({ "amount": 1000, "currency": "usd", "source": "tok_visa" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    // The coordinator (its port kept beside its data) holds the schema, distributed.
+    let port = std::fs::read_to_string(data.join("citus/node-0/port")).unwrap();
+    let placed = placement(&format!("host=127.0.0.1 port={} user=postgres dbname=payments", port.trim())).await;
+    assert!(placed.iter().any(|table| table.table_name == "payments" && table.kind == "distributed"), "{placed:?}");
+    for worker in ["node-1", "node-2"] {
+        assert!(data.join("citus").join(worker).join("data/PG_VERSION").exists(), "{worker}");
+    }
+    drop(server);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -5,6 +5,7 @@
 //! | `DATABASE_URL` | unset: embedded mode | PostgreSQL to use; unset starts a private cluster |
 //! | `PAYMENTS_DATA_DIR` | `./.payments` | where embedded mode keeps its cluster |
 //! | `PAYMENTS_DISTRIBUTE` | unset | `1`: migrate and distribute `DATABASE_URL` over Citus first |
+//! | `PAYMENTS_CITUS_WORKERS` | unset | `serve`: a local Citus cluster of N workers instead of one PostgreSQL |
 //! | `GATEWAY_URL` | unset: in-process mock | base URL of the payment gateway |
 //! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081`, else a free port | where `serve`'s in-process mock gateway listens |
 //! | `PAYMENTS_BIND` | `127.0.0.1:8080` | listen address of `serve` |
@@ -243,6 +244,11 @@ pub struct ServeArgs {
     /// Serve the API only; run the workers elsewhere (`payments worker`).
     #[arg(long)]
     pub no_workers: bool,
+    /// Instead of one embedded PostgreSQL, a local Citus cluster under --data-dir: a coordinator
+    /// and this many workers, the schema distributed over them. Needs the citus extension
+    /// installed for PostgreSQL; not with DATABASE_URL.
+    #[arg(long, env = "PAYMENTS_CITUS_WORKERS", value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub citus_workers: Option<u16>,
 }
 
 /// `payments worker`.

@@ -5,8 +5,9 @@ use std::path::Path;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
+use super::citus::CitusCluster;
 use super::cluster::{Cluster, Durability, is_running, socket_dir, url};
-use super::migrate;
+use super::{distribute, migrate};
 
 /// The database the service uses inside the embedded cluster.
 const DATABASE: &str = "payments";
@@ -27,6 +28,8 @@ pub struct EmbeddedDatabase {
     pub url: String,
     /// None when another process (a running `serve`) already runs the cluster.
     cluster: Option<Cluster>,
+    /// The Citus nodes, when the database is spread over them (`serve --citus-workers N`).
+    citus: Option<CitusCluster>,
 }
 
 impl EmbeddedDatabase {
@@ -54,7 +57,24 @@ impl EmbeddedDatabase {
         }
         let database_url = url(data_dir, DATABASE);
         migrate::run_pending(&database_url).await?;
-        Ok(EmbeddedDatabase { url: database_url, cluster })
+        Ok(EmbeddedDatabase { url: database_url, cluster, citus: None })
+    }
+
+    /// A local Citus cluster under `data_dir/citus`, a coordinator and `workers` workers (made on
+    /// first use, kept across runs), with the database on it, migrated and distributed.
+    pub async fn open_citus(data_dir: &Path, workers: usize) -> anyhow::Result<EmbeddedDatabase> {
+        let root = data_dir.join("citus");
+        let citus =
+            tokio::task::spawn_blocking(move || CitusCluster::start(&root, workers, Durability::Durable)).await??;
+        let database_url = citus.database(DATABASE).await?;
+        distribute::migrate_and_distribute(&database_url).await?;
+        Ok(EmbeddedDatabase { url: database_url, cluster: None, citus: Some(citus) })
+    }
+
+    /// The Citus nodes, if the database is spread over them: role, port and directory.
+    pub fn citus_nodes(&self) -> Vec<(&'static str, u16, std::path::PathBuf)> {
+        let nodes = self.citus.iter().flat_map(|citus| citus.nodes());
+        nodes.map(|(role, port, root)| (role, port, root.to_owned())).collect()
     }
 
     /// For `psql -h <this> -U postgres payments`.
@@ -64,6 +84,9 @@ impl EmbeddedDatabase {
 
     /// Stops the cluster, if it is ours, and waits for it to exit.
     pub async fn stop(self) -> anyhow::Result<()> {
+        if let Some(citus) = self.citus {
+            tokio::task::spawn_blocking(move || citus.stop()).await??;
+        }
         match self.cluster {
             Some(cluster) => tokio::task::spawn_blocking(move || cluster.stop()).await?,
             None => Ok(()),

@@ -5,6 +5,7 @@
 //! answers 503 promptly instead of queueing behind a dead server, and new connections are made
 //! again as soon as the database is back.
 
+pub mod citus;
 pub mod cluster;
 pub mod distribute;
 pub mod embedded;
