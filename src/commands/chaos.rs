@@ -17,6 +17,10 @@ pub const BROKEN: u8 = 3;
 /// `payments chaos`.
 #[derive(Clone, Args)]
 pub struct ChaosArgs {
+    /// Run the world of its own on a Citus cluster of this many workers (and a coordinator)
+    /// instead of one PostgreSQL; needs the citus extension.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub citus_workers: Option<u16>,
     /// Make this many payments (instead of running for --duration).
     #[arg(long, conflicts_with = "duration", value_parser = clap::value_parser!(u64).range(1..))]
     pub keys: Option<u64>,
@@ -117,6 +121,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
         },
         plot: args.plot,
         deployment,
+        citus_workers: args.citus_workers,
     };
     let held = chaos::run(plan).await?;
     Ok(if held { ExitCode::SUCCESS } else { ExitCode::from(BROKEN) })

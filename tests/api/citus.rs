@@ -277,3 +277,23 @@ async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_t
     drop(server);
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[tokio::test]
+async fn chaos_on_citus_kills_crashes_and_faults_and_every_invariant_holds() {
+    if CitusDatabase::skipped("chaos_on_citus") {
+        return;
+    }
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    command.args(["chaos", "--citus-workers", "2", "--keys", "100"]).env("RUST_BACKTRACE", "0");
+    let output = command.output().await.unwrap();
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{table}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(table.ends_with("every invariant held\n"), "{table}");
+    assert!(!table.contains("BROKEN"), "{table}");
+    // The storm happened on the distributed database too.
+    for row in ["kills (SIGKILL)", "gateway faults", "captures and cancels (keys)", "refunds (keys)"] {
+        let line = table.lines().find(|line| line.trim_start().starts_with(row)).unwrap_or_else(|| panic!("{row}"));
+        let count: u64 = line.trim_start()[row.len()..].split_whitespace().next().unwrap().parse().unwrap();
+        assert!(count > 0, "{row}: {table}");
+    }
+}

@@ -14,6 +14,7 @@ use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use child::payments;
+use payments_service::db::citus::CitusCluster;
 use payments_service::db::cluster::{Cluster, Durability};
 
 /// The service's database in a cluster of our own.
@@ -22,10 +23,16 @@ const DATABASE: &str = "payments";
 /// A cluster of our own, with the service's database migrated by `payments migrate` and an
 /// account made by `payments accounts create`.
 pub struct OwnDatabase {
-    pub cluster: Cluster,
+    pub nodes: Nodes,
     pub url: String,
     /// The account's API key.
     pub api_key: String,
+}
+
+/// Where the database is: one PostgreSQL, or a Citus cluster's nodes.
+pub enum Nodes {
+    One(Cluster),
+    Citus(CitusCluster),
 }
 
 impl OwnDatabase {
@@ -38,19 +45,38 @@ impl OwnDatabase {
                 .await??;
         execute(&cluster.url("postgres"), &format!("CREATE DATABASE {DATABASE}")).await?;
         let url = cluster.url(DATABASE);
-        let with_database = [("DATABASE_URL", url.as_str())];
-        child::output("payments migrate", payments(&["migrate"], &with_database)?).await?;
-        let created = payments(&["accounts", "create", account], &with_database)?;
-        let created = child::output("payments accounts create", created).await?;
-        let api_key = created.lines().last().context("no API key printed")?.trim().to_owned();
-        Ok(OwnDatabase { cluster, url, api_key })
+        let api_key = migrate_and_open(&url, &["migrate"], account).await?;
+        Ok(OwnDatabase { nodes: Nodes::One(cluster), url, api_key })
+    }
+
+    /// A durable Citus cluster under `root` instead, a coordinator and `workers` workers, the
+    /// schema distributed over it by `payments migrate --distribute`.
+    pub async fn start_citus(root: &Path, workers: usize, account: &str) -> anyhow::Result<OwnDatabase> {
+        let root = root.to_owned();
+        let citus =
+            tokio::task::spawn_blocking(move || CitusCluster::start(&root, workers, Durability::Durable)).await??;
+        let url = citus.database(DATABASE).await?;
+        let api_key = migrate_and_open(&url, &["migrate", "--distribute"], account).await?;
+        Ok(OwnDatabase { nodes: Nodes::Citus(citus), url, api_key })
     }
 
     /// Stops the cluster.
     pub async fn stop(self) -> anyhow::Result<()> {
-        let cluster = self.cluster;
-        tokio::task::spawn_blocking(move || cluster.stop()).await?
+        tokio::task::spawn_blocking(move || match self.nodes {
+            Nodes::One(cluster) => cluster.stop(),
+            Nodes::Citus(citus) => citus.stop(),
+        })
+        .await?
     }
+}
+
+/// `payments <migrate>` on `url`, then an account named `account`; its API key.
+async fn migrate_and_open(url: &str, migrate: &[&str], account: &str) -> anyhow::Result<String> {
+    let with_database = [("DATABASE_URL", url)];
+    child::output("payments migrate", payments(migrate, &with_database)?).await?;
+    let created = payments(&["accounts", "create", account], &with_database)?;
+    let created = child::output("payments accounts create", created).await?;
+    Ok(created.lines().last().context("no API key printed")?.trim().to_owned())
 }
 
 /// Runs one statement on `url`.

@@ -14,7 +14,7 @@ use reqwest::Url;
 
 use crate::child::{Child, payments};
 use crate::webhook::WebhookSink;
-use crate::{OwnDatabase, Scratch};
+use crate::{Nodes, OwnDatabase, Scratch};
 
 /// What the benchmark's own cluster runs with beyond the usual: statement counts, `BEGIN` and
 /// `COMMIT` included. Nothing that trades durability for speed: fsync and synchronous_commit stay on.
@@ -58,8 +58,9 @@ impl World {
     /// Starts a deployment of the benchmark's own.
     pub async fn start() -> anyhow::Result<World> {
         let scratch = Scratch::create(SCRATCH_PREFIX)?;
-        let OwnDatabase { cluster, url: database_url, api_key } =
+        let OwnDatabase { nodes, url: database_url, api_key } =
             OwnDatabase::start(&scratch.path().join("pg"), SERVER_SETTINGS, "bench").await?;
+        let Nodes::One(cluster) = nodes else { anyhow::bail!("the benchmark's database is one PostgreSQL") };
 
         let quiet = [("RUST_LOG", "warn")];
         let gateway = payments(&["gateway", "--bind", "127.0.0.1:0"], &quiet)?;

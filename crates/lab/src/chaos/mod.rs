@@ -99,6 +99,9 @@ pub struct Plan {
     /// Where to draw the run's timeline, if anywhere (see [`timeline`]).
     pub plot: Option<PathBuf>,
     pub deployment: Deployment,
+    /// A world of the run's own on a Citus cluster of this many workers, instead of one
+    /// PostgreSQL.
+    pub citus_workers: Option<u16>,
 }
 
 /// What to disturb.
@@ -137,7 +140,7 @@ pub async fn run(mut plan: Plan) -> anyhow::Result<bool> {
     let progress = Progress::new();
     let starting = progress.step("starting the world");
     let mut world = match &plan.deployment {
-        Deployment::Own => World::start().await?,
+        Deployment::Own => World::start(plan.citus_workers).await?,
         Deployment::Existing { urls, api_key, database_url, gateway_url } => {
             plan.mix.crash = 0.0;
             plan.mix.lapse = 0.0;
@@ -221,9 +224,6 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
     let database = world.database_url.as_str();
     let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
-    // The authorizations left alone lapse within a few seconds of their time.
-    let open =
-        wait_for_none(&settling, "authorizations still open", || check::open_authorizations(database, &keys)).await?;
     let keys_took = took();
     // Asked once more before the refunds settle: a refund whose every attempt was lost before its
     // claim committed is made only now, and may be left pending too.
@@ -232,6 +232,11 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let asked_took = took();
     let pending = wait_for_none(&settling, "refunds still pending", || check::pending_refunds(database, &keys)).await?;
     let refunds_took = took();
+    // The authorizations left alone lapse within a few seconds of their time: those the final
+    // round made too (a payment whose every attempt was lost before its claim committed).
+    let open =
+        wait_for_none(&settling, "authorizations still open", || check::open_authorizations(database, &keys)).await?;
+    let lapses_took = took();
     // Last, since settling a refund makes an event.
     let unacknowledged =
         wait_for_none(&settling, "gateway events not acknowledged", || gateway.events_unacknowledged(&sent_before))
@@ -260,11 +265,11 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         left => format!("{left} {what} not {done} after {:.1} s", took.as_secs_f64()),
     };
     settling.finish(&format!(
-        "{}{}, each asked once more in {:.1} s, {}, {}, the outbox's events awaited {:.1} s: {:.1} s",
+        "{}, each asked once more in {:.1} s, {}, {}, {}, the outbox's events awaited {:.1} s: {:.1} s",
         waited(unfinished, "keys", "finished", keys_took),
-        if open > 0 { format!(" ({open} authorizations still open)") } else { String::new() },
         asked_took.as_secs_f64(),
         waited(pending, "pending refunds", "settled", refunds_took),
+        waited(open, "authorizations", "ended", lapses_took),
         waited(unacknowledged, "gateway events", "acknowledged", events_took),
         outbox_took.as_secs_f64(),
         settle_took.as_secs_f64()

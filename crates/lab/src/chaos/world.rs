@@ -91,10 +91,14 @@ struct Member {
 }
 
 impl World {
-    /// Starts a deployment of the run's own.
-    pub async fn start() -> anyhow::Result<World> {
+    /// Starts a deployment of the run's own: on one PostgreSQL, or on a Citus cluster of
+    /// `citus_workers` workers.
+    pub async fn start(citus_workers: Option<u16>) -> anyhow::Result<World> {
         let scratch = Scratch::create(SCRATCH_PREFIX)?;
-        let database = OwnDatabase::start(&scratch.path().join("pg"), &[], "chaos").await?;
+        let database = match citus_workers {
+            None => OwnDatabase::start(&scratch.path().join("pg"), &[], "chaos").await?,
+            Some(workers) => OwnDatabase::start_citus(&scratch.path().join("citus"), workers.into(), "chaos").await?,
+        };
         // Fixed ports, so that a restarted server is where the clients and the relay look for it.
         let ports = [free_port()?, free_port()?];
         let urls: Vec<Url> =
