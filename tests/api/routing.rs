@@ -16,9 +16,18 @@ use serde_json::{Value, json};
 use crate::helpers::{TestApp, explain, new_key, payment_body, record_statements, sql_of, statements};
 
 /// The tables a Citus deployment distributes by `account_id` (see docs/performance.md, Spread by
-/// account on Citus); `accounts` is a reference table.
-const DISTRIBUTED: [&str; 7] =
-    ["idempotency_keys", "payments", "refunds", "audit_records", "staged_jobs", "key_request_counts", "gateway_events"];
+/// account on Citus); `accounts` and `unreadable_gateway_events` are reference tables.
+const DISTRIBUTED: [&str; 9] = [
+    "idempotency_keys",
+    "payments",
+    "refunds",
+    "audit_records",
+    "staged_jobs",
+    "key_request_counts",
+    "gateway_events",
+    "payment_changes",
+    "open_authorizations",
+];
 
 #[tokio::test]
 async fn every_statement_of_a_payment_and_a_refund_finds_its_rows_by_the_account_as_a_parameter() {
@@ -37,6 +46,16 @@ async fn every_statement_of_a_payment_and_a_refund_finds_its_rows_by_the_account
     assert_eq!(app.post_refund(&new_key(), &refund).await.status(), StatusCode::CREATED);
     assert_eq!(app.post_refund(&new_key(), &refund).await.status(), StatusCode::BAD_REQUEST);
     assert_eq!(app.post_refund(&key, &refund).await.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // An authorization captured in part, and a cancel that finds it captured.
+    let body = json!({ "amount": 2000, "currency": "usd", "source": "tok_visa", "capture": false });
+    let authorized: serde_json::Value = app.post_payment(&new_key(), &body).await.json().await.unwrap();
+    let change = |action: &str| {
+        let path = format!("{}/v1/payments/{}/{action}", app.address, authorized["id"].as_str().unwrap());
+        let request = app.http.post(path).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+        request.json(&json!({})).send()
+    };
+    assert_eq!(change("capture").await.unwrap().status(), StatusCode::OK);
+    assert_eq!(change("cancel").await.unwrap().status(), StatusCode::BAD_REQUEST);
     let id = payment["id"].as_str().unwrap();
     for path in [format!("/v1/payments/{id}"), "/v1/payments".into(), format!("/v1/refunds?payment={id}")] {
         assert_eq!(app.get(&path).await.status(), StatusCode::OK, "{path}");
@@ -64,6 +83,7 @@ async fn every_statement_of_a_payment_and_a_refund_finds_its_rows_by_the_account
     assert!(ran("INSERT INTO payments") >= 2, "the claim with `started`, and `started` alone: {checked:#?}");
     assert!(ran("INSERT INTO refunds") >= 1 && ran("UPDATE payments") >= 3, "{checked:#?}");
     assert!(ran("idempotency_key.released") == 1, "{checked:#?}");
+    assert!(ran("INSERT INTO payment_changes") >= 1 && ran("UPDATE payment_changes") >= 1, "{checked:#?}");
     let unrouted: Vec<_> = checked.iter().filter(|(_, scans)| !scans.is_empty()).collect();
     assert!(unrouted.is_empty(), "scans of distributed tables without `account_id = $n`: {unrouted:#?}");
 }
