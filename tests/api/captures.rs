@@ -357,6 +357,13 @@ async fn an_authorization_lapses_once_past_its_time_and_a_capture_then_loses_to_
     assert_eq!((&payment["status"], &payment["cancellation_reason"]), (&json!("canceled"), &json!("expired")));
     let charge = app.gateway.charge(payment["gateway_charge_id"].as_str().unwrap()).await;
     assert_eq!(charge["status"], "canceled");
+    // Every record of the lapse's key, its claim's included, names the lapser, not the API.
+    let lapse_records = format!(
+        "(SELECT array_agg(DISTINCT actor) = '{{lapser}}' FROM audit_records \
+         WHERE request_id IN (SELECT request_id FROM audit_records \
+                              WHERE action = 'payment.cancel_started' AND data ->> 'payment' = '{lapsing}'))"
+    );
+    assert!(app.database_says(&lapse_records).await, "the lapse's records are the lapser's");
     let still: Value = app.get(&format!("/v1/payments/{captured}")).await.json().await.unwrap();
     assert_eq!(still["status"], "succeeded", "a captured payment never lapses");
     assert_eq!(app.gateway.all_stats().await["cancels"], 1);

@@ -85,6 +85,7 @@ impl KeyRequest {
             fingerprint: Fingerprint::of(&self.params),
             params: &self.params,
             request_id: &self.request_id,
+            actor: payments_service::audit::Actor::Api,
         }
     }
 

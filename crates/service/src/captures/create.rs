@@ -98,12 +98,7 @@ pub async fn lapse(state: &AppState, account_id: Uuid, payment_id: Uuid, run: &R
         reason: Some(CancellationReason::Expired),
     };
     let create = KeyedRequest::new(account_id, key, &CANCEL, request);
-    create
-        .answer(state.keys(), run, |request| ChangePhases {
-            actor: Actor::Lapser,
-            ..ChangePhases::new(state, request, None)
-        })
-        .await
+    create.answer_as(state.keys(), run, Actor::Lapser, |request| ChangePhases::new(state, request, None)).await
 }
 
 /// What `started` left: a change to ask the gateway for, or why there is nothing to do.
@@ -139,8 +134,6 @@ struct ChangePhases<'a> {
     started: Option<Started>,
     /// The change's id, the payment, and whether the change was done, as `*_created` left them.
     recorded: Option<(Uuid, Payment, bool)>,
-    /// Who asks for the change: a client (the API), or the lapse.
-    actor: Actor,
 }
 
 impl Phases for ChangePhases<'_> {
@@ -148,7 +141,7 @@ impl Phases for ChangePhases<'_> {
 
     /// `started`: it needs nothing but the request and the database.
     fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p> {
-        Some(self.start_writes(new.account_id, new.key, self.actor, new.request_id))
+        Some(self.start_writes(new.account_id, new.key, new.actor, new.request_id))
     }
 
     fn started_with_claim(&mut self, started: Started) {
@@ -194,7 +187,7 @@ impl Phases for ChangePhases<'_> {
 
 impl<'a> ChangePhases<'a> {
     fn new(state: &'a AppState, request: ChangeRequest, fault: Option<Fault>) -> Self {
-        ChangePhases { state, request, fault, started: None, recorded: None, actor: Actor::Api }
+        ChangePhases { state, request, fault, started: None, recorded: None }
     }
 
     fn kind(&self) -> ChangeKind {

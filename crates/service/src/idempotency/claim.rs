@@ -233,12 +233,12 @@ existing AS (
     RETURNING k.id, k.recovery_point
 ), key_audited AS (
     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
-    SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, 'api', jsonb_build_object(), {request_id}
+    SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, {actor}, jsonb_build_object(), {request_id}
     FROM inserted n
     UNION ALL
     SELECT {account},
            CASE WHEN e.locked_until IS NULL THEN 'idempotency_key.resumed' ELSE 'idempotency_key.taken_over' END,
-           'idempotency_key', t.id, 'api', jsonb_build_object('recovery_point', t.recovery_point), {request_id}
+           'idempotency_key', t.id, {actor}, jsonb_build_object('recovery_point', t.recovery_point), {request_id}
     FROM taken t, existing e
     RETURNING id
 ), claimed (claim_acquired, claim_fresh, claim_key_id, claim_same_request, claim_recovery_point,
@@ -274,6 +274,7 @@ impl<W> Parameters for ClaimQuery<'_, W> {
             "token" => out.push_bind_param::<SqlUuid, _>(&self.token),
             "lease_ms" => out.push_bind_param::<BigInt, _>(&self.lease_ms),
             "request_id" => out.push_bind_param::<Text, _>(new.request_id.as_str()),
+            "actor" => out.push_bind_param::<Text, _>(new.actor.as_str()),
             other => Err(no_parameter(other)),
         }
     }

@@ -156,10 +156,22 @@ impl<R: Canonical> KeyedRequest<R> {
         request_id: &RequestId,
         phases: impl FnOnce(R) -> P,
     ) -> Result<Reply, DriveError> {
+        self.answer_as(ctx, request_id, Actor::Api, phases).await
+    }
+
+    /// [`KeyedRequest::answer`], for a request a worker of ours (`actor`) makes under a key of
+    /// its own: the lapse's cancel.
+    pub async fn answer_as<P: Phases>(
+        self,
+        ctx: Context<'_>,
+        request_id: &RequestId,
+        actor: Actor,
+        phases: impl FnOnce(R) -> P,
+    ) -> Result<Reply, DriveError> {
         let KeyedRequest { account_id, key, endpoint, request, fingerprint } = self;
         let params = serde_json::to_value(&request)
             .map_err(|error| DriveError::inconsistent(format!("a request that does not serialise: {error}")))?;
-        let new = NewKey { account_id, key: &key, endpoint, fingerprint, params: &params, request_id };
+        let new = NewKey { account_id, key: &key, endpoint, fingerprint, params: &params, request_id, actor };
         answer(ctx, &new, phases(request)).await
     }
 }
@@ -261,7 +273,7 @@ pub async fn take_in<'a, P: Phases>(
     metrics.key(account_id, endpoint, if lock.resumed() { KeyOutcome::Resumed } else { KeyOutcome::Created });
     tracing::Span::current().record("idempotency_key.id", lock.key_id.to_string());
     let key = new.key.clone();
-    let run = Run { conn: Some(conn), ..Run::new(ctx, lock, key, Actor::Api, new.request_id.clone()) };
+    let run = Run { conn: Some(conn), ..Run::new(ctx, lock, key, new.actor, new.request_id.clone()) };
     Ok(TakenIn::Acquired(Box::new(run)))
 }
 

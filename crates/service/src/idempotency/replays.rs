@@ -218,6 +218,7 @@ mod tests {
             fingerprint: Fingerprint::of(params),
             params,
             request_id: &request_id,
+            actor: crate::audit::Actor::Api,
         };
         let answer = StoredResponse { status: 201, body: b"{\"id\":1}".to_vec() };
         cache.remember(&new(account, &body), &answer, Deadline::after(Duration::from_secs(60)));
@@ -244,6 +245,7 @@ mod tests {
             fingerprint: Fingerprint::of(&body),
             params: &body,
             request_id: &request_id,
+            actor: crate::audit::Actor::Api,
         };
         let answer = StoredResponse { status: 201, body: b"{}".to_vec() };
         let expired = Deadline::counted_from(Duration::ZERO, Duration::from_secs(1));
@@ -267,6 +269,7 @@ mod tests {
             fingerprint: Fingerprint::of(&body),
             params: &body,
             request_id: &request_id,
+            actor: crate::audit::Actor::Api,
         };
         let answer = StoredResponse { status: 201, body: b"{}".to_vec() };
         let sent = since_boot();
@@ -293,6 +296,7 @@ mod tests {
             fingerprint: Fingerprint::of(&body),
             params: &body,
             request_id: &request_id,
+            actor: crate::audit::Actor::Api,
         };
         let answer = StoredResponse { status: 201, body: vec![b'x'; MAX_STORED_BODY_BYTES] };
         // The last: room for 65 shards of two. Rounded up to 128, each shard would be short of one
@@ -340,6 +344,7 @@ mod tests {
                 fingerprint: Fingerprint::of(&body),
                 params: &body,
                 request_id: &request_id,
+                actor: crate::audit::Actor::Api,
             };
             cache.remember(&new, &answer, Deadline::after(Duration::from_secs(60)));
         }

@@ -49,6 +49,9 @@ pub struct NewKey<'a> {
     pub params: &'a serde_json::Value,
     /// The request claiming the key: named in the audit record of a claim.
     pub request_id: &'a RequestId,
+    /// Who asks: a client, through the API, or a worker of ours (the lapse, cancelling an
+    /// authorization under a key of its own). Named in every audit record the run writes.
+    pub actor: Actor,
 }
 
 /// A final response, stored with its key and replayed byte for byte.
