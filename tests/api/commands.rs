@@ -28,6 +28,12 @@ async fn serve_and_worker_refuse_unsafe_settings_and_say_how_to_fix_them() {
         let short_retention = payments(&[command], &[("PAYMENTS_KEY_RETENTION_SECS", "60")]).await;
         assert!(!short_retention.status.success());
         assert!(String::from_utf8_lossy(&short_retention.stderr).contains("Raise the retention"));
+
+        // An authorization held for more than a year: no network holds one.
+        let endless = payments(&[command], &[("PAYMENTS_AUTHORIZATION_TTL_SECS", "99999999999")]).await;
+        assert!(!endless.status.success());
+        let error = String::from_utf8_lossy(&endless.stderr);
+        assert!(error.contains("authorization-ttl-secs") && error.contains("31536000"), "{error}");
     }
 }
 

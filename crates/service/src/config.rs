@@ -144,9 +144,10 @@ pub struct ProtocolArgs {
     #[arg(long, env = "PAYMENTS_GATEWAY_TIMEOUT_MS", default_value_t = DEFAULT_GATEWAY_TIMEOUT_MS)]
     pub gateway_timeout_ms: u64,
     /// Seconds an authorization (a payment made with `capture: false`) waits for its capture before
-    /// it lapses and is cancelled. Card networks hold an authorization for about a week.
+    /// it lapses and is cancelled. Card networks hold an authorization for about a week; at most a
+    /// year is taken (no network holds money longer).
     #[arg(long, env = "PAYMENTS_AUTHORIZATION_TTL_SECS", default_value_t = DEFAULT_AUTHORIZATION_TTL_SECS,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     pub authorization_ttl_secs: u64,
     /// Honour the X-Fault-Inject request header (for tests; never in production).
     #[arg(long, env = "PAYMENTS_FAULT_INJECTION", value_parser = clap::builder::BoolishValueParser::new(),
