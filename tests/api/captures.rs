@@ -543,3 +543,26 @@ async fn an_authorization_that_lapsed_before_its_key_finished_is_announced_as_au
     );
     assert!(app.database_says(&staged).await, "announced as authorized, never as failed");
 }
+
+#[tokio::test]
+async fn a_late_retry_of_a_capture_whose_key_expired_is_410_naming_the_payment_and_captures_nothing() {
+    let app = TestApp::spawn().await;
+    let id = app.authorized(5000).await;
+    let key = new_key();
+    assert_eq!(app.change(&id, "capture", &key, &json!({})).await.status(), StatusCode::OK);
+    let expired = format!(
+        "UPDATE idempotency_keys SET finished_at = now() - interval '2 hours', expires_at = now() - interval '1 hour' \
+         WHERE idempotency_key = '{key}'"
+    );
+    app.run_sql(&expired).await;
+    // Another process, which never answered it: this one may still replay it from memory until
+    // the expiry it was told.
+    let other = TestApp::builder().spawn_beside(&app).await;
+    let late = other.change(&id, "capture", &key, &json!({})).await;
+    assert_eq!(late.status(), StatusCode::GONE);
+    let late: Value = late.json().await.unwrap();
+    let detail = late["detail"].as_str().unwrap();
+    assert!(detail.contains("asked to capture payment") && detail.contains("Nothing was changed now"), "{detail}");
+    assert_eq!(late["payment"]["status"], "succeeded", "{late}");
+    assert_eq!(app.gateway.all_stats().await["capture_requests"], 1);
+}

@@ -181,7 +181,7 @@ impl Phases for ChangePhases<'_> {
         .await?;
         let payment = db::query(Payment::find(&mut conn, new.account_id, payment_id)).await?;
         let payment = payment.ok_or_else(|| DriveError::inconsistent(format!("payment {payment_id} vanished")))?;
-        Ok(crate::payments::view::expired_key_response(&payment, new.request_id))
+        Ok(super::view::expired_key_response(self.kind(), &payment, new.request_id))
     }
 }
 

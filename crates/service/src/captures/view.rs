@@ -29,6 +29,24 @@ pub fn rejected_response(kind: ChangeKind, payment: &Payment, request_id: &Reque
     StoredResponse { status: problem.status(), body: problem.to_bytes() }
 }
 
+/// The answer to a late retry of a capture's or a cancel's key whose record has expired: `410`,
+/// naming the payment as it stands; nothing is asked of the gateway again.
+pub fn expired_key_response(kind: ChangeKind, payment: &Payment, request_id: &RequestId) -> StoredResponse {
+    let verb = match kind {
+        ChangeKind::Capture => "capture",
+        ChangeKind::Cancel => "cancel",
+    };
+    let detail = format!(
+        "This Idempotency-Key asked to {verb} payment {}, and its stored response has expired. Nothing was \
+         changed now; GET /v1/payments/{} shows the payment as it stands.",
+        payment.id, payment.id
+    );
+    let problem = Problem::new(ProblemType::IdempotencyKeyExpired, detail)
+        .of_request(Some(request_id.as_str()))
+        .with(PaymentMember { payment: payment.into() });
+    StoredResponse { status: problem.status(), body: problem.to_bytes() }
+}
+
 /// The `payment` member of a problem about a payment.
 #[derive(Debug, Serialize)]
 struct PaymentMember<'a> {
