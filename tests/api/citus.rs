@@ -297,3 +297,67 @@ async fn chaos_on_citus_kills_crashes_and_faults_and_every_invariant_holds() {
         assert!(count > 0, "{row}: {table}");
     }
 }
+
+#[tokio::test]
+async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_money_rules() {
+    let Some(citus) = CitusDatabase::create("on_citus_captures_cancels_and_refunds_racing").await else { return };
+    let gateway = Process::gateway().await;
+    let env = [("PAYMENTS_DISTRIBUTE", "1")];
+    let servers = [
+        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await,
+        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await,
+    ];
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "racing money on citus").await.unwrap();
+    let http = reqwest::Client::new();
+    let post = |server: &Process, path: String, body: Value| {
+        let request = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key);
+        request.header("Idempotency-Key", new_key()).json(&body).send()
+    };
+    for round in 0..3 {
+        // Twelve captures and cancels of one authorization at once: exactly one wins.
+        let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
+        let authorized: Value = post(&servers[0], "/v1/payments".into(), body).await.unwrap().json().await.unwrap();
+        let id = authorized["id"].as_str().unwrap().to_owned();
+        let racing = (0..12).map(|n| {
+            let action = if n % 2 == 0 { "capture" } else { "cancel" };
+            post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}))
+        });
+        let statuses: Vec<u16> = futures_util::future::join_all(racing)
+            .await
+            .into_iter()
+            .map(|answer| answer.unwrap().status().as_u16())
+            .collect();
+        assert_eq!(statuses.iter().filter(|&&status| status == 200).count(), 1, "round {round}: {statuses:?}");
+        assert!(statuses.iter().all(|&status| status == 200 || status == 400), "round {round}: {statuses:?}");
+
+        // Eight refunds of 1,000 at once of a payment of 5,000: five fit, three are refused.
+        let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa" });
+        let paid: Value = post(&servers[1], "/v1/payments".into(), body).await.unwrap().json().await.unwrap();
+        let refunds = (0..8)
+            .map(|n| post(&servers[n % 2], "/v1/refunds".into(), json!({ "payment": paid["id"], "amount": 1000 })));
+        let statuses: Vec<u16> = futures_util::future::join_all(refunds)
+            .await
+            .into_iter()
+            .map(|answer| answer.unwrap().status().as_u16())
+            .collect();
+        assert_eq!(statuses.iter().filter(|&&status| status == 201).count(), 5, "round {round}: {statuses:?}");
+        assert_eq!(statuses.iter().filter(|&&status| status == 400).count(), 3, "round {round}: {statuses:?}");
+    }
+    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    assert_eq!(stats["captures"].as_u64().unwrap() + stats["cancels"].as_u64().unwrap(), 3, "{stats}");
+    assert_eq!(stats["refunds"], 15, "{stats}");
+}
+
+#[tokio::test]
+async fn on_citus_a_payment_whose_answer_was_lost_is_finished_by_its_retry_charged_once() {
+    let Some(app) = app_on_citus("on_citus_a_payment_whose_answer_was_lost").await else { return };
+    for fault in ["error_after", "timeout_after"] {
+        let (key, body) = (new_key(), crate::helpers::payment_body());
+        app.gateway.fault(fault, 1).await;
+        assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE, "{fault}");
+        let retried = app.post_payment(&key, &body).await;
+        assert_eq!(retried.status(), StatusCode::CREATED, "{fault}");
+    }
+    assert_eq!(app.gateway.all_stats().await["charges"], 2, "each charged once: the look-up found it");
+}
