@@ -30,7 +30,9 @@ ALTER TABLE payments
     -- When the authorization lapses: a worker cancels it then, unless a capture or a cancel won.
     ADD COLUMN capture_before timestamptz,
     ADD COLUMN canceled_at timestamptz,
-    ADD COLUMN cancellation_reason text,
+    ADD COLUMN cancellation_reason text;
+-- Each constraint by a command of its own: Citus takes no other subcommand beside one.
+ALTER TABLE payments
     ADD CONSTRAINT payments_capture_check CHECK (
         capture_method IN ('automatic', 'manual')
         AND (capture_method = 'manual') = (amount_captured IS NOT NULL)
@@ -39,7 +41,8 @@ ALTER TABLE payments
         AND (status = 'canceled') = (canceled_at IS NOT NULL)
         AND (canceled_at IS NOT NULL OR cancellation_reason IS NULL)
         AND cancellation_reason IN ('duplicate', 'fraudulent', 'requested_by_customer', 'abandoned', 'expired')
-    ) NOT VALID,
+    ) NOT VALID;
+ALTER TABLE payments
     ADD CONSTRAINT payments_refunds_within_captured_check CHECK (
         amount_refunded + amount_refund_pending <= coalesce(amount_captured, amount)
     ) NOT VALID;
@@ -70,7 +73,6 @@ CREATE TABLE payment_changes (
     PRIMARY KEY (account_id, id),
     CONSTRAINT payment_changes_account_id_idempotency_key_id_key UNIQUE (account_id, idempotency_key_id),
     CONSTRAINT payment_changes_account_id_idempotency_key_key UNIQUE (account_id, idempotency_key),
-    CONSTRAINT payment_changes_payment_fkey FOREIGN KEY (account_id, payment_id) REFERENCES payments (account_id, id),
     CONSTRAINT payment_changes_kind_check CHECK (
         (kind = 'capture') = (amount IS NOT NULL) AND (kind = 'cancel' OR cancellation_reason IS NULL)
     ),
@@ -93,11 +95,29 @@ CREATE TABLE open_authorizations (
     account_id     uuid        NOT NULL,
     payment_id     uuid        NOT NULL,
     capture_before timestamptz NOT NULL,
-    PRIMARY KEY (account_id, payment_id),
-    CONSTRAINT open_authorizations_payment_fkey FOREIGN KEY (account_id, payment_id)
-        REFERENCES payments (account_id, id)
+    PRIMARY KEY (account_id, payment_id)
 );
 CREATE INDEX open_authorizations_capture_before_idx ON open_authorizations (capture_before);
+
+-- On a database distributed over Citus (`payments migrate --distribute`), a table can refer to
+-- `payments` only once it is distributed as `payments` is: by account, colocated. On one
+-- PostgreSQL this does nothing.
+DO $$
+BEGIN
+    -- Nested: the inner condition names a Citus catalog, which one PostgreSQL does not have.
+    IF to_regclass('pg_dist_partition') IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM pg_dist_partition WHERE logicalrelid = 'payments'::regclass) THEN
+            PERFORM create_distributed_table('payment_changes', 'account_id', colocate_with => 'payments');
+            PERFORM create_distributed_table('open_authorizations', 'account_id', colocate_with => 'payments');
+        END IF;
+    END IF;
+END
+$$;
+ALTER TABLE payment_changes
+    ADD CONSTRAINT payment_changes_payment_fkey FOREIGN KEY (account_id, payment_id) REFERENCES payments (account_id, id);
+ALTER TABLE open_authorizations
+    ADD CONSTRAINT open_authorizations_payment_fkey FOREIGN KEY (account_id, payment_id)
+        REFERENCES payments (account_id, id);
 
 -- What each client key made: a capture's or a cancel's key made its change.
 CREATE OR REPLACE VIEW made_by_keys AS

@@ -6,12 +6,14 @@
 
 use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use diesel_async::async_connection_wrapper::AsyncConnectionWrapper;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::process::Command;
 
 use crate::helpers::{CitusDatabase, GatewayControl, Process, TestApp, TestDatabase, new_key};
+use payments_service::db::migrate::MIGRATIONS;
 use payments_service::workers::{Outcome, Worker};
 
 /// `payments migrate --distribute` against `database_url`: its exit code and output.
@@ -82,15 +84,12 @@ async fn schema(url: &str) -> (Vec<String>, Vec<String>, Vec<String>) {
     (tables, keys, views)
 }
 
-#[tokio::test]
-async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
-    let Some(citus) = CitusDatabase::create("the_schema_distributes_by_account_colocated").await else { return };
-    let (code, output) = migrate_distribute(&citus.url).await;
-    assert_eq!(code, Some(0), "{output}");
-    assert!(output.contains("distributed payments: by account_id"), "{output}");
-
-    let placed = placement(&citus.url).await;
-    let (tables, keys, views) = schema(&citus.url).await;
+/// Checks that every table of the database at `url` is in Citus's metadata, by account and
+/// colocated or a reference table, with the foreign keys and the view a single node has; returns
+/// where each is and the schema.
+async fn distributed_as_on_one_node(url: &str) -> (Vec<Placed>, (Vec<String>, Vec<String>, Vec<String>)) {
+    let placed = placement(url).await;
+    let (tables, keys, views) = schema(url).await;
     let names: Vec<&str> = placed.iter().map(|table| table.table_name.as_str()).collect();
     assert_eq!(names, tables, "every table is in Citus's metadata");
     let payments = placed.iter().find(|table| table.table_name == "payments").unwrap().clone();
@@ -109,6 +108,18 @@ async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_no
     let single = TestDatabase::create().await;
     let (single_tables, single_keys, single_views) = schema(&single.url).await;
     assert_eq!((tables.clone(), keys.clone(), views.clone()), (single_tables, single_keys, single_views));
+
+    (placed, (tables, keys, views))
+}
+
+#[tokio::test]
+async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
+    let Some(citus) = CitusDatabase::create("the_schema_distributes_by_account_colocated").await else { return };
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    assert!(output.contains("distributed payments: by account_id"), "{output}");
+
+    let (placed, (tables, keys, views)) = distributed_as_on_one_node(&citus.url).await;
 
     // Again: nothing to do, and nothing changes.
     let (code, output) = migrate_distribute(&citus.url).await;
@@ -360,4 +371,119 @@ async fn on_citus_a_payment_whose_answer_was_lost_is_finished_by_its_retry_charg
         assert_eq!(retried.status(), StatusCode::CREATED, "{fault}");
     }
     assert_eq!(app.gateway.all_stats().await["charges"], 2, "each charged once: the look-up found it");
+}
+
+#[derive(QueryableByName, Debug, PartialEq, Eq, Clone, Copy)]
+struct Executions {
+    #[diesel(sql_type = BigInt)]
+    single_shard: i64,
+    #[diesel(sql_type = BigInt)]
+    multi_shard: i64,
+}
+
+/// How many distributed executions the coordinator ran for this database so far, by whether each
+/// went to one shard or several (Citus's own counters, on for the database).
+async fn executions(conn: &mut AsyncPgConnection) -> Executions {
+    diesel::sql_query(
+        "SELECT query_execution_single_shard AS single_shard, query_execution_multi_shard AS multi_shard
+             FROM citus_stat_counters WHERE name = current_database()",
+    )
+    .get_result(conn)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn on_citus_each_statement_of_a_request_goes_to_one_shard_in_one_round_trip() {
+    use crate::round_trips::{STATEMENTS_PER_PAYMENT, STATEMENTS_PER_REFUND};
+    let Some(citus) = CitusDatabase::create("on_citus_each_statement_goes_to_one_shard").await else { return };
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    conn.batch_execute(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET citus.enable_stat_counters = on', current_database()); END $$",
+    )
+    .await
+    .unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "routed").await.unwrap();
+    let gateway = Process::gateway().await;
+    // No workers: every statement counted is a request's.
+    let server = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await;
+    let http = reqwest::Client::new();
+    let pay = || async {
+        let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa" });
+        let request = http.post(format!("{}/v1/payments", server.url)).bearer_auth(&api_key);
+        let answer = request.header("Idempotency-Key", new_key()).json(&body).send().await.unwrap();
+        assert_eq!(answer.status(), StatusCode::CREATED);
+        answer.json::<Value>().await.unwrap()
+    };
+    // The first payment authenticates and asks the gateway who it is: not counted.
+    pay().await;
+    let mut counters = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    let before = executions(&mut counters).await;
+
+    const PAYMENTS: usize = 4;
+    for _ in 0..PAYMENTS {
+        let payment = pay().await;
+        let path = format!("{}/v1/payments/{}", server.url, payment["id"].as_str().unwrap());
+        let looked_up = http.get(&path).bearer_auth(&api_key).send().await.unwrap();
+        assert_eq!(looked_up.status(), StatusCode::OK);
+        let refund = http.post(format!("{}/v1/refunds", server.url)).bearer_auth(&api_key);
+        let body = json!({ "payment": payment["id"], "amount": 1000 });
+        let refund = refund.header("Idempotency-Key", new_key()).json(&body).send().await.unwrap();
+        assert_eq!(refund.status(), StatusCode::CREATED);
+    }
+
+    // Each statement the pool sent ran once, on one shard: the claim and every phase delegated
+    // whole to the account's node (one execution each, not one per CTE that inserts), the look-up
+    // routed there.
+    let after = executions(&mut counters).await;
+    let statements = PAYMENTS * (STATEMENTS_PER_PAYMENT + 1 + STATEMENTS_PER_REFUND);
+    let ran = Executions {
+        single_shard: after.single_shard - before.single_shard,
+        multi_shard: after.multi_shard - before.multi_shard,
+    };
+    assert_eq!(ran, Executions { single_shard: statements as i64, multi_shard: 0 });
+}
+
+/// The migrations that came after the schema first ran on Citus: authorize-then-capture's, which
+/// add columns and checks to `payments` and new tables.
+const LATER_MIGRATIONS: usize = 3;
+
+#[tokio::test]
+async fn on_citus_later_migrations_apply_to_the_distributed_schema_and_what_they_add_is_distributed() {
+    let Some(citus) = CitusDatabase::create("on_citus_later_migrations_apply").await else { return };
+    // The schema as it stood before the later migrations, distributed.
+    let url = citus.url.clone();
+    let applied = tokio::task::spawn_blocking(move || {
+        use diesel_migrations::MigrationHarness as _;
+        let mut conn: AsyncConnectionWrapper<AsyncPgConnection> = diesel::Connection::establish(&url).unwrap();
+        let all = conn.pending_migrations(MIGRATIONS).unwrap().len();
+        for _ in 0..all - LATER_MIGRATIONS {
+            conn.run_next_migration(MIGRATIONS).unwrap();
+        }
+        all
+    })
+    .await
+    .unwrap();
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    payments_service::db::distribute::distribute(&mut conn).await.unwrap();
+
+    // The rest, as `payments migrate --distribute` applies them: they run on the distributed
+    // tables, and what they made is distributed too.
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    let versions: i64 = diesel::sql_query("SELECT count(*) AS count FROM __diesel_schema_migrations")
+        .get_result::<Count>(&mut conn)
+        .await
+        .unwrap()
+        .count;
+    assert_eq!(versions as usize, applied);
+    distributed_as_on_one_node(&citus.url).await;
+}
+
+#[derive(QueryableByName)]
+struct Count {
+    #[diesel(sql_type = BigInt)]
+    count: i64,
 }

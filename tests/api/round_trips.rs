@@ -9,12 +9,12 @@ use crate::helpers::{TestApp, new_key, payment_body, record_statements, statemen
 
 /// The claim with `started` in its statement, then `charge_created` and `finished`: its writes and
 /// the fenced key update, one statement each.
-const STATEMENTS_PER_PAYMENT: usize = 3;
+pub const STATEMENTS_PER_PAYMENT: usize = 3;
 /// The first payment of a process: the claim alone, then `started` on its own (it asks the
 /// gateway who it is, which the claim cannot wait for), then the same two.
 const STATEMENTS_PER_FIRST_PAYMENT: usize = 4;
 /// The claim with `started`, then `refund_created` and `finished`.
-const STATEMENTS_PER_REFUND: usize = 3;
+pub const STATEMENTS_PER_REFUND: usize = 3;
 /// The claim with `started`, which finds nothing left to refund, then `finished` storing that.
 const STATEMENTS_PER_REFUSED_REFUND: usize = 2;
 /// Authentication, once per API key and process (then kept for a minute).
