@@ -1,7 +1,8 @@
 //! `embed_migrations!` reads `migrations/` at compile time, but cargo does not know that a new
 //! migration folder should trigger a rebuild unless told. The same folders' `up.sql` texts are
-//! embedded once more, as a list (`$OUT_DIR/migration_texts.rs`), for the runner that applies them
-//! to a distributed database (see `src/db/migrate.rs`).
+//! embedded once more, as a list (`$OUT_DIR/migration_texts.rs`: name, text, and whether it runs in
+//! a transaction, `metadata.toml`'s `run_in_transaction`), for the runner that applies them to a
+//! distributed database (see `src/db/migrate.rs`).
 
 use std::path::PathBuf;
 
@@ -17,7 +18,10 @@ fn main() {
     let entries: String = names
         .iter()
         .map(|name| {
-            format!("    ({name:?}, include_str!({:?})),\n", root.join(name).join("up.sql").canonicalize().unwrap())
+            let up = root.join(name).join("up.sql").canonicalize().unwrap();
+            let metadata = std::fs::read_to_string(root.join(name).join("metadata.toml")).unwrap_or_default();
+            let in_transaction = !metadata.lines().any(|line| line.replace(' ', "") == "run_in_transaction=false");
+            format!("    ({name:?}, include_str!({up:?}), {in_transaction}),\n")
         })
         .collect();
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("migration_texts.rs");

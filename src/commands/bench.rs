@@ -67,6 +67,11 @@ pub struct BenchArgs {
     /// With --url: the postmaster, whose CPU time (with all its children's) to report.
     #[arg(long, requires = "url")]
     pub postgres_pid: Option<u32>,
+    /// Then run the same scenarios on a Citus cluster of a coordinator and this many workers on
+    /// this machine (Citus must be installed), and report them beside one PostgreSQL's: requests
+    /// per second as ratios, statements and distributed executions per request.
+    #[arg(long, conflicts_with = "url", value_parser = clap::value_parser!(u16).range(1..=8))]
+    pub citus_workers: Option<u16>,
 }
 
 /// `payments bench-endpoint`: the bare reference endpoint, as a process of its own.
@@ -101,6 +106,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         json: args.json,
         plot: args.plot,
         deployment,
+        citus_workers: args.citus_workers,
     };
     bench::run(plan).await
 }

@@ -163,3 +163,42 @@ fn charts_hold_every_run(plots: &std::path::Path) {
         assert!(throughput.series(color) > 0, "{name}'s throughput and backlog");
     }
 }
+
+#[tokio::test]
+async fn bench_with_citus_workers_reports_the_scenarios_on_citus_beside_one_postgresql() {
+    if crate::helpers::CitusDatabase::skipped("bench_with_citus_workers_reports_the_scenarios_on_citus") {
+        return;
+    }
+    let json = std::env::temp_dir().join(format!("payments-bench-{}.json", uuid::Uuid::new_v4().simple()));
+    let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
+    bench.args(["bench", "--clients", "4", "--duration", "1s", "--replay-keys", "40"]);
+    bench.args(["--scenarios", "new,replay,refund", "--citus-workers", "2", "--json"]).arg(&json);
+    bench.env_remove("DATABASE_URL").kill_on_drop(true);
+    let output = bench.output().await.unwrap();
+    assert!(output.status.success(), "payments bench failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(table.contains("On Citus, a coordinator and 2 workers"), "{table}");
+
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).unwrap();
+    let citus = &report["citus"];
+    assert_eq!(citus["workers"], 2, "{citus:#}");
+    for scenario in ["new", "replay", "refund"] {
+        let ratio = citus["vs_single_node"][scenario].as_f64();
+        assert!(ratio.is_some_and(|r| r > 0.0), "{scenario}: {citus:#}");
+        let figures = &citus["scenarios"][scenario];
+        assert_eq!(figures["violations"], 0, "{scenario}: {figures:#}");
+        for figure in
+            ["statements_per_request", "single_shard_executions_per_request", "multi_shard_executions_per_request"]
+        {
+            assert!(figures[figure].as_f64().is_some(), "{scenario} {figure}: {figures:#}");
+        }
+    }
+    // Each new payment made one payment on Citus too, and each refund one refund.
+    let new = &citus["scenarios"]["new"];
+    assert_eq!(new["payments_created"], new["requests"], "{new:#}");
+    let refund = &citus["scenarios"]["refund"];
+    assert_eq!(refund["refunds_created"], refund["requests"], "{refund:#}");
+    // One PostgreSQL's figures carry no Citus counts.
+    assert!(report["scenarios"]["new"]["single_shard_executions_per_request"].is_null());
+}

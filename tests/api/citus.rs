@@ -394,7 +394,7 @@ async fn executions(conn: &mut AsyncPgConnection) -> Executions {
 }
 
 #[tokio::test]
-async fn on_citus_each_statement_of_a_request_goes_to_one_shard_in_one_round_trip() {
+async fn on_citus_each_statement_of_a_request_runs_on_the_accounts_shard_alone() {
     use crate::round_trips::{STATEMENTS_PER_PAYMENT, STATEMENTS_PER_REFUND};
     let Some(citus) = CitusDatabase::create("on_citus_each_statement_goes_to_one_shard").await else { return };
     let (code, output) = migrate_distribute(&citus.url).await;
@@ -434,16 +434,17 @@ async fn on_citus_each_statement_of_a_request_goes_to_one_shard_in_one_round_tri
         assert_eq!(refund.status(), StatusCode::CREATED);
     }
 
-    // Each statement the pool sent ran once, on one shard: the claim and every phase delegated
-    // whole to the account's node (one execution each, not one per CTE that inserts), the look-up
-    // routed there.
+    // Every statement the pool sent ran on the account's shard alone, none on several. Most are
+    // not one execution but several: Citus runs each CTE of a statement that inserts in one (the
+    // claim, every phase) as a step of its own, a round trip each (see docs/performance.md).
     let after = executions(&mut counters).await;
-    let statements = PAYMENTS * (STATEMENTS_PER_PAYMENT + 1 + STATEMENTS_PER_REFUND);
+    let statements = (PAYMENTS * (STATEMENTS_PER_PAYMENT + 1 + STATEMENTS_PER_REFUND)) as i64;
     let ran = Executions {
         single_shard: after.single_shard - before.single_shard,
         multi_shard: after.multi_shard - before.multi_shard,
     };
-    assert_eq!(ran, Executions { single_shard: statements as i64, multi_shard: 0 });
+    assert_eq!(ran.multi_shard, 0, "{ran:?}");
+    assert!(ran.single_shard >= statements, "every statement ran on one shard at least once: {ran:?}");
 }
 
 /// The migrations that came after the schema first ran on Citus: authorize-then-capture's, which

@@ -1,5 +1,6 @@
 //! What the benchmark reads from the service's database: statements run (`pg_stat_statements`),
-//! WAL written, payments and refunds made, and the outbox backlog (sampled during a load by
+//! on Citus the distributed executions they made, on one shard or on several (Citus's
+//! `citus_stat_counters`: a claim or a phase delegated to its node is one), WAL written, payments and refunds made, and the outbox backlog (sampled during a load by
 //! [`super::sampler`]) and watched as it drains after it.
 //!
 //! All of it goes through one connection of the benchmark's own, which counts the statements it
@@ -24,8 +25,12 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct Counters {
     /// Statements run in the service's database, ours excepted; `None` without `pg_stat_statements`.
     pub statements: Option<u64>,
-    /// WAL written by the whole cluster, in bytes: its current position.
+    /// WAL written by the whole cluster, in bytes: its current position (on Citus, the
+    /// coordinator's).
     pub wal_bytes: u64,
+    /// On Citus: distributed executions that ran on one shard, and on several (ours included).
+    pub single_shard: Option<u64>,
+    pub multi_shard: Option<u64>,
     pub payments: u64,
     pub refunds: u64,
 }
@@ -36,6 +41,7 @@ pub struct Probe {
     /// Statements this probe has run (each one is a single statement).
     issued: AtomicU64,
     has_statements: bool,
+    citus: bool,
 }
 
 #[derive(QueryableByName)]
@@ -44,6 +50,10 @@ struct Row {
     statements: Option<i64>,
     #[diesel(sql_type = BigInt)]
     wal_bytes: i64,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    single_shard: Option<i64>,
+    #[diesel(sql_type = Nullable<BigInt>)]
+    multi_shard: Option<i64>,
     #[diesel(sql_type = BigInt)]
     payments: i64,
     #[diesel(sql_type = BigInt)]
@@ -76,7 +86,12 @@ impl Probe {
         if !has_statements {
             tracing::warn!("pg_stat_statements is not available: statements per request are left out");
         }
-        Ok(Probe { conn: Mutex::new(conn), issued: AtomicU64::new(0), has_statements })
+        let citus = diesel::sql_query("SELECT count(*) AS count FROM pg_extension WHERE extname = 'citus'")
+            .get_result::<Count>(&mut conn)
+            .await?
+            .count
+            > 0;
+        Ok(Probe { conn: Mutex::new(conn), issued: AtomicU64::new(0), has_statements, citus })
     }
 
     /// Gathers the tables' statistics, as autovacuum does within a new deployment's first minute
@@ -110,8 +125,17 @@ impl Probe {
             }
             false => "NULL::bigint",
         };
+        let executions = match self.citus {
+            true => {
+                "(SELECT query_execution_single_shard FROM citus_stat_counters WHERE name = current_database()) \
+                     AS single_shard, \
+                 (SELECT query_execution_multi_shard FROM citus_stat_counters WHERE name = current_database()) \
+                     AS multi_shard"
+            }
+            false => "NULL::bigint AS single_shard, NULL::bigint AS multi_shard",
+        };
         let sql = format!(
-            "SELECT {statements} AS statements, \
+            "SELECT {statements} AS statements, {executions}, \
                     pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal_bytes, \
                     (SELECT count(*) FROM payments) AS payments, \
                     (SELECT count(*) FROM refunds) AS refunds"
@@ -122,6 +146,8 @@ impl Probe {
         Ok(Counters {
             statements: row.statements.map(|all| (all as u64).saturating_sub(ours)),
             wal_bytes: row.wal_bytes as u64,
+            single_shard: row.single_shard.map(|n| n as u64),
+            multi_shard: row.multi_shard.map(|n| n as u64),
             payments: row.payments as u64,
             refunds: row.refunds as u64,
         })
@@ -131,7 +157,7 @@ impl Probe {
     /// as it stops at the first row.
     pub async fn outbox_is_empty(&self) -> anyhow::Result<bool> {
         let mut conn = self.conn.lock().await;
-        let sql = "SELECT count(*) AS count FROM (SELECT FROM staged_jobs WHERE dead_at IS NULL LIMIT 1) AS due";
+        let sql = "SELECT count(*) AS count FROM (SELECT 1 FROM staged_jobs WHERE dead_at IS NULL LIMIT 1) AS due";
         let count = diesel::sql_query(sql).get_result::<Count>(&mut *conn).await;
         self.issued.fetch_add(1, Ordering::Relaxed);
         Ok(count?.count == 0)

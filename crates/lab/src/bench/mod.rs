@@ -46,8 +46,8 @@ use load::{Driver, Finished};
 use procfs::{Watched, rss_kib};
 use reference::{BareEndpoint, Pgbench};
 use report::{
-    BareCpu, BareReport, Before, Cost, LoadReport, Machine, Outbox, Ratios, References, Report, ScenarioReport,
-    Scenarios, ServiceCpu, Settings,
+    BareCpu, BareReport, Before, CitusRatios, CitusReport, Cost, LoadReport, Machine, Outbox, Ratios, References,
+    Report, ScenarioReport, Scenarios, ServiceCpu, Settings,
 };
 use sampler::{Sampler, Seen};
 use world::World;
@@ -80,6 +80,9 @@ pub struct Plan {
     /// Where to write the charts, if anywhere.
     pub plot: Option<PathBuf>,
     pub deployment: Deployment,
+    /// Also run the scenarios on a Citus cluster of a coordinator and this many workers, after
+    /// one PostgreSQL (own deployment only).
+    pub citus_workers: Option<u16>,
 }
 
 /// What to measure.
@@ -95,18 +98,22 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
     let progress = Progress::new();
     let starting = progress.step("starting the service");
     let world = match &plan.deployment {
-        Deployment::Own => World::start().await?,
+        Deployment::Own => World::start(None).await?,
         Deployment::Existing { url, api_key, database_url, pids } => {
             World::existing(url.clone(), api_key.clone(), database_url.clone(), *pids)?
         }
     };
     starting.finish(&format!("at {}", world.api_url));
-    let measured = measure(&plan, &world, &progress).await;
+    let measured = measure(&plan, &world, plan.references, &progress).await;
     // Whatever happened, what was started is stopped.
     let stopping = progress.step("stopping");
     let stopped = world.stop().await;
     drop(stopping);
-    let (report, charts) = measured?;
+    let (mut report, charts) = measured?;
+    stopped?;
+    if let Some(workers) = plan.citus_workers {
+        report.citus = Some(on_citus(&plan, workers, &report.scenarios, &progress).await?);
+    }
     println!("{}", report.table());
     if let Some(path) = &plan.json {
         let json = serde_json::to_string_pretty(&report)?;
@@ -118,7 +125,22 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
             progress.note(&format!("wrote {}", written.display()));
         }
     }
-    stopped
+    Ok(())
+}
+
+/// The same scenarios on a Citus cluster of the benchmark's own, beside `single`'s figures.
+async fn on_citus(plan: &Plan, workers: u16, single: &Scenarios, progress: &Progress) -> anyhow::Result<CitusReport> {
+    let starting = progress.step(&format!("starting the service on Citus ({workers} workers)"));
+    let world = World::start(Some(workers)).await?;
+    starting.finish(&format!("at {}", world.api_url));
+    let measured = measure(plan, &world, false, progress).await;
+    let stopping = progress.step("stopping");
+    let stopped = world.stop().await;
+    drop(stopping);
+    let (report, _) = measured?;
+    stopped?;
+    let vs_single_node = CitusRatios::of(&report.scenarios, single);
+    Ok(CitusReport { workers, scenarios: report.scenarios, vs_single_node })
 }
 
 /// The processes whose CPU time is reported.
@@ -155,7 +177,13 @@ fn per_request(total: Option<u64>, requests: u64) -> Option<f64> {
     total.filter(|_| requests > 0).map(|total| total as f64 / requests as f64)
 }
 
-async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Result<(Report, Charts)> {
+/// The scenarios against `world`, and the references if `references`.
+async fn measure(
+    plan: &Plan,
+    world: &World,
+    references: bool,
+    progress: &Progress,
+) -> anyhow::Result<(Report, Charts)> {
     let probe = match &world.database_url {
         Some(url) => Some(Arc::new(Probe::connect(url).await.context("connecting to the service's database")?)),
         None => None,
@@ -212,8 +240,8 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
     }
     let rss_after = world.pids.api.and_then(rss_kib);
 
-    let references = match plan.references {
-        true => references(plan, world, probe.as_deref(), progress, &mut charts).await?,
+    let measured_references = match references {
+        true => self::references(plan, world, probe.as_deref(), progress, &mut charts).await?,
         false => References::default(),
     };
     let postgresql = match &probe {
@@ -227,16 +255,17 @@ async fn measure(plan: &Plan, world: &World, progress: &Progress) -> anyhow::Res
             duration_s: plan.duration.as_secs_f64(),
             scenarios: plan.scenarios.clone(),
             replay_keys: plan.replay_keys,
-            references: plan.references,
+            references,
             deployment: match plan.deployment {
                 Deployment::Own => "own",
                 Deployment::Existing { .. } => "existing",
             },
         },
-        ratios: Ratios::of(&scenarios, &references),
+        ratios: Ratios::of(&scenarios, &measured_references),
         scenarios,
         api_rss_kib: Before { before: rss_before, after: rss_after },
-        references,
+        references: measured_references,
+        citus: None,
     };
     Ok((report, charts))
 }
@@ -284,6 +313,8 @@ impl Run<'_> {
                 cpu_us_per_request: Processes::per_request(cpu_before, cpu_after, load.requests),
                 statements_per_request: per_request(delta(|c| c.statements), load.requests),
                 wal_bytes_per_request: per_request(delta(|c| Some(c.wal_bytes)), load.requests),
+                single_shard_executions_per_request: per_request(delta(|c| c.single_shard), load.requests),
+                multi_shard_executions_per_request: per_request(delta(|c| c.multi_shard), load.requests),
             }
         };
         let created = |made: fn(&Counters) -> u64| {

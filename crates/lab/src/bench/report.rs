@@ -18,6 +18,43 @@ pub struct Report {
     pub api_rss_kib: Before<Option<u64>>,
     pub references: References,
     pub ratios: Ratios,
+    /// The same scenarios on a Citus cluster, after the single node's, in the same run.
+    pub citus: Option<CitusReport>,
+}
+
+/// The scenarios on Citus (a coordinator and `workers` workers on this machine), beside one
+/// PostgreSQL's.
+#[derive(Serialize)]
+pub struct CitusReport {
+    pub workers: u16,
+    pub scenarios: Scenarios,
+    /// Each scenario's requests per second on Citus over the same on one PostgreSQL.
+    pub vs_single_node: CitusRatios,
+}
+
+#[derive(Serialize)]
+pub struct CitusRatios {
+    pub new: Option<f64>,
+    pub replay: Option<f64>,
+    pub duplicates: Option<f64>,
+    pub refund: Option<f64>,
+    pub capture: Option<f64>,
+}
+
+impl CitusRatios {
+    pub fn of(citus: &Scenarios, single: &Scenarios) -> CitusRatios {
+        let ratio = |pick: fn(&Scenarios) -> &Option<ScenarioReport>| {
+            let (citus, single) = (pick(citus).as_ref()?, pick(single).as_ref()?);
+            (single.load.throughput_per_s > 0.0).then(|| citus.load.throughput_per_s / single.load.throughput_per_s)
+        };
+        CitusRatios {
+            new: ratio(|s| &s.new),
+            replay: ratio(|s| &s.replay),
+            duplicates: ratio(|s| &s.duplicates),
+            refund: ratio(|s| &s.refund),
+            capture: ratio(|s| &s.capture),
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -100,6 +137,11 @@ pub struct Cost {
     pub cpu_us_per_request: ServiceCpu,
     pub statements_per_request: Option<f64>,
     pub wal_bytes_per_request: Option<f64>,
+    /// On Citus: distributed executions per request that ran on one shard (each a round trip
+    /// from the coordinator to one node), and on several (the workers' and the benchmark's
+    /// scans of every shard).
+    pub single_shard_executions_per_request: Option<f64>,
+    pub multi_shard_executions_per_request: Option<f64>,
 }
 
 /// CPU time per request, in µs, of each process.
@@ -324,7 +366,43 @@ impl Report {
         for (name, value) in ratios {
             let _ = writeln!(out, "| {name} | {} |", float(value, 3));
         }
+        if let Some(citus) = &self.citus {
+            citus.table(&mut out);
+        }
         out
+    }
+}
+
+impl CitusReport {
+    fn table(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "\nOn Citus, a coordinator and {} workers on this machine, measured after one PostgreSQL:\n",
+            self.workers
+        );
+        out.push_str("| scenario | req/s | ÷ one PostgreSQL | p99 ms | statements/request | one-shard executions/request | multi-shard executions/request |\n");
+        out.push_str("|---|--:|--:|--:|--:|--:|--:|\n");
+        let r = &self.vs_single_node;
+        let scenarios = [
+            ("new", &self.scenarios.new, r.new),
+            ("replay", &self.scenarios.replay, r.replay),
+            ("duplicates", &self.scenarios.duplicates, r.duplicates),
+            ("refund", &self.scenarios.refund, r.refund),
+            ("capture", &self.scenarios.capture, r.capture),
+        ];
+        for (name, scenario, ratio) in scenarios {
+            let Some(s) = scenario else { continue };
+            let _ = writeln!(
+                out,
+                "| {name} | {:.0} | {} | {:.2} | {} | {} | {} |",
+                s.load.throughput_per_s,
+                float(ratio, 3),
+                s.load.latency_ms.p99,
+                float(s.cost.statements_per_request, 2),
+                float(s.cost.single_shard_executions_per_request, 2),
+                float(s.cost.multi_shard_executions_per_request, 2)
+            );
+        }
     }
 }
 

@@ -8,7 +8,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use payments_service::db::cluster::Cluster;
 use payments_service::startup::LISTENING;
 use reqwest::Url;
 
@@ -51,16 +50,25 @@ struct Own {
     serve: Child,
     gateway: Child,
     webhook: WebhookSink,
-    cluster: Option<Cluster>,
+    database: Option<OwnDatabase>,
 }
 
 impl World {
-    /// Starts a deployment of the benchmark's own.
-    pub async fn start() -> anyhow::Result<World> {
+    /// Starts a deployment of the benchmark's own: on one PostgreSQL, or on a Citus cluster of a
+    /// coordinator and `citus_workers` workers.
+    pub async fn start(citus_workers: Option<u16>) -> anyhow::Result<World> {
         let scratch = Scratch::create(SCRATCH_PREFIX)?;
-        let OwnDatabase { nodes, url: database_url, api_key } =
-            OwnDatabase::start(&scratch.path().join("pg"), SERVER_SETTINGS, "bench").await?;
-        let Nodes::One(cluster) = nodes else { anyhow::bail!("the benchmark's database is one PostgreSQL") };
+        let database = match citus_workers {
+            None => OwnDatabase::start(&scratch.path().join("pg"), SERVER_SETTINGS, "bench").await?,
+            Some(workers) => OwnDatabase::start_citus(&scratch.path().join("citus"), workers.into(), "bench").await?,
+        };
+        let (database_url, api_key) = (database.url.clone(), database.api_key.clone());
+        // PostgreSQL's CPU time is that of one postmaster's processes: on Citus it would be the
+        // coordinator's alone, so it is left out there.
+        let postgres = match &database.nodes {
+            Nodes::One(_) => postmaster_pid(&scratch.path().join("pg")),
+            Nodes::Citus(_) => None,
+        };
 
         let quiet = [("RUST_LOG", "warn")];
         let gateway = payments(&["gateway", "--bind", "127.0.0.1:0"], &quiet)?;
@@ -80,15 +88,14 @@ impl World {
         let log = scratch.path().join("serve.log");
         let serve = Child::start("payments serve", payments(&["serve"], &env)?, &log, LISTENING).await?;
 
-        let pids =
-            Pids { api: serve.pid(), gateway: gateway.pid(), postgres: postmaster_pid(&scratch.path().join("pg")) };
+        let pids = Pids { api: serve.pid(), gateway: gateway.pid(), postgres };
         Ok(World {
             api_url: serve.address.parse().context("the address serve printed")?,
             api_key,
             database_url: Some(database_url),
             pids,
             scratch: scratch.path().to_owned(),
-            own: Some(Own { serve, gateway, webhook, cluster: Some(cluster) }),
+            own: Some(Own { serve, gateway, webhook, database: Some(database) }),
             _scratch: scratch,
         })
     }
@@ -115,7 +122,7 @@ impl World {
     /// The connection string of another database beside the service's, on the same server.
     pub fn sibling_database_url(&self, name: &str) -> Option<String> {
         let url = self.database_url.as_ref()?;
-        if let Some(cluster) = self.own.as_ref().and_then(|own| own.cluster.as_ref()) {
+        if let Some(Nodes::One(cluster)) = self.own.as_ref().and_then(|own| own.database.as_ref()).map(|d| &d.nodes) {
             return Some(cluster.url(name));
         }
         match Url::parse(url) {
@@ -135,8 +142,8 @@ impl World {
         own.serve.stop().await?;
         own.gateway.stop().await?;
         own.webhook.stop().await;
-        if let Some(cluster) = own.cluster.take() {
-            tokio::task::spawn_blocking(move || cluster.stop()).await??;
+        if let Some(database) = own.database.take() {
+            database.stop().await?;
         }
         Ok(())
     }

@@ -18,8 +18,14 @@ use super::cluster::{Cluster, Durability, server_binaries};
 /// What every node runs with beyond the usual. The nodes talk in the clear on the loopback (a
 /// server started by root runs as `postgres` with root's home, where libpq would look for a
 /// client certificate).
-const NODE_SETTINGS: [&str; 3] =
-    ["shared_preload_libraries=citus", "citus.node_conninfo=sslmode=disable", "listen_addresses=127.0.0.1"];
+const NODE_SETTINGS: [&str; 4] = [
+    "shared_preload_libraries=citus,pg_stat_statements",
+    "citus.node_conninfo=sslmode=disable",
+    "listen_addresses=127.0.0.1",
+    // Statements counted by whether they ran on one shard or several (`citus_stat_counters`),
+    // which the routing test and the benchmark read.
+    "citus.enable_stat_counters=on",
+];
 
 /// The running nodes, the coordinator first.
 pub struct CitusCluster {

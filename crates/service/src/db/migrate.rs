@@ -4,7 +4,11 @@
 //! the file's text as is: Citus passes some commands on to its nodes by the text of the query they
 //! came in, and a migration's file is one text of many commands, which a node refuses ("cannot
 //! insert multiple commands into a prepared statement"). In a `DO` block each command is sent with
-//! its own text, in the migration's one transaction as before. And a table a migration adds with a
+//! its own text, in the migration's one transaction as before. (A migration that runs outside a
+//! transaction, `run_in_transaction = false`, is one command already, and runs as it is. A
+//! migration must not have a bare `SELECT`, which a `DO` block refuses.) Several tables are changed
+//! in one transaction there, so Citus must use one connection per node for all of it
+//! (`multi_shard_modify_mode`, as `distribute` sets it). And a table a migration adds with a
 //! foreign key to `accounts` (a reference table there) stays a plain table, which `distribute`
 //! then converts as it did the others: Citus would otherwise make it a "Citus local" table, which
 //! it cannot convert again once it has an identity column.
@@ -20,8 +24,9 @@ use diesel_migrations::{EmbeddedMigrations, MigrationError, MigrationHarness, em
 /// The files under `migrations/` (`build.rs` makes a new one trigger a rebuild).
 pub const MIGRATIONS: EmbeddedMigrations = embed_migrations!("../../migrations");
 
-/// The same migrations' names and `up.sql` texts, in order, for [`EachCommandAlone`].
-const TEXTS: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/migration_texts.rs"));
+/// The same migrations' names, `up.sql` texts and whether each runs in a transaction, in order,
+/// for [`EachCommandAlone`].
+const TEXTS: &[(&str, &str, bool)] = include!(concat!(env!("OUT_DIR"), "/migration_texts.rs"));
 
 /// Applies every pending migration to the database at `database_url`.
 pub async fn run_pending(database_url: &str) -> anyhow::Result<()> {
@@ -42,7 +47,10 @@ pub async fn run_pending(database_url: &str) -> anyhow::Result<()> {
         let applied = match distributed {
             false => conn.run_pending_migrations(MIGRATIONS).map(drop),
             true => {
-                conn.batch_execute("SET citus.enable_local_reference_table_foreign_keys = off")?;
+                conn.batch_execute(
+                    "SET citus.enable_local_reference_table_foreign_keys = off; \
+                     SET citus.multi_shard_modify_mode TO 'sequential'",
+                )?;
                 conn.run_pending_migrations(EachCommandAlone).map(drop)
             }
         };
@@ -56,19 +64,26 @@ struct EachCommandAlone;
 
 impl MigrationSource<Pg> for EachCommandAlone {
     fn migrations(&self) -> diesel::migration::Result<Vec<Box<dyn Migration<Pg>>>> {
-        Ok(TEXTS.iter().map(|&(name, up)| Box::new(InOneBlock { name, up }) as Box<dyn Migration<Pg>>).collect())
+        let migration = |&(name, up, in_transaction): &(&'static str, &'static str, bool)| {
+            Box::new(InOneBlock { name, up, in_transaction }) as Box<dyn Migration<Pg>>
+        };
+        Ok(TEXTS.iter().map(migration).collect())
     }
 }
 
-/// One migration, its commands as one `DO` block.
+/// One migration, its commands as one `DO` block (or as it is, outside a transaction).
 struct InOneBlock {
     name: &'static str,
     up: &'static str,
+    in_transaction: bool,
 }
 
 impl Migration<Pg> for InOneBlock {
     fn run(&self, conn: &mut dyn diesel::connection::BoxableConnection<Pg>) -> diesel::migration::Result<()> {
-        conn.batch_execute(&format!("DO $migration$ BEGIN\n{}\nEND $migration$", self.up))?;
+        match self.in_transaction {
+            true => conn.batch_execute(&format!("DO $migration$ BEGIN\n{}\nEND $migration$", self.up))?,
+            false => conn.batch_execute(self.up)?,
+        }
         Ok(())
     }
 
@@ -85,7 +100,11 @@ impl Migration<Pg> for InOneBlock {
     }
 }
 
-impl MigrationMetadata for InOneBlock {}
+impl MigrationMetadata for InOneBlock {
+    fn run_in_transaction(&self) -> bool {
+        self.in_transaction
+    }
+}
 
 impl MigrationName for InOneBlock {
     /// As diesel numbers a migration folder: its name up to the first `_`, without dashes.
@@ -105,18 +124,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_migration_is_numbered_as_diesel_numbers_it() {
-        let ours: Vec<String> = EachCommandAlone
-            .migrations()
-            .unwrap()
-            .iter()
-            .map(|migration| migration.name().version().to_string())
-            .collect();
-        let diesels: Vec<String> = MigrationSource::<Pg>::migrations(&MIGRATIONS)
-            .unwrap()
-            .iter()
-            .map(|migration| migration.name().version().to_string())
-            .collect();
-        assert_eq!(ours, diesels);
+    fn each_migration_is_numbered_and_run_as_diesel_numbers_and_runs_it() {
+        let described = |migrations: Vec<Box<dyn Migration<Pg>>>| -> Vec<(String, bool)> {
+            let each = |m: &dyn Migration<Pg>| (m.name().version().to_string(), m.metadata().run_in_transaction());
+            migrations.iter().map(|m| each(m.as_ref())).collect()
+        };
+        let ours = described(EachCommandAlone.migrations().unwrap());
+        assert_eq!(ours, described(MigrationSource::<Pg>::migrations(&MIGRATIONS).unwrap()));
+        assert!(ours.iter().any(|(_, in_transaction)| !in_transaction), "{ours:?}");
     }
 }

@@ -7,7 +7,6 @@
 
 pub mod citus;
 pub mod cluster;
-pub mod delegate;
 pub mod distribute;
 pub mod embedded;
 pub mod migrate;

@@ -14,7 +14,6 @@ use super::RecoveryPoint;
 use super::clock::{Deadline, since_boot};
 use super::phase::{MAX_ATTEMPTS, PhaseWrites};
 use super::store::{KeyLock, Lease, NewKey, StoredResponse, millis};
-use crate::db::delegate::Routing;
 use crate::db::sql::{Parameters, no_parameter, split_result, walk_sql};
 use crate::db::{self, StoreError};
 
@@ -82,7 +81,6 @@ pub enum Claim<S> {
 /// `lease` is how long our lock lasts unless renewed: this process's lock timeout.
 pub async fn claim<W, S>(
     conn: &mut AsyncPgConnection,
-    routing: &Routing,
     new: &NewKey<'_>,
     lease: Duration,
     first: Option<&W>,
@@ -100,13 +98,7 @@ where
     let mut attempt = 1;
     loop {
         let sent = since_boot();
-        let run = async {
-            match routing.delegate(new.account_id, &query).await? {
-                Some(delegated) => delegated.get_result::<Claimed<S>>(conn).await.optional(),
-                None => query.get_result::<Claimed<S>>(conn).await.optional(),
-            }
-        };
-        match db::query(run).await {
+        match db::query(async { query.get_result::<Claimed<S>>(conn).await.optional() }).await {
             Ok(Some(claimed)) => return Ok(claimed.into_claim(new.account_id, token, lease, sent)),
             Ok(None) if attempt < MAX_ATTEMPTS => {}
             Ok(None) => {

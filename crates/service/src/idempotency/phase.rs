@@ -8,7 +8,6 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::clock::since_boot;
 use super::store::{KeyLock, Transition, millis};
-use crate::db::delegate::Routing;
 use crate::db::sql::{Parameters, no_parameter, walk_sql};
 use crate::db::{self, StoreError};
 
@@ -51,7 +50,6 @@ impl From<diesel::result::Error> for PhaseError {
 /// [`StoreError::is_worth_retrying`]) runs the phase again, up to [`MAX_ATTEMPTS`] times.
 pub async fn atomic_phase<W, R>(
     conn: &mut AsyncPgConnection,
-    routing: &Routing,
     lock: &mut KeyLock,
     transition: Transition,
     writes: W,
@@ -65,13 +63,7 @@ where
         // Before the statement: the lease it renews counts from the server's `now()`, later.
         let sent = since_boot();
         let statement = PhaseStatement { fence: Fence::new(lock, &transition, &writes), writes: &writes };
-        let run = async {
-            match routing.delegate(lock.account_id, &statement).await? {
-                Some(delegated) => delegated.get_result::<R>(conn).await.optional(),
-                None => statement.get_result::<R>(conn).await.optional(),
-            }
-        };
-        match db::query(run).await {
+        match db::query(async { statement.get_result::<R>(conn).await.optional() }).await {
             Ok(Some(result)) => {
                 lock.advance_to(&transition, sent);
                 return Ok(result);
