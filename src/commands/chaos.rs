@@ -18,7 +18,8 @@ pub const BROKEN: u8 = 3;
 #[derive(Clone, Args)]
 pub struct ChaosArgs {
     /// Run the world of its own on a Citus cluster of this many workers (and a coordinator)
-    /// instead of one PostgreSQL; needs the citus extension.
+    /// instead of one PostgreSQL; needs the citus extension. Unless --no-kills, a worker node is
+    /// then also crashed (immediate shutdown) every 6 to 12 s, and started again after up to 3 s.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub citus_workers: Option<u16>,
     /// Make this many payments (instead of running for --duration).

@@ -9,6 +9,7 @@ pub mod relay;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
@@ -29,10 +30,11 @@ pub struct OwnDatabase {
     pub api_key: String,
 }
 
-/// Where the database is: one PostgreSQL, or a Citus cluster's nodes.
+/// Where the database is: one PostgreSQL, or a Citus cluster's nodes (shared with the chaos run,
+/// which crashes its workers).
 pub enum Nodes {
     One(Cluster),
-    Citus(CitusCluster),
+    Citus(Arc<Mutex<CitusCluster>>),
 }
 
 impl OwnDatabase {
@@ -57,14 +59,17 @@ impl OwnDatabase {
             tokio::task::spawn_blocking(move || CitusCluster::start(&root, workers, Durability::Durable)).await??;
         let url = citus.database(DATABASE).await?;
         let api_key = migrate_and_open(&url, &["migrate", "--distribute"], account).await?;
-        Ok(OwnDatabase { nodes: Nodes::Citus(citus), url, api_key })
+        Ok(OwnDatabase { nodes: Nodes::Citus(Arc::new(Mutex::new(citus))), url, api_key })
     }
 
     /// Stops the cluster.
     pub async fn stop(self) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || match self.nodes {
             Nodes::One(cluster) => cluster.stop(),
-            Nodes::Citus(citus) => citus.stop(),
+            Nodes::Citus(citus) => match Arc::into_inner(citus) {
+                Some(citus) => citus.into_inner().unwrap_or_else(PoisonError::into_inner).stop(),
+                None => anyhow::bail!("the Citus cluster is still in use"),
+            },
         })
         .await?
     }

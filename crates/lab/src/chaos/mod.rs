@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use payments_client::Client;
+use payments_service::db::citus::CitusCluster;
 use payments_service::gateway::downstream_key;
 use rand::Rng;
 use reqwest::Url;
@@ -69,6 +70,10 @@ const PAUSE_EVERY: std::ops::Range<Duration> = Duration::from_secs(10)..Duration
 /// How much longer than the lock timeout a pause lasts: long enough for the frozen process's
 /// leases to run out and its keys to be taken over.
 const PAUSE_PAST_LEASE: std::ops::Range<Duration> = Duration::from_secs(1)..Duration::from_secs(3);
+
+/// On Citus, the wait between two crashes of a worker node, and how long the node stays down.
+const NODE_CRASH_EVERY: std::ops::Range<Duration> = Duration::from_secs(6)..Duration::from_secs(12);
+const NODE_DOWN: std::ops::Range<Duration> = Duration::from_millis(500)..Duration::from_secs(3);
 
 /// How often the fleet is checked for processes that aborted at a crash point.
 const RESTART_POLL: Duration = Duration::from_millis(100);
@@ -125,6 +130,8 @@ struct Disturbed {
     kills: Mutex<BTreeMap<String, u64>>,
     /// Pauses by process.
     pauses: Mutex<BTreeMap<String, u64>>,
+    /// Citus workers crashed (immediate shutdown) and started again, by node.
+    node_crashes: Mutex<BTreeMap<String, u64>>,
     /// Times the gateway was made to forget its idempotency keys.
     forgotten: AtomicU64,
     /// Processes that aborted by themselves (at a crash point) and were started again.
@@ -179,7 +186,9 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let fleet = world.take_fleet();
     let timeline = Arc::new(Timeline::default());
     let drawing = plan.plot.clone().map(|dir| timeline.sample(gateway.clone(), world.database_url.clone(), dir));
-    let disturbing = disturb(fleet, plan.processes, gateway.clone(), stopped, disturbed.clone(), timeline.clone());
+    let nodes = world.citus().filter(|_| plan.processes);
+    let disturbing =
+        disturb(fleet, nodes, plan.processes, gateway.clone(), stopped, disturbed.clone(), timeline.clone());
     let mut disturber = tokio::spawn(disturbing);
     let live = Arc::new(Live { timeline: timeline.clone(), ..Live::default() });
     let started = Instant::now();
@@ -319,6 +328,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
 /// and hands the fleet back, all running.
 async fn disturb(
     mut fleet: Option<Fleet>,
+    nodes: Option<Arc<Mutex<CitusCluster>>>,
     processes: bool,
     gateway: GatewayControl,
     mut stop: watch::Receiver<bool>,
@@ -327,6 +337,7 @@ async fn disturb(
 ) -> anyhow::Result<Option<Fleet>> {
     let after = |range: std::ops::Range<Duration>| Instant::now() + rand::rng().random_range(range);
     let (mut kill_at, mut forget_at, mut pause_at) = (after(KILL_EVERY), after(KILL_EVERY), after(FIRST_PAUSE));
+    let mut crash_node_at = after(NODE_CRASH_EVERY);
     // The frozen member, and when it thaws.
     let mut paused: Option<(usize, Instant)> = None;
     let tally = |counts: &Mutex<BTreeMap<String, u64>>, name: &str| {
@@ -362,6 +373,14 @@ async fn disturb(
                 }
                 pause_at = after(PAUSE_EVERY);
             }
+            _ = tokio::time::sleep_until(crash_node_at), if nodes.is_some() => {
+                if let Some(nodes) = &nodes {
+                    let name = crash_a_worker(nodes.clone()).await?;
+                    tally(&disturbed.node_crashes, &name);
+                    timeline.killed();
+                }
+                crash_node_at = after(NODE_CRASH_EVERY);
+            }
             _ = tokio::time::sleep_until(forget_at) => {
                 gateway.forget_keys().await?;
                 disturbed.forgotten.fetch_add(1, Ordering::Relaxed);
@@ -385,6 +404,23 @@ async fn disturb(
         disturbed.aborted.fetch_add(fleet.restart_exited().await?, Ordering::Relaxed);
     }
     Ok(fleet)
+}
+
+/// Crashes a Citus worker at random, keeps it down a moment, and starts it again (recovering
+/// from its WAL; the coordinator resolves the transactions it had prepared); returns its name.
+async fn crash_a_worker(nodes: Arc<Mutex<CitusCluster>>) -> anyhow::Result<String> {
+    let worker = {
+        let workers = nodes.lock().unwrap_or_else(PoisonError::into_inner).workers();
+        rand::rng().random_range(1..=workers)
+    };
+    let crashing = nodes.clone();
+    tokio::task::spawn_blocking(move || crashing.lock().unwrap_or_else(PoisonError::into_inner).crash_worker(worker))
+        .await??;
+    let down = rand::rng().random_range(NODE_DOWN);
+    tokio::time::sleep(down).await;
+    tokio::task::spawn_blocking(move || nodes.lock().unwrap_or_else(PoisonError::into_inner).restart_worker(worker))
+        .await??;
+    Ok(format!("citus worker {worker}"))
 }
 
 /// Keeps the progress line's counts up to date.

@@ -15,6 +15,9 @@ use super::run::{KeyRun, Request};
 use crate::relay::Relayed;
 
 /// What the run did.
+/// The row of the Citus workers crashed, shown only for a world on Citus.
+const NODE_CRASHES: &str = "Citus workers crashed";
+
 #[derive(Debug)]
 pub struct Did {
     /// Payments' keys.
@@ -41,6 +44,8 @@ pub struct Did {
     aborted: u64,
     kills: BTreeMap<String, u64>,
     pauses: BTreeMap<String, u64>,
+    /// On Citus: worker nodes crashed and started again, by node.
+    node_crashes: BTreeMap<String, u64>,
     forgotten: u64,
     charge_requests: u64,
     refund_requests: u64,
@@ -152,6 +157,7 @@ impl Did {
             aborted: disturbed.aborted.load(Ordering::Relaxed),
             kills: disturbed.kills.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             pauses: disturbed.pauses.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            node_crashes: disturbed.node_crashes.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             forgotten: disturbed.forgotten.load(Ordering::Relaxed),
             charge_requests: after.requests - before.requests,
             refund_requests: after.refund_requests - before.refund_requests,
@@ -288,6 +294,7 @@ impl Report {
             ("crash points sent", did.crash_points.to_string(), format!("{} processes aborted at one", did.aborted)),
             ("kills (SIGKILL)", total(&did.kills), by_process(&did.kills)),
             ("pauses past the lease", total(&did.pauses), by_process(&did.pauses)),
+            (NODE_CRASHES, total(&did.node_crashes), by_process(&did.node_crashes)),
             (
                 "gateway faults",
                 did.faults.to_string(),
@@ -306,6 +313,8 @@ impl Report {
             ),
         ];
         let mut out = String::from("what it did\n");
+        // A world on one PostgreSQL has no node to crash: no row for it.
+        let rows = rows.into_iter().filter(|(what, _, _)| *what != NODE_CRASHES || !did.node_crashes.is_empty());
         for (what, count, detail) in rows {
             let _ = writeln!(out, "{}", format!("  {what:<26} {count:>8}   {detail}").trim_end());
         }

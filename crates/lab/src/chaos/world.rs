@@ -10,11 +10,13 @@
 
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
 use nix::sys::signal::Signal;
 use payments_mock_gateway::new_webhook_secret;
+use payments_service::db::citus::CitusCluster;
 use payments_service::startup::{LISTENING, WORKER_RUNNING};
 use rand::seq::IteratorRandom;
 use reqwest::Url;
@@ -23,7 +25,7 @@ use super::load::AUTHORIZATION_TTL;
 use crate::child::{Child, payments};
 use crate::relay::Relay;
 use crate::webhook::WebhookSink;
-use crate::{OwnDatabase, Scratch};
+use crate::{Nodes, OwnDatabase, Scratch};
 
 /// The run's scratch directories: `/tmp/payments-chaos-<pid>`.
 const SCRATCH_PREFIX: &str = "payments-chaos-";
@@ -170,6 +172,14 @@ impl World {
     pub fn put_back(&mut self, fleet: Fleet) {
         if let Some(own) = self.own.as_mut() {
             own.fleet = Some(fleet);
+        }
+    }
+
+    /// The Citus cluster the run's own world runs on, if it does: its workers are crashed too.
+    pub fn citus(&self) -> Option<Arc<Mutex<CitusCluster>>> {
+        match &self.own.as_ref()?.database.nodes {
+            Nodes::Citus(citus) => Some(citus.clone()),
+            Nodes::One(_) => None,
         }
     }
 

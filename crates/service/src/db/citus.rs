@@ -18,8 +18,11 @@ use super::cluster::{Cluster, Durability, server_binaries};
 /// What every node runs with beyond the usual. The nodes talk in the clear on the loopback (a
 /// server started by root runs as `postgres` with root's home, where libpq would look for a
 /// client certificate).
-const NODE_SETTINGS: [&str; 4] = [
+const NODE_SETTINGS: [&str; 5] = [
     "shared_preload_libraries=citus,pg_stat_statements",
+    // A transaction prepared on a worker (two-phase commit) that a crash left undecided holds its
+    // locks until the coordinator resolves it: every second rather than every minute.
+    "citus.recover_2pc_interval=1s",
     "citus.node_conninfo=sslmode=disable",
     "listen_addresses=127.0.0.1",
     // Statements counted by whether they ran on one shard or several (`citus_stat_counters`),
@@ -30,10 +33,12 @@ const NODE_SETTINGS: [&str; 4] = [
 /// The running nodes, the coordinator first.
 pub struct CitusCluster {
     nodes: Vec<Node>,
+    durability: Durability,
 }
 
 struct Node {
-    cluster: Cluster,
+    /// None while the node is down (see [`CitusCluster::crash_worker`]).
+    cluster: Option<Cluster>,
     port: u16,
     root: PathBuf,
 }
@@ -64,15 +69,39 @@ impl CitusCluster {
             .map(|index| {
                 let root = root.join(format!("node-{index}"));
                 let port = node_port(&root)?;
-                let mut settings: Vec<String> = NODE_SETTINGS.iter().map(|s| (*s).to_owned()).collect();
-                settings.push(format!("port={port}"));
-                let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
-                let cluster = Cluster::start_with_settings(&root, durability, &settings)
-                    .with_context(|| format!("starting Citus node {index} under {}", root.display()))?;
-                Ok(Node { cluster, port, root })
+                let mut node = Node { cluster: None, port, root };
+                node.start(durability).with_context(|| format!("starting Citus node {index}"))?;
+                Ok(node)
             })
             .collect::<anyhow::Result<Vec<Node>>>()?;
-        Ok(CitusCluster { nodes })
+        Ok(CitusCluster { nodes, durability })
+    }
+
+    /// How many workers the cluster has.
+    pub fn workers(&self) -> usize {
+        self.nodes.len() - 1
+    }
+
+    /// Stops worker `worker` (from 1) at once, as a crash would: what the coordinator sends it
+    /// fails until it is started again ([`CitusCluster::restart_worker`]), which recovers it
+    /// from its WAL.
+    pub fn crash_worker(&mut self, worker: usize) -> anyhow::Result<()> {
+        let node = self.nodes.get_mut(worker).filter(|_| worker > 0).context("no such worker")?;
+        match node.cluster.take() {
+            Some(cluster) => cluster.crash(),
+            None => Ok(()),
+        }
+    }
+
+    /// Starts worker `worker` again after [`CitusCluster::crash_worker`], on its port, and
+    /// returns once it accepts connections.
+    pub fn restart_worker(&mut self, worker: usize) -> anyhow::Result<()> {
+        let durability = self.durability;
+        let node = self.nodes.get_mut(worker).filter(|_| worker > 0).context("no such worker")?;
+        match node.cluster {
+            Some(_) => Ok(()),
+            None => node.start(durability),
+        }
     }
 
     /// Makes `database` on every node (unless it is there), with the extension, and tells the
@@ -111,13 +140,25 @@ impl CitusCluster {
     /// Stops every node (fast shutdown), workers first.
     pub fn stop(self) -> anyhow::Result<()> {
         for node in self.nodes.into_iter().rev() {
-            node.cluster.stop()?;
+            if let Some(cluster) = node.cluster {
+                cluster.stop()?;
+            }
         }
         Ok(())
     }
 }
 
 impl Node {
+    fn start(&mut self, durability: Durability) -> anyhow::Result<()> {
+        let mut settings: Vec<String> = NODE_SETTINGS.iter().map(|s| (*s).to_owned()).collect();
+        settings.push(format!("port={}", self.port));
+        let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+        let cluster = Cluster::start_with_settings(&self.root, durability, &settings)
+            .with_context(|| format!("under {}", self.root.display()))?;
+        self.cluster = Some(cluster);
+        Ok(())
+    }
+
     fn url(&self, database: &str) -> String {
         format!("host=127.0.0.1 port={} user=postgres dbname={database}", self.port)
     }

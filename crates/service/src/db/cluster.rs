@@ -149,6 +149,22 @@ impl Cluster {
         self.shut_down()
     }
 
+    /// Stops the server at once, as a crash would (an immediate shutdown: every connection cut,
+    /// no checkpoint, so the next start recovers from the WAL), and waits for it to exit.
+    pub fn crash(mut self) -> anyhow::Result<()> {
+        let pid_file = self.root.join("data/postmaster.pid");
+        let pid: i32 = fs::read_to_string(&pid_file)?
+            .lines()
+            .next()
+            .and_then(|line| line.trim().parse().ok())
+            .with_context(|| format!("no postmaster pid in {}", pid_file.display()))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGQUIT)?;
+        drop(self.owner_pipe.take());
+        // It exits with the status of a server that did not shut down cleanly: expected here.
+        self.watchdog.wait()?;
+        Ok(())
+    }
+
     fn shut_down(&mut self) -> anyhow::Result<()> {
         drop(self.owner_pipe.take());
         let status = self.watchdog.wait()?;
