@@ -171,13 +171,42 @@ async fn on_citus_a_payment_is_made_replayed_refused_for_another_body_and_refund
 
 /// A distributed database and an app on it (its workers run only when a test runs them).
 async fn app_on_citus(test: &str) -> Option<TestApp> {
-    let citus = CitusDatabase::create(test).await?;
-    let (code, output) = migrate_distribute(&citus.url).await;
-    assert_eq!(code, Some(0), "{output}");
+    app_on_citus_keeping_keys(test, payments_service::config::Settings::default().key_retention).await
+}
+
+/// [`app_on_citus`], its keys kept `retention`.
+async fn app_on_citus_keeping_keys(test: &str, retention: std::time::Duration) -> Option<TestApp> {
+    let database = distributed(test).await?;
     let app = TestApp::builder()
         .gateway_timeout(std::time::Duration::from_millis(500))
+        .key_retention(retention)
         .workers(|w| w.completer_backoff = std::time::Duration::ZERO);
-    Some(app.spawn_on(TestDatabase::elsewhere(&citus.url)).await)
+    Some(app.spawn_on(database).await)
+}
+
+#[tokio::test]
+async fn on_citus_a_late_retry_of_an_expired_key_is_410_naming_its_payment_before_and_after_the_reaper() {
+    let retention = std::time::Duration::from_secs(2);
+    let Some(app) = app_on_citus_keeping_keys("on_citus_a_late_retry_of_an_expired_key", retention).await else {
+        return;
+    };
+    let key = new_key();
+    let payment: Value = app.post_payment(&key, &crate::helpers::payment_body()).await.json().await.unwrap();
+    crate::helpers::wait_until(std::time::Duration::from_secs(10), "the key expired", || app.key_has_expired(&key))
+        .await;
+    let late = async || {
+        let late = app.post_payment(&key, &crate::helpers::payment_body()).await;
+        assert_eq!(late.status(), StatusCode::GONE);
+        let problem: Value = late.json().await.unwrap();
+        assert_eq!(problem["type"], "https://payments.example/problems/idempotency-key-expired");
+        assert_eq!(problem["payment"]["id"], payment["id"]);
+    };
+    // Answered by the claim from the key's row, then, once the reaper deleted it, from the payment.
+    late().await;
+    app.workers().reaper.run_once().await.unwrap();
+    assert!(app.key_row(&key).await.is_none(), "reaped");
+    late().await;
+    assert_eq!(app.gateway.all_stats().await["charges"], 1);
 }
 
 #[tokio::test]
@@ -489,4 +518,33 @@ async fn on_citus_later_migrations_apply_to_the_distributed_schema_and_what_they
 struct Count {
     #[diesel(sql_type = BigInt)]
     count: i64,
+}
+
+/// A distributed database of one test's own, as a [`TestDatabase`] that leaves it be.
+async fn distributed(test: &str) -> Option<TestDatabase> {
+    let citus = CitusDatabase::create(test).await?;
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_eq!(code, Some(0), "{output}");
+    Some(TestDatabase::elsewhere(&citus.url))
+}
+
+#[tokio::test]
+async fn on_citus_a_payment_that_crashed_its_process_after_the_charge_is_recovered_by_the_retry_charged_once() {
+    use crate::crash_recovery::{Crashed, recovered_by_the_retry};
+    let Some(database) = distributed("on_citus_a_payment_that_crashed_recovered_by_the_retry").await else { return };
+    recovered_by_the_retry(Crashed::of_in(database, "/v1/payments", "after_charge", true).await).await;
+}
+
+#[tokio::test]
+async fn on_citus_a_refund_that_crashed_its_process_is_finished_by_the_completer_refunded_once() {
+    use crate::crash_recovery::{Crashed, completed};
+    let Some(database) = distributed("on_citus_a_refund_that_crashed_finished_by_the_completer").await else { return };
+    completed(Crashed::of_in(database, "/v1/refunds", "after_refund_created", true).await, "after_refund_created")
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn on_citus_the_same_gateway_event_fifty_times_at_once_over_two_servers_is_applied_once() {
+    let Some(database) = distributed("on_citus_the_same_gateway_event_fifty_times").await else { return };
+    crate::gateway_events::fifty_times_at_once_over_two_servers(database).await;
 }

@@ -22,7 +22,7 @@ const LOCK_TIMEOUT_MS: &str = "11000";
 const GATEWAY_TIMEOUT_MS: &str = "500";
 
 /// A request that crashed the process at `point`, and what is left of it.
-struct Crashed {
+pub struct Crashed {
     database: TestDatabase,
     account_id: Uuid,
     api_key: String,
@@ -52,7 +52,11 @@ impl Crashed {
     /// A request to `path` that crashed the process at `point`, after a payment made just before on
     /// the same process if `after_a_payment` (a refund's is always of such a payment).
     async fn of(path: &'static str, point: &str, after_a_payment: bool) -> Crashed {
-        let database = TestDatabase::create().await;
+        Crashed::of_in(TestDatabase::create().await, path, point, after_a_payment).await
+    }
+
+    /// [`Crashed::of`], on `database` (migrated).
+    pub async fn of_in(database: TestDatabase, path: &'static str, point: &str, after_a_payment: bool) -> Crashed {
         let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
         let (account, api_key) = payments_service::accounts::create(&mut conn, "crash").await.unwrap();
         let gateway = Process::gateway().await;
@@ -156,7 +160,7 @@ async fn recovered_by_the_clients_retry(point: &str) {
     recovered_by_the_retry(Crashed::at(point).await).await;
 }
 
-async fn recovered_by_the_retry(crashed: Crashed) {
+pub async fn recovered_by_the_retry(crashed: Crashed) {
     let restarted = crashed.restart(&["--no-workers"]).await;
     let (status, payment) = wait_for(Duration::from_secs(30), "the retry gets past the stale lock", || async {
         let response = crashed.post(&restarted.url, None).await.unwrap();
@@ -180,7 +184,7 @@ async fn finished_by_the_completer(point: &str) {
     completed(Crashed::at(point).await, point).await;
 }
 
-async fn completed(crashed: Crashed, point: &str) {
+pub async fn completed(crashed: Crashed, point: &str) {
     let crashed_at = Instant::now();
     let restarted = crashed.restart(&[]).await;
     wait_for(Duration::from_secs(30), "the completer finishes the request", || async {

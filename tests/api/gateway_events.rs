@@ -308,7 +308,12 @@ async fn an_event_about_an_unfinished_key_makes_it_due_for_the_completer_at_once
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_same_event_fifty_times_at_once_over_two_servers_is_applied_once() {
-    let database = TestDatabase::create().await;
+    fifty_times_at_once_over_two_servers(TestDatabase::create().await).await;
+}
+
+/// The same event, settling a refund, delivered fifty times at once over two servers on
+/// `database` (migrated): applied once, its effects once.
+pub async fn fifty_times_at_once_over_two_servers(database: TestDatabase) {
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "events").await.unwrap();
     let gateway = Process::gateway().await;
