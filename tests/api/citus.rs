@@ -281,11 +281,7 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_201_
             let request = http.post(format!("{}/v1/payments", server.url)).bearer_auth(&api_key);
             request.header("Idempotency-Key", &key).json(&body).send()
         });
-        let statuses: Vec<u16> = futures_util::future::join_all(sent)
-            .await
-            .into_iter()
-            .map(|answer| answer.unwrap().status().as_u16())
-            .collect();
+        let statuses = statuses_of(sent).await;
         assert!(statuses.iter().all(|status| [201, 409].contains(status)), "round {round}: {statuses:?}");
         assert!(statuses.contains(&201), "round {round}: {statuses:?}");
     }
@@ -381,11 +377,7 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
             let action = if n % 2 == 0 { "capture" } else { "cancel" };
             post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}))
         });
-        let statuses: Vec<u16> = futures_util::future::join_all(racing)
-            .await
-            .into_iter()
-            .map(|answer| answer.unwrap().status().as_u16())
-            .collect();
+        let statuses = statuses_of(racing).await;
         assert_eq!(statuses.iter().filter(|&&status| status == 200).count(), 1, "round {round}: {statuses:?}");
         assert!(statuses.iter().all(|&status| status == 200 || status == 400), "round {round}: {statuses:?}");
 
@@ -394,11 +386,7 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
         let paid: Value = post(&servers[1], "/v1/payments".into(), body).await.unwrap().json().await.unwrap();
         let refunds = (0..8)
             .map(|n| post(&servers[n % 2], "/v1/refunds".into(), json!({ "payment": paid["id"], "amount": 1000 })));
-        let statuses: Vec<u16> = futures_util::future::join_all(refunds)
-            .await
-            .into_iter()
-            .map(|answer| answer.unwrap().status().as_u16())
-            .collect();
+        let statuses = statuses_of(refunds).await;
         assert_eq!(statuses.iter().filter(|&&status| status == 201).count(), 5, "round {round}: {statuses:?}");
         assert_eq!(statuses.iter().filter(|&&status| status == 400).count(), 3, "round {round}: {statuses:?}");
     }
@@ -534,6 +522,14 @@ async fn on_citus_later_migrations_apply_to_the_distributed_schema_and_what_they
 struct Count {
     #[diesel(sql_type = BigInt)]
     count: i64,
+}
+
+/// The statuses of requests sent all at once, in order.
+async fn statuses_of(
+    requests: impl IntoIterator<Item = impl Future<Output = reqwest::Result<reqwest::Response>>>,
+) -> Vec<u16> {
+    let answers = futures_util::future::join_all(requests).await;
+    answers.into_iter().map(|answer| answer.unwrap().status().as_u16()).collect()
 }
 
 /// A distributed database of one test's own, as a [`TestDatabase`] that leaves it be.
