@@ -101,11 +101,10 @@ impl Scratch {
     pub fn create(prefix: &str) -> anyhow::Result<Scratch> {
         for entry in std::fs::read_dir(std::env::temp_dir())?.flatten() {
             let name = entry.file_name();
-            let Some(pid) = name.to_str().and_then(|name| name.strip_prefix(prefix)) else { continue };
-            let alive = pid
-                .parse::<i32>()
-                .is_ok_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok());
-            if !alive {
+            // A directory kept for someone to read is named otherwise (see `keep`), and stays.
+            let pid = name.to_str().and_then(|name| name.strip_prefix(prefix)).and_then(|pid| pid.parse::<i32>().ok());
+            let Some(pid) = pid else { continue };
+            if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
@@ -118,9 +117,15 @@ impl Scratch {
         &self.0
     }
 
-    /// Keeps the directory (and the logs in it) for someone to read: it is not removed.
+    /// Keeps the directory (and the logs in it) for someone to read, as `<prefix><pid>-kept`,
+    /// which no later run removes.
     pub fn keep(self) -> PathBuf {
-        let path = self.0.clone();
+        let mut kept = self.0.clone().into_os_string();
+        kept.push("-kept");
+        let path = match std::fs::rename(&self.0, &kept) {
+            Ok(()) => PathBuf::from(kept),
+            Err(_) => self.0.clone(),
+        };
         std::mem::forget(self);
         path
     }
