@@ -18,8 +18,9 @@ pub const BROKEN: u8 = 3;
 #[derive(Clone, Args)]
 pub struct ChaosArgs {
     /// Run the world of its own on a Citus cluster of this many workers (and a coordinator)
-    /// instead of one PostgreSQL; needs the citus extension. Unless --no-kills, a worker node is
-    /// then also crashed (immediate shutdown) every 6 to 12 s, and started again after up to 3 s.
+    /// instead of one PostgreSQL; needs the citus extension. Unless --no-kills or
+    /// --no-node-crashes, a worker node is then also crashed (immediate shutdown) every 6 to 12 s,
+    /// and started again after up to 3 s.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub citus_workers: Option<u16>,
     /// Make this many payments (instead of running for --duration).
@@ -74,6 +75,9 @@ pub struct ChaosArgs {
     /// Neither kill nor pause processes (crash points, gateway faults and abandoned clients remain).
     #[arg(long)]
     pub no_kills: bool,
+    /// With --citus-workers: crash no worker node (the service's processes are still killed).
+    #[arg(long, requires = "citus_workers")]
+    pub no_node_crashes: bool,
     /// Also draw the run as an SVG timeline in this directory (made if need be),
     /// chaos-timeline.svg: attempts per second by answer, the gateway's requests and faults, keys
     /// unfinished, under a strip of the kills, pauses, crash-point aborts and forgotten keys.
@@ -115,6 +119,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
             pending_refund: args.pending_refund_rate,
         },
         processes: !args.no_kills,
+        node_crashes: !args.no_kills && !args.no_node_crashes,
         events: EventStorm {
             duplicate_rate: args.event_duplicate_rate,
             delay_ms: args.event_delay_ms,

@@ -99,6 +99,8 @@ pub struct Plan {
     pub mix: Mix,
     /// Whether to kill and pause processes.
     pub processes: bool,
+    /// Whether to crash the worker nodes of a Citus cluster (and start them again).
+    pub node_crashes: bool,
     /// How the gateway misdelivers its events during the storm.
     pub events: EventStorm,
     /// Where to draw the run's timeline, if anywhere (see [`timeline`]).
@@ -186,7 +188,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let fleet = world.take_fleet();
     let timeline = Arc::new(Timeline::default());
     let drawing = plan.plot.clone().map(|dir| timeline.sample(gateway.clone(), world.database_url.clone(), dir));
-    let nodes = world.citus().filter(|_| plan.processes);
+    let nodes = world.citus().filter(|_| plan.node_crashes);
     let disturbing =
         disturb(fleet, nodes, plan.processes, gateway.clone(), stopped, disturbed.clone(), timeline.clone());
     let mut disturber = tokio::spawn(disturbing);

@@ -14,10 +14,10 @@ use super::gateway::{EventStorm, GatewayStats};
 use super::run::{KeyRun, Request};
 use crate::relay::Relayed;
 
-/// What the run did.
-/// The row of the Citus workers crashed, shown only for a world on Citus.
+/// The row of the Citus workers crashed, shown only when one was.
 const NODE_CRASHES: &str = "Citus workers crashed";
 
+/// What the run did.
 #[derive(Debug)]
 pub struct Did {
     /// Payments' keys.
