@@ -721,6 +721,46 @@ async fn an_event_about_no_request_of_ours_is_acknowledged_and_left() {
     assert_eq!(written(&app).await, before, "nothing recorded");
 }
 
+/// On Citus, a commit that a crashing worker did not confirm is reported done, and its rows show
+/// only once the coordinator's recovery finishes it: an event read in between names a key of ours
+/// under which the database shows nothing. Here the payment is taken out of sight and put back.
+#[tokio::test]
+async fn an_event_naming_a_key_of_ours_the_database_does_not_show_yet_is_refused_until_it_does() {
+    let app = app().await;
+    let (payment, downstream) = charged(&app).await;
+    let mut conn = app.db().await;
+    let hide = format!(
+        "CREATE TEMP TABLE out_of_sight AS SELECT * FROM payments WHERE id = '{id}';
+         DELETE FROM payments WHERE id = '{id}'",
+        id = payment["id"].as_str().unwrap()
+    );
+    conn.batch_execute(&hide).await.unwrap();
+    let charge = json!({ "id": payment["gateway_charge_id"], "object": "charge" });
+    let body = event("charge.succeeded", charge.clone(), &downstream);
+    let before = written(&app).await;
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(response.headers().contains_key("Retry-After"));
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/event-not-seen-yet");
+    assert_eq!(written(&app).await, before, "nothing recorded");
+
+    // The same event once the payment shows: applied.
+    conn.batch_execute("INSERT INTO payments OVERRIDING SYSTEM VALUE SELECT * FROM out_of_sight").await.unwrap();
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "applied");
+
+    // One that still shows nothing after ten minutes is taken for no request of ours.
+    conn.batch_execute("DELETE FROM gateway_events; DELETE FROM payments").await.unwrap();
+    let mut old: Value = serde_json::from_slice(&event("charge.succeeded", charge, &downstream)).unwrap();
+    old["created"] = json!(now() - 11 * 60);
+    let old = serde_json::to_vec(&old).unwrap();
+    let response = app.post_event(&old, Some(&signed(&old, &[SECRET], now()))).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "unknown");
+}
+
 #[tokio::test]
 async fn with_no_secret_configured_every_event_is_refused() {
     let app = TestApp::spawn().await;

@@ -41,12 +41,13 @@ pub enum ProblemType {
     DatabaseUnavailable,
     RecordLocked,
     TransactionConflict,
+    EventNotSeenYet,
     Internal,
 }
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 30] = [
+    pub const ALL: [ProblemType; 31] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -76,6 +77,7 @@ impl ProblemType {
         ProblemType::DatabaseUnavailable,
         ProblemType::RecordLocked,
         ProblemType::TransactionConflict,
+        ProblemType::EventNotSeenYet,
         ProblemType::Internal,
     ];
 
@@ -120,6 +122,7 @@ impl ProblemType {
             DatabaseUnavailable => ("database-unavailable", "The service is temporarily unavailable", 503),
             RecordLocked => ("record-locked", "A record the request needs is locked", 503),
             TransactionConflict => ("transaction-conflict", "The request collided with concurrent work", 503),
+            EventNotSeenYet => ("event-not-seen-yet", "The event names a request not seen yet", 503),
             Internal => ("internal-error", "Internal server error", 500),
         }
     }

@@ -56,6 +56,14 @@ struct Target {
     key_point: Option<RecoveryPoint>,
 }
 
+/// How long an event that names a key of ours, with nothing the database shows made under it, is
+/// answered [`EventOutcome::NotSeenYet`] (the gateway sends it again) before it is taken for no
+/// request of ours. On one PostgreSQL no such event comes: what a key makes commits before the
+/// gateway is asked. On Citus, a commit whose last step a crashed worker never answered is
+/// reported done, and its rows show only once the coordinator's recovery finishes it, seconds
+/// later; an event read in between would otherwise be acknowledged and lost.
+pub const UNSEEN_PATIENCE: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
+
 /// Receives `event` (verified), on the webhook request `request_id`: records it once and applies
 /// it, in one transaction.
 pub async fn receive(
@@ -68,7 +76,10 @@ pub async fn receive(
         return Ok(EventOutcome::Unknown);
     }
     db::bounded(conn.transaction::<_, StoreError, _>(async |conn| {
-        let Some(target) = target(conn, account_id, key_id).await? else { return Ok(EventOutcome::Unknown) };
+        let Some(target) = target(conn, account_id, key_id).await? else {
+            let young = chrono::Utc::now() - event.created() < UNSEEN_PATIENCE;
+            return Ok(if young { EventOutcome::NotSeenYet } else { EventOutcome::Unknown });
+        };
         let about_refunds = matches!(event.kind(), EventKind::RefundSucceeded | EventKind::RefundFailed);
         let about_changes = matches!(event.kind(), EventKind::ChargeCaptured | EventKind::ChargeCanceled);
         if about_refunds != (target.kind == "refund") || about_changes != (target.kind == "payment_change") {

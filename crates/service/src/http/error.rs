@@ -89,6 +89,13 @@ pub enum ApiError {
          Idempotency-Key to learn its outcome. Do not send it again with a new key."
     )]
     TransactionConflict,
+    /// A gateway event names a request of ours this process cannot see yet (see
+    /// [`crate::events::receive`]): nothing recorded, so that the gateway sends it again.
+    #[error(
+        "The event names a request of this service's that the database does not show yet. Nothing was \
+         recorded: send the event again."
+    )]
+    EventNotSeenYet,
     /// The cause is logged, never sent.
     #[error(
         "Something went wrong on our side. A payment or refund may still complete: retry it with the same \
@@ -119,6 +126,7 @@ impl ApiError {
             ApiError::DatabaseUnavailable => ProblemType::DatabaseUnavailable,
             ApiError::RecordLocked => ProblemType::RecordLocked,
             ApiError::TransactionConflict => ProblemType::TransactionConflict,
+            ApiError::EventNotSeenYet => ProblemType::EventNotSeenYet,
             ApiError::Internal(_) => ProblemType::Internal,
         }
     }
@@ -128,7 +136,9 @@ impl ApiError {
             ApiError::InFlight => Some(RETRY_IN_FLIGHT_SECS),
             ApiError::GatewayUnavailable => Some(RETRY_GATEWAY_SECS),
             ApiError::DatabaseUnavailable => Some(RETRY_DATABASE_SECS),
-            ApiError::TransactionConflict | ApiError::RecordLocked => Some(RETRY_IN_FLIGHT_SECS),
+            ApiError::TransactionConflict | ApiError::RecordLocked | ApiError::EventNotSeenYet => {
+                Some(RETRY_IN_FLIGHT_SECS)
+            }
             _ => None,
         }
     }

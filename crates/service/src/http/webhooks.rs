@@ -18,7 +18,7 @@ use crate::state::AppState;
 /// matches one of the secrets and its time is within the tolerance; 200 once the event is recorded
 /// and applied (a duplicate too: it changes nothing), and 200 `unrecognized` for a signed body the
 /// service cannot read, kept for a person; a failure of ours rolls back and answers 5xx, so the
-/// gateway sends it again.
+/// gateway sends it again, as does 503 `event-not-seen-yet` (see [`events::UNSEEN_PATIENCE`]).
 pub async fn receive_gateway_event(
     state: web::Data<AppState>,
     request: HttpRequest,
@@ -52,6 +52,9 @@ pub async fn receive_gateway_event(
         }
     };
     state.metrics.gateway_event(kind, outcome);
+    if outcome == EventOutcome::NotSeenYet {
+        return Err(ApiError::EventNotSeenYet);
+    }
     // Committed: the worker that acts on what the event changed looks at once.
     match (kind, outcome) {
         (_, EventOutcome::Nudged) => state.wake.wake(Wake::Completer),

@@ -172,6 +172,9 @@ label! {
         Nudged = "nudged",
         /// About no request of this service's (another downstream key, an unknown type).
         Unknown = "unknown",
+        /// About a request of this service's that the database does not show yet: nothing
+        /// recorded, answered 503 so that the gateway sends it again.
+        NotSeenYet = "not_seen_yet",
         /// Verified, but not readable (no retry would change that): kept for a person, its key
         /// flagged if it names one of ours.
         Unrecognized = "unrecognized",
