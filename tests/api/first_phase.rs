@@ -104,3 +104,32 @@ async fn a_resumed_key_is_claimed_alone_and_runs_started_after_the_claim() {
     assert_eq!((keys, payments), (2, 2), "one payment for the resumed key");
     assert_eq!(app.gateway.stats().await.charges, 2);
 }
+
+/// A statement run alone commits as it ends, and its commit can fail after it sent its rows (a
+/// deferred check here; on Citus, a worker that cannot prepare its part of a two-phase commit):
+/// the claim and `started` then did not happen, and the gateway is not asked.
+#[tokio::test]
+async fn a_claim_whose_commit_fails_after_its_rows_asks_the_gateway_nothing() {
+    use diesel_async::SimpleAsyncConnection;
+    let app = TestApp::spawn().await;
+    // The process has heard from its gateway: `started` runs in the claim's statement.
+    app.paid(1000, "tok_visa").await;
+    let mut conn = app.db().await;
+    conn.batch_execute(
+        "CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS
+             $$ BEGIN RAISE EXCEPTION 'refused at commit'; END $$;
+         CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON payments
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()",
+    )
+    .await
+    .unwrap();
+    let key = new_key();
+    let refused = app.post_payment(&key, &payment_body()).await;
+    assert!(refused.status().is_server_error(), "{}", refused.status());
+    assert_eq!(app.gateway.all_stats().await["charges"], 1, "only the first payment's charge");
+    assert!(app.key_row(&key).await.is_none(), "the claim rolled back");
+
+    conn.batch_execute("DROP TRIGGER refuse_at_commit ON payments").await.unwrap();
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+    assert_eq!(app.gateway.all_stats().await["charges"], 2);
+}

@@ -124,6 +124,15 @@ pub async fn bounded<T, E: From<StoreError>>(work: impl Future<Output = Result<T
     }
 }
 
+/// The first row of a statement that writes, taken once PostgreSQL has sent the whole result. A
+/// statement run alone commits as it ends, and a commit that fails (a deferred check; on Citus, a
+/// worker that cannot prepare its part) says so after the rows: `get_result` returns at the first
+/// row and drops what follows, the error with it, so a statement the database rolled back would
+/// pass for done, and the gateway be asked for a key that never was.
+pub async fn first_row<R>(rows: impl Future<Output = diesel::QueryResult<Vec<R>>>) -> diesel::QueryResult<Option<R>> {
+    Ok(rows.await?.into_iter().next())
+}
+
 /// One statement (or a few), within [`OPERATION_TIMEOUT`].
 pub async fn query<T>(work: impl Future<Output = diesel::QueryResult<T>>) -> Result<T, StoreError> {
     bounded(async { Ok(work.await?) }).await

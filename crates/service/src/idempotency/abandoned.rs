@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
-use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
@@ -130,7 +130,7 @@ async fn take_abandoned(
     .bind::<SqlUuid, _>(account_id)
     .bind::<SqlUuid, _>(token);
     let sent = since_boot();
-    let row: Option<AbandonedRow> = db::query(async { claim.get_result(conn).await.optional() }).await?;
+    let row: Option<AbandonedRow> = db::query(db::first_row(claim.load(conn))).await?;
     Ok(row.map(|row| Abandoned {
         lock: KeyLock::new(
             row.account_id,

@@ -98,7 +98,7 @@ where
     let mut attempt = 1;
     loop {
         let sent = since_boot();
-        match db::query(async { query.get_result::<Claimed<S>>(conn).await.optional() }).await {
+        match db::query(db::first_row(query.load::<Claimed<S>>(conn))).await {
             Ok(Some(claimed)) => return Ok(claimed.into_claim(new.account_id, token, lease, sent)),
             Ok(None) if attempt < MAX_ATTEMPTS => {}
             Ok(None) => {

@@ -63,7 +63,7 @@ where
         // Before the statement: the lease it renews counts from the server's `now()`, later.
         let sent = since_boot();
         let statement = PhaseStatement { fence: Fence::new(lock, &transition, &writes), writes: &writes };
-        match db::query(async { statement.get_result::<R>(conn).await.optional() }).await {
+        match db::query(db::first_row(statement.load::<R>(conn))).await {
             Ok(Some(result)) => {
                 lock.advance_to(&transition, sent);
                 return Ok(result);

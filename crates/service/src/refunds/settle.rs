@@ -87,7 +87,7 @@ pub async fn lease_due_refund(
         .bind::<BigInt, _>(millis(backoff.first))
         .bind::<BigInt, _>(millis(backoff.max))
         .bind::<SqlUuid, _>(account_id);
-        let due: Option<DueRefund> = db::query(async { lease.get_result(conn).await.optional() }).await?;
+        let due: Option<DueRefund> = db::query(db::first_row(lease.load(conn))).await?;
         if due.is_some() {
             return Ok(due);
         }
@@ -154,7 +154,7 @@ pub async fn settle_refund(
             request_id: Some(by.request_id.as_str()),
         },
     };
-    db::query(async { statement.get_result(conn).await.optional() }).await
+    db::query(db::first_row(statement.load(conn))).await
 }
 
 /// The statement of [`settle_refund`]: each write takes its rows from `refund`, the refund's move

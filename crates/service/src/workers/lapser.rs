@@ -4,8 +4,8 @@ use std::sync::Arc;
 
 use std::time::Duration;
 
+use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Uuid as SqlUuid};
-use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::RunQueryDsl;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -71,7 +71,7 @@ impl Worker for Lapser {
         )
         .bind::<BigInt, _>(millis(self.backoff))
         .bind::<BigInt, _>(millis(MAX_BACKOFF));
-        let lapsed: Option<Lapsed> = db::query(async { due.get_result(&mut conn).await.optional() }).await?;
+        let lapsed: Option<Lapsed> = db::query(db::first_row(due.load(&mut conn))).await?;
         drop(conn);
         let Some(Lapsed { account_id, payment_id }) = lapsed else { return Ok(Outcome::Idle) };
         let span = tracing::info_span!("lapser.run", request_id = %run);
