@@ -130,8 +130,8 @@ pub async fn create(conn: &mut AsyncPgConnection, name: &str) -> QueryResult<(Ac
     let random: String = rand::rng().sample_iter(Alphanumeric).take(KEY_RANDOM_CHARS).map(char::from).collect();
     let api_key = format!("sk_{random}");
     let new = NewAccount { id: Uuid::now_v7(), name, api_key_hash: hash(&api_key).to_vec() };
-    let account =
-        diesel::insert_into(accounts::table).values(&new).returning(Account::as_returning()).get_result(conn).await?;
+    let insert = diesel::insert_into(accounts::table).values(&new).returning(Account::as_returning());
+    let account = db::first_row(insert.load(conn)).await?.ok_or(diesel::result::Error::NotFound)?;
     Ok((account, api_key))
 }
 
