@@ -160,6 +160,17 @@ async fn every_problem_carries_its_request_id() {
     let no_database = TestApp::builder().database_url(format!("postgres://postgres@{closed}/none")).spawn().await;
     expect(problem_slug(no_database.get("/readyz").await).await, "database-unavailable");
 
+    // A signed event naming a key of ours under which the database shows nothing (yet).
+    let secret = payments_service::gateway::signature::WebhookSecret::new("whsec_request_id");
+    let listening = TestApp::builder().webhook_secrets(&["whsec_request_id"]).spawn().await;
+    let now = chrono::Utc::now().timestamp();
+    let event = json!({ "id": "evt_unseen", "object": "event", "type": "charge.succeeded", "created": now,
+                        "data": { "object": { "id": "ch_unseen", "object": "charge" } },
+                        "request": { "idempotency_key": listening.downstream_key(Uuid::now_v7()) } });
+    let body = serde_json::to_vec(&event).unwrap();
+    let signature = payments_service::gateway::signature::sign(&[secret], now, &body);
+    expect(problem_slug(listening.post_event(&body, Some(&signature)).await).await, "event-not-seen-yet");
+
     // The two that no request can be made to cause on purpose are rendered by the same code: see
     // `http::error`'s unit test, which renders every error with an id.
     let all: BTreeSet<String> =
