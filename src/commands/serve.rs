@@ -10,6 +10,7 @@ use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook, new_webho
 use payments_service::accounts::DEMO_API_KEY;
 use payments_service::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, DatabaseArgs, ServeArgs, Settings};
 use payments_service::db;
+use payments_service::db::delegate::Routing;
 use payments_service::db::embedded::{EmbeddedDatabase, Sharing};
 use payments_service::gateway::GatewayClient;
 use payments_service::gateway::signature::WebhookSecret;
@@ -67,6 +68,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let state = Arc::new(AppState::new(
         db::pool(&database_url, POOL_SIZE),
+        Routing::new(&database_url),
         GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     ));

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use payments_service::config::WorkerCommandArgs;
 use payments_service::db;
+use payments_service::db::delegate::Routing;
 use payments_service::db::embedded::Sharing;
 use payments_service::gateway::GatewayClient;
 use payments_service::startup::{WORKER_RUNNING, exit_on_second_signal, shutdown_signal};
@@ -39,6 +40,7 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     }
     let state = Arc::new(AppState::new(
         db::pool(&database_url, POOL_SIZE),
+        Routing::new(&database_url),
         GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     ));

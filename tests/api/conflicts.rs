@@ -39,7 +39,7 @@ async fn phase_failing(
     // Raised after the audit record is written, so that a failed run has something to roll back.
     let writes = audited_phase(", raised AS (SELECT raise_on_first_runs() FROM audited)", ", raised");
     let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
-    let result = atomic_phase(&mut app.db().await, lock, transition, writes).await;
+    let result = atomic_phase(&mut app.db().await, app.routing(), lock, transition, writes).await;
     let runs: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>("last_value FROM phase_runs"))
         .get_result(&mut app.db().await)
         .await

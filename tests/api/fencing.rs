@@ -37,7 +37,8 @@ async fn a_request_whose_lock_was_taken_over_commits_nothing() {
 
     // The first holder wakes up and tries to commit a phase: an audit record and a new point.
     let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
-    let result: Result<KeyRowId, _> = atomic_phase(&mut conn, &mut first, transition, audited_phase("", "")).await;
+    let result: Result<KeyRowId, _> =
+        atomic_phase(&mut conn, app.routing(), &mut first, transition, audited_phase("", "")).await;
 
     assert!(matches!(result, Err(PhaseError::LockLost)), "{result:?}");
     let audits: i64 = audit_records::table.count().get_result(&mut conn).await.unwrap();
@@ -229,7 +230,8 @@ async fn each_phase_renews_the_lease_for_the_owners_lock_timeout() {
     app.run_sql("UPDATE idempotency_keys SET locked_until = now() + interval '1 second'").await;
 
     let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
-    let _: KeyRowId = atomic_phase(&mut conn, &mut lock, transition, audited_phase("", "")).await.unwrap();
+    let _: KeyRowId =
+        atomic_phase(&mut conn, app.routing(), &mut lock, transition, audited_phase("", "")).await.unwrap();
 
     let renewed = "SELECT locked_until > now() + interval '50 seconds' AND locked_until <= now() + interval '60 seconds' \
                    FROM idempotency_keys";

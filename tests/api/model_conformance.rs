@@ -638,7 +638,8 @@ async fn claim_where(app: &TestApp, found: Found, reaped: bool) -> Claim {
         }
     }
     let lease = Duration::from_secs(60);
-    match claim::<TestWrites, KeyRowId>(&mut app.db().await, &new, lease, None).await.expect("the claim") {
+    match claim::<TestWrites, KeyRowId>(&mut app.db().await, app.routing(), &new, lease, None).await.expect("the claim")
+    {
         Claimed::Mismatch => Claim::Mismatch,
         Claimed::Replay { .. } => Claim::Replay,
         Claimed::InFlight => Claim::InFlight,

@@ -76,8 +76,10 @@ pub struct AuditEntry {
 }
 
 /// A stretch of what the account's audit trail holds about the resources `(type, id)`, in the
-/// order it happened (records are numbered as they are written): at most `limit` records, after
-/// the first `skip`.
+/// order it happened: by the time of the transaction that wrote each, then as numbered (a
+/// statement's records are numbered as it writes them). Not by number alone: on Citus, records
+/// written on the account's node and through the coordinator are numbered from ranges of their
+/// own (see [`crate::db::delegate`]). At most `limit` records, after the first `skip`.
 pub async fn trail(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,
@@ -89,7 +91,7 @@ pub async fn trail(
     diesel::sql_query(
         "SELECT created_at, action, actor, request_id, data FROM audit_records
          WHERE account_id = $1 AND (resource_type, resource_id) IN (SELECT * FROM unnest($2::text[], $3::uuid[]))
-         ORDER BY id
+         ORDER BY created_at, id
          OFFSET $4 LIMIT $5",
     )
     .bind::<SqlUuid, _>(account_id)
@@ -102,7 +104,7 @@ pub async fn trail(
 }
 
 /// The latest record of each of `actions` about the resources `(type, id)`, wherever it is in
-/// the trail.
+/// the trail (in the trail's order: see [`trail`]).
 pub async fn latest(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,
@@ -114,7 +116,7 @@ pub async fn latest(
         "SELECT DISTINCT ON (action) created_at, action, actor, request_id, data FROM audit_records
          WHERE account_id = $1 AND (resource_type, resource_id) IN (SELECT * FROM unnest($2::text[], $3::uuid[]))
            AND action = ANY ($4)
-         ORDER BY action, id DESC",
+         ORDER BY action, created_at DESC, id DESC",
     )
     .bind::<SqlUuid, _>(account_id)
     .bind::<Array<Text>, _>(types)

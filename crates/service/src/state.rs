@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::accounts::ApiKeyCache;
 use crate::config::Settings;
 use crate::db::Pool;
+use crate::db::delegate::Routing;
 use crate::db::wake::Waker;
 use crate::gateway::GatewayClient;
 use crate::idempotency::{self, ReplayCache};
@@ -20,6 +21,8 @@ const REPLAY_CACHE_BYTES: u64 = 4 * 1024 * 1024;
 /// caches only ever hold what cannot change underneath them (see each).
 pub struct AppState {
     pub db: Pool,
+    /// How the statements under a key reach their rows: see [`Routing`].
+    pub routing: Routing,
     pub gateway: GatewayClient,
     pub settings: Settings,
     pub replays: ReplayCache,
@@ -31,11 +34,12 @@ pub struct AppState {
 }
 
 impl AppState {
-    pub fn new(db: Pool, gateway: GatewayClient, settings: Settings) -> AppState {
+    pub fn new(db: Pool, routing: Routing, gateway: GatewayClient, settings: Settings) -> AppState {
         let metrics = Arc::new(Metrics::new());
         AppState {
             wake: Waker::new(db.clone()),
             db,
+            routing,
             gateway: gateway.observed_by(metrics.clone()),
             settings,
             replays: ReplayCache::new(REPLAY_CACHE_BYTES),
@@ -50,6 +54,7 @@ impl AppState {
     pub fn keys(&self) -> idempotency::Context<'_> {
         idempotency::Context {
             db: &self.db,
+            routing: &self.routing,
             metrics: &self.metrics,
             replays: &self.replays,
             lock_timeout: self.settings.lock_timeout,

@@ -10,6 +10,7 @@ use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
 use payments_service::config::{Settings, WorkerSettings};
+use payments_service::db::delegate::Routing;
 use payments_service::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
 use payments_service::gateway::GatewayClient;
 use payments_service::gateway::signature::WebhookSecret;
@@ -128,8 +129,10 @@ impl TestAppBuilder {
             None => Some(self.start_mock(&listener)),
         };
         let gateway_url = self.gateway_url.clone().unwrap_or_else(|| mock.as_ref().unwrap().url());
+        let database_url = self.database_url.as_deref().unwrap_or(&database.url);
         let state = Arc::new(AppState::new(
-            payments_service::db::pool(self.database_url.as_deref().unwrap_or(&database.url), 10),
+            payments_service::db::pool(database_url, 10),
+            Routing::new(database_url),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
             self.settings,
         ));
@@ -344,6 +347,7 @@ impl TestApp {
     pub fn state_at_gateway(&self, gateway_url: &str) -> Arc<AppState> {
         Arc::new(AppState::new(
             payments_service::db::pool(&self.database.url, 4),
+            Routing::new(&self.database.url),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
             self.state.settings.clone(),
         ))
@@ -361,6 +365,11 @@ impl TestApp {
     }
 
     /// A connection straight to the test database, for assertions.
+    /// How the app's claims and phases reach their rows, for a test that runs them itself.
+    pub fn routing(&self) -> &Routing {
+        &self.state.routing
+    }
+
     pub async fn db(&self) -> AsyncPgConnection {
         AsyncPgConnection::establish(&self.database.url).await.expect("connecting to the test database")
     }

@@ -7,6 +7,7 @@
 
 pub mod citus;
 pub mod cluster;
+pub mod delegate;
 pub mod distribute;
 pub mod embedded;
 pub mod migrate;

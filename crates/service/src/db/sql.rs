@@ -50,7 +50,7 @@ fn unknown(what: String) -> Error {
 /// `sql` cut where its last part begins: the first `SELECT` outside every parenthesis, after a
 /// list of CTEs (`name AS (...), ...`). A phase's text is its CTEs and then its result, and the
 /// claim runs the CTEs in its own statement and wraps the result.
-pub fn split_result(sql: &'static str) -> Option<(&'static str, &'static str)> {
+pub fn split_result(sql: &str) -> Option<(&str, &str)> {
     let mut depth = 0_i32;
     for (at, c) in sql.char_indices() {
         match c {

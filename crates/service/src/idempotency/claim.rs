@@ -14,6 +14,7 @@ use super::RecoveryPoint;
 use super::clock::{Deadline, since_boot};
 use super::phase::{MAX_ATTEMPTS, PhaseWrites};
 use super::store::{KeyLock, Lease, NewKey, StoredResponse, millis};
+use crate::db::delegate::Routing;
 use crate::db::sql::{Parameters, no_parameter, split_result, walk_sql};
 use crate::db::{self, StoreError};
 
@@ -81,6 +82,7 @@ pub enum Claim<S> {
 /// `lease` is how long our lock lasts unless renewed: this process's lock timeout.
 pub async fn claim<W, S>(
     conn: &mut AsyncPgConnection,
+    routing: &Routing,
     new: &NewKey<'_>,
     lease: Duration,
     first: Option<&W>,
@@ -98,7 +100,13 @@ where
     let mut attempt = 1;
     loop {
         let sent = since_boot();
-        match db::query(db::first_row(query.load::<Claimed<S>>(conn))).await {
+        let run = async {
+            match routing.delegate(new.account_id, &query).await? {
+                Some(delegated) => db::first_row(delegated.load::<Claimed<S>>(conn)).await,
+                None => db::first_row(query.load::<Claimed<S>>(conn)).await,
+            }
+        };
+        match db::query(run).await {
             Ok(Some(claimed)) => return Ok(claimed.into_claim(new.account_id, token, lease, sent)),
             Ok(None) if attempt < MAX_ATTEMPTS => {}
             Ok(None) => {

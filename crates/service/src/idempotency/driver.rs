@@ -20,6 +20,7 @@ use super::replays::{Asked, Remembered, ReplayCache};
 use super::store::{Endpoint, KeyLock, NewKey, Reason, StoredResponse, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
+use crate::db::delegate::Routing;
 use crate::db::{self, Pool, PooledConnection, StoreError};
 use crate::metrics::{KeyOutcome, Metrics, Unfinished};
 use crate::request_id::RequestId;
@@ -28,6 +29,8 @@ use crate::request_id::RequestId;
 #[derive(Clone, Copy)]
 pub struct Context<'a> {
     pub db: &'a Pool,
+    /// How the claim and the phases reach their rows (delegated to the account's shard on Citus).
+    pub routing: &'a Routing,
     pub metrics: &'a Metrics,
     pub replays: &'a ReplayCache,
     /// How long a lease on a key lasts from each statement that takes or renews it.
@@ -234,7 +237,7 @@ pub async fn take_in<'a, P: Phases>(
     let (metrics, account_id, endpoint) = (ctx.metrics, new.account_id, new.endpoint.label);
     let mut conn = db::connect(ctx.db).await?;
     let first = phases.first_phase(new);
-    let claimed = claim::<_, P::Started>(&mut conn, new, ctx.lock_timeout, first.as_ref()).await;
+    let claimed = claim::<_, P::Started>(&mut conn, ctx.routing, new, ctx.lock_timeout, first.as_ref()).await;
     // The first phase's writes borrow `phases`, which takes what they returned below.
     drop(first);
     if claimed.is_err() {
@@ -394,7 +397,7 @@ impl<'a> Run<'a> {
             self.conn = Some(db::connect(self.ctx.db).await?);
         }
         let conn = self.conn.as_mut().expect("checked out above");
-        let result = atomic_phase(conn, &mut self.lock, transition, writes).await?;
+        let result = atomic_phase(conn, self.ctx.routing, &mut self.lock, transition, writes).await?;
         self.response = finished;
         Ok(result)
     }

@@ -8,6 +8,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::clock::since_boot;
 use super::store::{KeyLock, Transition, millis};
+use crate::db::delegate::Routing;
 use crate::db::sql::{Parameters, no_parameter, walk_sql};
 use crate::db::{self, StoreError};
 
@@ -50,6 +51,7 @@ impl From<diesel::result::Error> for PhaseError {
 /// [`StoreError::is_worth_retrying`]) runs the phase again, up to [`MAX_ATTEMPTS`] times.
 pub async fn atomic_phase<W, R>(
     conn: &mut AsyncPgConnection,
+    routing: &Routing,
     lock: &mut KeyLock,
     transition: Transition,
     writes: W,
@@ -63,7 +65,13 @@ where
         // Before the statement: the lease it renews counts from the server's `now()`, later.
         let sent = since_boot();
         let statement = PhaseStatement { fence: Fence::new(lock, &transition, &writes), writes: &writes };
-        match db::query(db::first_row(statement.load::<R>(conn))).await {
+        let run = async {
+            match routing.delegate(lock.account_id, &statement).await? {
+                Some(delegated) => db::first_row(delegated.load::<R>(conn)).await,
+                None => db::first_row(statement.load::<R>(conn)).await,
+            }
+        };
+        match db::query(run).await {
             Ok(Some(result)) => {
                 lock.advance_to(&transition, sent);
                 return Ok(result);

@@ -1,0 +1,551 @@
+//! On Citus, the statements that write under a key (the claim and every phase) are handed whole to
+//! the node that holds the account's rows, and run there as on one PostgreSQL: one round trip
+//! from the coordinator and one commit on one node, as one PostgreSQL takes.
+//!
+//! Citus sends a statement to one shard in one piece only if it can plan it whole there, and it
+//! cannot plan an `INSERT` inside a CTE that way: it runs each such CTE as a step of its own, a
+//! round trip each, sends what an `INSERT ... SELECT` reads to every node, and commits over all
+//! of them. Every phase is such a statement. So on a distributed database they go through
+//! `run_on_shard(account_id, statement, parameters)`, a function Citus distributes by its first
+//! argument, colocated with the tables (see [`super::distribute`]): the coordinator passes the
+//! call to the worker that holds that account's shards, and the function runs the statement there
+//! against those shards by their own names (see [`create_function`]), which Citus does not plan.
+//!
+//! The statement is the text that runs on one PostgreSQL, each table marked for its shard (see
+//! [`on_shards`]), each placeholder `$k` read from the array instead (`($1[k])::type`), and its
+//! values sent as text. What it returns is named by the columns PostgreSQL describes for it:
+//! asked once per statement and process, on a connection of the [`Routing`]'s own, so that the
+//! pool's connections send exactly what they send on one node.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as SyncMutex};
+
+use diesel::pg::{FailedToLookupTypeError, Pg, PgMetadataCacheKey, PgMetadataLookup, PgQueryBuilder, PgTypeMetadata};
+use diesel::query_builder::bind_collector::RawBytesBindCollector;
+use diesel::query_builder::{AstPass, Query, QueryBuilder, QueryFragment, QueryId};
+use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
+use diesel::sql_types::{Array, Nullable, Text, Untyped, Uuid as SqlUuid};
+use tokio::sync::{Mutex, OnceCell};
+use tokio_postgres::types::Type;
+use uuid::Uuid;
+
+use super::sql::split_result;
+use crate::runtime::ProcessRuntime;
+
+/// The function a statement is delegated through, by its signature.
+pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
+
+/// Makes [`FUNCTION`]: it runs `statement` with `parameters` as its one parameter, where it is
+/// called, against that node's own shards of the account. `account_id` chooses the node: Citus
+/// passes the call to the one that holds the account's shards. There, each `{{table}}` in the
+/// statement (see [`on_shards`]) becomes the table's shard for the account, so that PostgreSQL
+/// runs the statement as it would on one node, whole, and it commits on that node alone: Citus
+/// would otherwise plan it again, step by step, and commit over every node.
+///
+/// What Citus does for its own writes to a shard, the function does first: it takes each shard's
+/// metadata lock (which a shard move takes exclusively while it stops writes), and then refuses,
+/// as a serialization failure that the caller runs again, a shard that is not on this node (it
+/// moved since the call was routed). It waits for a row lock no longer than the pool's
+/// connections do (Citus does not pass a session's settings on to the node). It runs with its
+/// caller's rights.
+///
+/// A shard has no defaults for its table's identity columns (Citus fills them in where it plans
+/// an insert, from that node's sequence). The first time the function writes to a shard on a
+/// node, it gives each such column that node's sequence (each node hands out a range of its own)
+/// plus an offset that puts every value it hands out above those already in the shard: a shard
+/// that moved to a node of a lower range keeps its order (a payment's `created_seq`, by which an
+/// account's payments list newest first). Finding the highest value reads the whole shard, once
+/// per node it comes to.
+pub fn create_function() -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION run_on_shard(account_id uuid, statement text, parameters text[])
+         RETURNS SETOF record LANGUAGE plpgsql
+         SET lock_timeout = {lock_timeout} SET citus.enable_manual_changes_to_shards = on AS $$
+         DECLARE
+             table_name regclass;
+             shard bigint;
+             shard_table text;
+             identity record;
+             highest bigint;
+             handed_out bigint;
+         BEGIN
+             FOR table_name IN
+                 SELECT logicalrelid FROM pg_dist_partition
+                 WHERE colocationid = (SELECT colocationid FROM pg_dist_partition
+                                       WHERE logicalrelid = '{anchor}'::regclass)
+             LOOP
+                 CONTINUE WHEN position('{{{{' || table_name::text || '}}}}' IN statement) = 0;
+                 shard := get_shard_id_for_distribution_column(table_name, account_id);
+                 PERFORM lock_shard_metadata(5, ARRAY[shard]);
+                 IF NOT EXISTS (SELECT FROM pg_dist_placement
+                                WHERE shardid = shard AND groupid = (SELECT groupid FROM pg_dist_local_group)) THEN
+                     RAISE EXCEPTION 'the shard % of % is not on this node', shard, table_name
+                         USING ERRCODE = 'serialization_failure';
+                 END IF;
+                 shard_table := shard_name(table_name, shard);
+                 FOR identity IN
+                     SELECT a.attname, pg_get_serial_sequence(table_name::text, a.attname) AS sequence
+                     FROM pg_attribute a
+                     WHERE a.attrelid = table_name AND a.attidentity <> ''
+                       AND NOT EXISTS (SELECT FROM pg_attrdef d JOIN pg_attribute s
+                                           ON s.attrelid = d.adrelid AND s.attnum = d.adnum
+                                       WHERE d.adrelid = shard_table::regclass AND s.attname = a.attname)
+                 LOOP
+                     -- Once per shard and node: whoever waited here finds the default made.
+                     PERFORM pg_advisory_xact_lock(shard);
+                     CONTINUE WHEN EXISTS (SELECT FROM pg_attrdef d JOIN pg_attribute s
+                                               ON s.attrelid = d.adrelid AND s.attnum = d.adnum
+                                           WHERE d.adrelid = shard_table::regclass AND s.attname = identity.attname);
+                     EXECUTE format('SELECT coalesce(max(%I), 0) FROM %s', identity.attname, shard_table) INTO highest;
+                     EXECUTE format('SELECT last_value FROM %s', identity.sequence) INTO handed_out;
+                     EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT nextval(%L) + %s',
+                                    shard_table, identity.attname, identity.sequence,
+                                    greatest(0, highest - handed_out + 1));
+                 END LOOP;
+                 statement := replace(statement, '{{{{' || table_name::text || '}}}}', shard_table);
+             END LOOP;
+             RETURN QUERY EXECUTE statement USING parameters;
+         END
+         $$",
+        lock_timeout = super::LOCK_TIMEOUT.as_millis(),
+        anchor = super::distribute::COLOCATED_WITH,
+    )
+}
+
+/// A statement as it is delegated, the same for every run of it: the text [`FUNCTION`] runs, and
+/// the column definition list (`"name" type, ...`) of what it returns.
+struct Shape {
+    statement: String,
+    columns: String,
+}
+
+/// How the statements that write under a key reach the database: as they are (one PostgreSQL),
+/// or delegated to the account's shard (a database distributed by `payments migrate
+/// --distribute`, which made [`FUNCTION`]). Which, it finds out once, at its first statement.
+pub struct Routing {
+    database_url: String,
+    runtime: ProcessRuntime,
+    /// What [`on_shards`] needs, where statements are delegated; none where they run as they are.
+    delegates: OnceCell<Option<Names>>,
+    /// The connection statements are described on, opened when first needed.
+    describer: Mutex<Option<tokio_postgres::Client>>,
+    /// Each statement's [`Shape`], by its text.
+    shapes: SyncMutex<HashMap<String, Arc<Shape>>>,
+}
+
+impl Routing {
+    /// The routing of a process whose pool connects to `database_url`. Made on the process's
+    /// runtime, which drives its describing connection (see [`crate::runtime`]).
+    pub fn new(database_url: &str) -> Routing {
+        Routing {
+            database_url: database_url.to_owned(),
+            runtime: ProcessRuntime::current(),
+            delegates: OnceCell::new(),
+            describer: Mutex::new(None),
+            shapes: SyncMutex::new(HashMap::new()),
+        }
+    }
+
+    /// `statement`, which reads and writes only rows of `account_id`, as a call delegated to the
+    /// account's shard; none where statements run as they are.
+    pub async fn delegate<Q: QueryFragment<Pg>>(
+        &self,
+        account_id: Uuid,
+        statement: &Q,
+    ) -> QueryResult<Option<Delegated>> {
+        // Boxed: they are awaited inside every phase's future, which would grow too deep.
+        let Some(names) = Box::pin(self.delegates()).await? else {
+            return Ok(None);
+        };
+        let Rendered { sql, types, parameters } = Rendered::of(statement)?;
+        let shape = Box::pin(self.shape_of(&sql, &types, names)).await?;
+        Ok(Some(Delegated { account_id, shape, parameters }))
+    }
+
+    /// Whether this database delegates, and if so, the [`Names`] its statements are sent with:
+    /// whether [`FUNCTION`] exists, which only distributing the schema makes.
+    async fn delegates(&self) -> QueryResult<Option<&Names>> {
+        let delegates = self.delegates.get_or_try_init(|| async {
+            let mut describer = self.describer().await?;
+            let client = describer.as_ref().expect("opened above");
+            let row =
+                client.query_one("SELECT to_regprocedure($1) IS NOT NULL", &[&FUNCTION]).await.map_err(unavailable)?;
+            if !row.get::<_, bool>(0) {
+                // Never needed again on this database.
+                *describer = None;
+                return Ok::<_, DieselError>(None);
+            }
+            Ok(Some(Names::of(client).await?))
+        });
+        Ok(delegates.await?.as_ref())
+    }
+
+    /// The describing connection, opened if it is not.
+    async fn describer(&self) -> QueryResult<tokio::sync::MutexGuard<'_, Option<tokio_postgres::Client>>> {
+        let mut describer = self.describer.lock().await;
+        if describer.as_ref().is_none_or(|client| client.is_closed()) {
+            let url = self.database_url.clone();
+            let (client, connection) = self
+                .runtime
+                .run(async move { tokio_postgres::connect(&url, tokio_postgres::NoTls).await })
+                .await
+                .map_err(|error| unavailable(error.to_string()))?
+                .map_err(unavailable)?;
+            self.runtime.spawn(async move {
+                if let Err(error) = connection.await {
+                    tracing::debug!(%error, "the describing connection closed");
+                }
+            });
+            *describer = Some(client);
+        }
+        Ok(describer)
+    }
+
+    /// The [`Shape`] of `sql`, whose parameters are of `types`: made the first time, from what
+    /// PostgreSQL describes it returns.
+    async fn shape_of(&self, sql: &str, types: &[Type], names: &Names) -> QueryResult<Arc<Shape>> {
+        if let Some(shape) = self.shapes.lock().expect("never held across a panic").get(sql) {
+            return Ok(shape.clone());
+        }
+        let describer = self.describer().await?;
+        let client = describer.as_ref().expect("opened above");
+        let described = client.prepare_typed(sql, types).await.map_err(unavailable)?;
+        let columns: Vec<(&str, &Type)> = described.columns().iter().map(|c| (c.name(), c.type_())).collect();
+        let shape = Arc::new(Shape {
+            statement: on_shards(&returning_as_described(&read_from_array(sql, types)?, &columns)?, names),
+            columns: columns
+                .iter()
+                .map(|(name, ty)| format!("{} {}", quoted(name), type_name(ty)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+        self.shapes.lock().expect("never held across a panic").insert(sql.to_owned(), shape.clone());
+        Ok(shape)
+    }
+}
+
+/// The tables distributed by account (each a `{{table}}` in a delegated statement) and the views
+/// (each inlined, as [`FUNCTION`] runs a statement against shards, which no view reads).
+struct Names {
+    tables: Vec<String>,
+    views: Vec<(String, String)>,
+}
+
+impl Names {
+    async fn of(client: &tokio_postgres::Client) -> QueryResult<Names> {
+        let tables = client
+            .query("SELECT logicalrelid::regclass::text FROM pg_dist_partition WHERE partmethod = 'h'", &[])
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        let views = client
+            .query(
+                "SELECT c.relname::text, rtrim(pg_get_viewdef(c.oid), ';') FROM pg_class c
+                 WHERE c.relkind = 'v' AND c.relnamespace = 'public'::regnamespace
+                   AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.objid = c.oid AND d.deptype = 'e')",
+                &[],
+            )
+            .await
+            .map_err(unavailable)?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        Ok(Names { tables, views })
+    }
+}
+
+/// `sql` as [`FUNCTION`] runs it against the account's shards: each distributed table it reads or
+/// writes (the name after `FROM`, `JOIN`, `INTO` or `UPDATE`) marked `{{table}}`, keeping its
+/// name as its alias where it has none, and each view replaced by its query, marked the same way.
+fn on_shards(sql: &str, names: &Names) -> String {
+    let mut out = String::with_capacity(sql.len() + 64);
+    let mut rest = sql;
+    while let Some((before, keyword, after)) = next_keyword(rest) {
+        out.push_str(before);
+        out.push_str(keyword);
+        let spaces = after.len() - after.trim_start().len();
+        out.push_str(&after[..spaces]);
+        let after = &after[spaces..];
+        let length = after.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_').count();
+        let (name, tail) = after.split_at(length);
+        if names.tables.iter().any(|table| table == name) {
+            out.push_str(&format!("{{{{{name}}}}}"));
+            if !has_alias(tail) {
+                out.push_str(&format!(" AS {name}"));
+            }
+        } else if let Some((_, query)) = names.views.iter().find(|(view, _)| view == name) {
+            out.push_str(&format!("({})", on_shards(query, names)));
+            if !has_alias(tail) {
+                out.push_str(&format!(" AS {name}"));
+            }
+        } else {
+            out.push_str(name);
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The first `FROM`, `JOIN`, `INTO` or `UPDATE` in `sql` that stands as a word, outside quotes:
+/// what comes before it, the keyword, and what follows.
+fn next_keyword(sql: &str) -> Option<(&str, &str, &str)> {
+    let bytes = sql.as_bytes();
+    let mut quoted = false;
+    let mut at = 0;
+    while at < bytes.len() {
+        let c = bytes[at];
+        if c == b'\'' {
+            quoted = !quoted;
+        } else if !quoted && (at == 0 || !is_word(bytes[at - 1])) {
+            for keyword in ["FROM", "JOIN", "INTO", "UPDATE"] {
+                let end = at + keyword.len();
+                if sql.get(at..end).is_some_and(|word| word.eq_ignore_ascii_case(keyword))
+                    && bytes.get(end).is_some_and(|b| b.is_ascii_whitespace())
+                {
+                    return Some((&sql[..at], &sql[at..end], &sql[end..]));
+                }
+            }
+        }
+        at += 1;
+    }
+    None
+}
+
+/// Whether a table's name is followed by an alias of its own.
+fn has_alias(tail: &str) -> bool {
+    let next = tail.trim_start();
+    let length = next.bytes().take_while(|b| is_word(*b)).count();
+    let word = &next[..length];
+    const NOT_ALIASES: [&str; 16] = [
+        "",
+        "WHERE",
+        "SET",
+        "ON",
+        "UNION",
+        "RETURNING",
+        "JOIN",
+        "LEFT",
+        "INNER",
+        "CROSS",
+        "ORDER",
+        "GROUP",
+        "LIMIT",
+        "FOR",
+        "USING",
+        "EXCEPT",
+    ];
+    !NOT_ALIASES.iter().any(|keyword| keyword.eq_ignore_ascii_case(word))
+}
+
+fn is_word(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// A statement as diesel renders it: its text, with placeholders `$k`, and the types and values of
+/// its parameters, the values as PostgreSQL writes them in text.
+struct Rendered {
+    sql: String,
+    types: Vec<Type>,
+    parameters: Vec<Option<String>>,
+}
+
+impl Rendered {
+    fn of<Q: QueryFragment<Pg>>(statement: &Q) -> QueryResult<Rendered> {
+        let mut builder = PgQueryBuilder::default();
+        statement.to_sql(&mut builder, &Pg)?;
+        let mut binds = RawBytesBindCollector::<Pg>::new();
+        statement.collect_binds(&mut binds, &mut NoCustomTypes, &Pg)?;
+        let types = binds
+            .metadata
+            .iter()
+            .map(|metadata| {
+                metadata.oid().ok().and_then(Type::from_oid).ok_or_else(|| unsupported("a parameter of no known type"))
+            })
+            .collect::<QueryResult<Vec<Type>>>()?;
+        let parameters = binds
+            .binds
+            .iter()
+            .zip(&types)
+            .map(|(value, ty)| value.as_deref().map(|bytes| as_text(ty, bytes)).transpose())
+            .collect::<QueryResult<_>>()?;
+        Ok(Rendered { sql: builder.finish(), types, parameters })
+    }
+}
+
+/// A statement as a call of [`FUNCTION`]: `SELECT * FROM run_on_shard(...) AS delegated(...)`,
+/// which Citus passes whole to the node of the call's account.
+pub struct Delegated {
+    account_id: Uuid,
+    shape: Arc<Shape>,
+    parameters: Vec<Option<String>>,
+}
+
+impl QueryFragment<Pg> for Delegated {
+    fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        out.push_sql("SELECT * FROM run_on_shard(");
+        out.push_bind_param::<SqlUuid, _>(&self.account_id)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Text, _>(&self.shape.statement)?;
+        out.push_sql(", ");
+        out.push_bind_param::<Array<Nullable<Text>>, _>(&self.parameters)?;
+        out.push_sql(") AS delegated(");
+        out.push_sql(&self.shape.columns);
+        out.push_sql(")");
+        Ok(())
+    }
+}
+
+impl QueryId for Delegated {
+    type QueryId = ();
+    const HAS_STATIC_QUERY_ID: bool = false;
+}
+
+impl Query for Delegated {
+    type SqlType = Untyped;
+}
+
+/// `sql` with each placeholder `$k` read from the one array parameter instead, cast to the type it
+/// was bound as. Our statements have no `$` but their placeholders.
+fn read_from_array(sql: &str, types: &[Type]) -> QueryResult<String> {
+    let mut out = String::with_capacity(sql.len() + types.len() * 16);
+    let mut rest = sql;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let digits = rest[at + 1..].bytes().take_while(u8::is_ascii_digit).count();
+        let k: usize =
+            rest[at + 1..at + 1 + digits].parse().map_err(|_| unsupported("a `$` that is no placeholder"))?;
+        let ty = types.get(k.wrapping_sub(1)).ok_or_else(|| unsupported("a placeholder without its value"))?;
+        out.push_str(&format!("($1[{k}])::{}", type_name(ty)));
+        rest = &rest[at + 1 + digits..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `sql` (`WITH <CTEs> SELECT ...`) returning each column as the type it was described as. A
+/// column of a domain (such as `client_idempotency_key`) is described as the domain's base type,
+/// and a function returning records must return exactly the types its caller lists.
+fn returning_as_described(sql: &str, columns: &[(&str, &Type)]) -> QueryResult<String> {
+    let ctes = sql.strip_prefix("WITH ").ok_or_else(|| unsupported("no CTEs"))?;
+    let (ctes, result) = split_result(ctes).ok_or_else(|| unsupported("no result"))?;
+    let cast: Vec<String> = columns
+        .iter()
+        .map(|(name, ty)| format!("r.{name}::{} AS {name}", type_name(ty), name = quoted(name)))
+        .collect();
+    Ok(format!("WITH {ctes}SELECT {} FROM ({result}) r", cast.join(", ")))
+}
+
+/// A parameter's value, sent in binary, as PostgreSQL writes it in text, which its cast reads
+/// back: for the types our statements bind.
+fn as_text(ty: &Type, bytes: &[u8]) -> QueryResult<String> {
+    let utf8 = |bytes: &[u8]| String::from_utf8(bytes.to_vec()).map_err(|_| unsupported("text that is not UTF-8"));
+    match *ty {
+        Type::UUID => Uuid::from_slice(bytes).map(|id| id.to_string()).map_err(|_| unsupported("a malformed uuid")),
+        Type::TEXT | Type::VARCHAR | Type::JSON => utf8(bytes),
+        // Binary `jsonb` is a version byte, then the text.
+        Type::JSONB => utf8(bytes.get(1..).unwrap_or_default()),
+        Type::BYTEA => Ok(format!("\\x{}", hex::encode(bytes))),
+        Type::INT8 | Type::INT4 | Type::INT2 => signed(bytes).map(|n| n.to_string()),
+        Type::BOOL => Ok(if bytes.first() == Some(&1) { "true" } else { "false" }.to_owned()),
+        _ => Err(unsupported(&format!("a parameter of type {ty}"))),
+    }
+}
+
+/// A big-endian two's-complement integer of 2, 4 or 8 bytes.
+fn signed(bytes: &[u8]) -> QueryResult<i64> {
+    let width = || unsupported("an integer of another width");
+    Ok(match bytes.len() {
+        2 => i16::from_be_bytes(bytes.try_into().map_err(|_| width())?).into(),
+        4 => i32::from_be_bytes(bytes.try_into().map_err(|_| width())?).into(),
+        8 => i64::from_be_bytes(bytes.try_into().map_err(|_| width())?),
+        _ => return Err(width()),
+    })
+}
+
+/// A type's name as SQL writes it, schema and all.
+fn type_name(ty: &Type) -> String {
+    format!("{}.{}", quoted(ty.schema()), quoted(ty.name()))
+}
+
+fn quoted(identifier: &str) -> String {
+    format!("\"{}\"", identifier.replace('"', "\"\""))
+}
+
+/// Our statements bind only PostgreSQL's own types, which need no look-up.
+struct NoCustomTypes;
+
+impl PgMetadataLookup for NoCustomTypes {
+    fn lookup_type(&mut self, type_name: &str, schema: Option<&str>) -> PgTypeMetadata {
+        let key = PgMetadataCacheKey::new(schema.map(Into::into), type_name.into());
+        PgTypeMetadata::from_result(Err(FailedToLookupTypeError::new(key.into_owned())))
+    }
+}
+
+/// A statement that cannot be delegated: a bug in ours, which every test on Citus finds.
+fn unsupported(what: &str) -> DieselError {
+    DieselError::QueryBuilderError(format!("cannot delegate a statement with {what}").into())
+}
+
+/// The database could not be asked: as when the pool cannot reach it (see [`super::StoreError`]).
+fn unavailable(error: impl ToString) -> DieselError {
+    DieselError::DatabaseError(DatabaseErrorKind::UnableToSendCommand, Box::new(error.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_placeholder_is_read_from_the_array_as_its_type() {
+        let sql = "SELECT $1, $2 FROM t WHERE a = $10 AND b = $2";
+        let mut types = vec![Type::UUID, Type::TEXT];
+        types.extend(std::iter::repeat_n(Type::INT8, 8));
+        assert_eq!(
+            read_from_array(sql, &types).unwrap(),
+            "SELECT ($1[1])::\"pg_catalog\".\"uuid\", ($1[2])::\"pg_catalog\".\"text\" FROM t \
+             WHERE a = ($1[10])::\"pg_catalog\".\"int8\" AND b = ($1[2])::\"pg_catalog\".\"text\""
+        );
+        assert!(read_from_array("SELECT $3", &types[..2]).is_err());
+    }
+
+    #[test]
+    fn each_distributed_table_is_marked_for_its_shard_and_keeps_its_name_as_its_alias() {
+        let names = Names {
+            tables: vec!["payments".into(), "refunds".into()],
+            views: vec![(
+                "made".into(),
+                " SELECT payments.id, '/v1/payments' AS path FROM payments UNION ALL SELECT refunds.id, 'x' FROM refunds"
+                    .into(),
+            )],
+        };
+        let sql = "WITH a AS (INSERT INTO payments (id) SELECT id FROM fence RETURNING id), \
+                   b AS (UPDATE payments p SET x = 1 FROM refunds r WHERE p.id = r.id), \
+                   c AS (SELECT 'FROM payments' FROM made m JOIN refunds\nWHERE true) \
+                   SELECT extract(epoch FROM now()) FROM made";
+        assert_eq!(
+            on_shards(sql, &names),
+            "WITH a AS (INSERT INTO {{payments}} AS payments (id) SELECT id FROM fence RETURNING id), \
+             b AS (UPDATE {{payments}} p SET x = 1 FROM {{refunds}} r WHERE p.id = r.id), \
+             c AS (SELECT 'FROM payments' FROM ( SELECT payments.id, '/v1/payments' AS path \
+             FROM {{payments}} AS payments UNION ALL SELECT refunds.id, 'x' FROM {{refunds}} AS refunds) m \
+             JOIN {{refunds}} AS refunds\nWHERE true) \
+             SELECT extract(epoch FROM now()) FROM ( SELECT payments.id, '/v1/payments' AS path \
+             FROM {{payments}} AS payments UNION ALL SELECT refunds.id, 'x' FROM {{refunds}} AS refunds) AS made"
+        );
+    }
+
+    #[test]
+    fn values_are_written_as_postgresql_reads_them() {
+        assert_eq!(as_text(&Type::INT8, &(-5_i64).to_be_bytes()).unwrap(), "-5");
+        assert_eq!(as_text(&Type::INT2, &(-300_i16).to_be_bytes()).unwrap(), "-300");
+        assert_eq!(as_text(&Type::INT4, &70_000_i32.to_be_bytes()).unwrap(), "70000");
+        assert_eq!(as_text(&Type::BYTEA, &[0xde, 0xad]).unwrap(), "\\xdead");
+        assert_eq!(as_text(&Type::JSONB, b"\x01{\"a\": 1}").unwrap(), "{\"a\": 1}");
+        let id = Uuid::now_v7();
+        assert_eq!(as_text(&Type::UUID, id.as_bytes()).unwrap(), id.to_string());
+        assert!(as_text(&Type::TIMESTAMPTZ, &[0; 8]).is_err());
+    }
+}
