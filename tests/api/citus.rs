@@ -120,6 +120,19 @@ async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_no
     assert!(output.contains("distributed payments: by account_id"), "{output}");
 
     let (placed, (tables, keys, views)) = distributed_as_on_one_node(&citus.url).await;
+    // Every shard can take the inserts run on its node (see db::delegate).
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    let defaults: Option<String> = diesel::select(diesel::dsl::sql::<diesel::sql_types::Nullable<Text>>(
+        "string_agg(DISTINCT r.result, ', ') FROM pg_dist_partition p JOIN pg_attribute a ON a.attrelid = p.logicalrelid,
+              run_command_on_shards(p.logicalrelid, format(
+                  'SELECT count(*) FROM pg_attrdef d JOIN pg_attribute s ON s.attrelid = d.adrelid AND s.attnum = d.adnum
+                   WHERE d.adrelid = ''%%s''::regclass AND s.attname = %L', a.attname)) r
+         WHERE p.partmethod = 'h' AND a.attidentity <> ''",
+    ))
+    .get_result(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(defaults.as_deref(), Some("1"), "each identity column of each shard has one default");
 
     // Again: nothing to do, and nothing changes.
     let (code, output) = migrate_distribute(&citus.url).await;

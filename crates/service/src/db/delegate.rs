@@ -50,12 +50,8 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 /// caller's rights.
 ///
 /// A shard has no defaults for its table's identity columns (Citus fills them in where it plans
-/// an insert, from that node's sequence). The first time the function writes to a shard on a
-/// node, it gives each such column that node's sequence (each node hands out a range of its own)
-/// plus an offset that puts every value it hands out above those already in the shard: a shard
-/// that moved to a node of a lower range keeps its order (a payment's `created_seq`, by which an
-/// account's payments list newest first). Finding the highest value reads the whole shard, once
-/// per node it comes to.
+/// an insert); the function gives them to it first where it has none (see
+/// [`create_defaults_function`]).
 pub fn create_function() -> String {
     format!(
         "CREATE OR REPLACE FUNCTION run_on_shard(account_id uuid, statement text, parameters text[])
@@ -65,9 +61,6 @@ pub fn create_function() -> String {
              table_name regclass;
              shard bigint;
              shard_table text;
-             identity record;
-             highest bigint;
-             handed_out bigint;
          BEGIN
              FOR table_name IN
                  SELECT logicalrelid FROM pg_dist_partition
@@ -83,25 +76,7 @@ pub fn create_function() -> String {
                          USING ERRCODE = 'serialization_failure';
                  END IF;
                  shard_table := shard_name(table_name, shard);
-                 FOR identity IN
-                     SELECT a.attname, pg_get_serial_sequence(table_name::text, a.attname) AS sequence
-                     FROM pg_attribute a
-                     WHERE a.attrelid = table_name AND a.attidentity <> ''
-                       AND NOT EXISTS (SELECT FROM pg_attrdef d JOIN pg_attribute s
-                                           ON s.attrelid = d.adrelid AND s.attnum = d.adnum
-                                       WHERE d.adrelid = shard_table::regclass AND s.attname = a.attname)
-                 LOOP
-                     -- Once per shard and node: whoever waited here finds the default made.
-                     PERFORM pg_advisory_xact_lock(shard);
-                     CONTINUE WHEN EXISTS (SELECT FROM pg_attrdef d JOIN pg_attribute s
-                                               ON s.attrelid = d.adrelid AND s.attnum = d.adnum
-                                           WHERE d.adrelid = shard_table::regclass AND s.attname = identity.attname);
-                     EXECUTE format('SELECT coalesce(max(%I), 0) FROM %s', identity.attname, shard_table) INTO highest;
-                     EXECUTE format('SELECT last_value FROM %s', identity.sequence) INTO handed_out;
-                     EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT nextval(%L) + %s',
-                                    shard_table, identity.attname, identity.sequence,
-                                    greatest(0, highest - handed_out + 1));
-                 END LOOP;
+                 PERFORM give_shard_identity_defaults(table_name, shard_table);
                  statement := replace(statement, '{{{{' || table_name::text || '}}}}', shard_table);
              END LOOP;
              RETURN QUERY EXECUTE statement USING parameters;
@@ -110,6 +85,48 @@ pub fn create_function() -> String {
         lock_timeout = super::LOCK_TIMEOUT.as_millis(),
         anchor = super::distribute::COLOCATED_WITH,
     )
+}
+
+/// The function that gives a shard its identity defaults, by its signature.
+pub const DEFAULTS_FUNCTION: &str = "give_shard_identity_defaults(regclass, text)";
+
+/// Makes [`DEFAULTS_FUNCTION`]: it gives each identity column of `shard_table`, a shard of
+/// `table_name` on this node, that has no default the node's sequence for the column plus an
+/// offset that puts every value it hands out above those already in the shard. Each node hands
+/// out a range of its own, the coordinator the lowest: a shard that moved to a node of a lower
+/// range keeps its order (a payment's `created_seq`, by which an account's payments list newest
+/// first). Finding the highest value reads the whole shard: [`super::distribute`] has every
+/// shard's defaults made where it is, and a shard that moves gets them at its first write on its
+/// new node (or from `distribute` run again).
+pub fn create_defaults_function() -> String {
+    "CREATE OR REPLACE FUNCTION give_shard_identity_defaults(table_name regclass, shard_table text)
+     RETURNS void LANGUAGE plpgsql SET citus.enable_manual_changes_to_shards = on AS $$
+     DECLARE
+         identity record;
+         highest bigint;
+         handed_out bigint;
+     BEGIN
+         FOR identity IN
+             SELECT a.attname, pg_get_serial_sequence(table_name::text, a.attname) AS sequence
+             FROM pg_attribute a
+             WHERE a.attrelid = table_name AND a.attidentity <> ''
+               AND NOT EXISTS (SELECT FROM pg_attrdef d JOIN pg_attribute s
+                                   ON s.attrelid = d.adrelid AND s.attnum = d.adnum
+                               WHERE d.adrelid = shard_table::regclass AND s.attname = a.attname)
+         LOOP
+             -- Once per shard and node: whoever waited here finds the default made.
+             PERFORM pg_advisory_xact_lock(shard_table::regclass::oid::bigint);
+             CONTINUE WHEN EXISTS (SELECT FROM pg_attrdef d JOIN pg_attribute s
+                                       ON s.attrelid = d.adrelid AND s.attnum = d.adnum
+                                   WHERE d.adrelid = shard_table::regclass AND s.attname = identity.attname);
+             EXECUTE format('SELECT coalesce(max(%I), 0) FROM %s', identity.attname, shard_table) INTO highest;
+             EXECUTE format('SELECT last_value FROM %s', identity.sequence) INTO handed_out;
+             EXECUTE format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT nextval(%L) + %s',
+                            shard_table, identity.attname, identity.sequence, greatest(0, highest - handed_out + 1));
+         END LOOP;
+     END
+     $$"
+    .to_owned()
 }
 
 /// A statement as it is delegated, the same for every run of it: the text [`FUNCTION`] runs, and

@@ -13,7 +13,8 @@
 //! later migration adds is distributed the next time.
 //!
 //! Last, the function the claim and the phases are delegated through (see [`super::delegate`])
-//! is made and distributed by its account argument, colocated with the tables.
+//! is made and distributed by its account argument, colocated with the tables, and every shard
+//! given the identity defaults that function's statements rely on.
 
 use diesel::QueryableByName;
 use diesel::sql_types::Text;
@@ -36,6 +37,8 @@ pub enum DistributeError {
          citus: shared_preload_libraries = 'citus') and add its worker nodes first; nothing was changed"
     )]
     NoCitus,
+    #[error("a shard could not be given its identity defaults: {0}")]
+    ShardDefaults(String),
     #[error(transparent)]
     Database(#[from] diesel::result::Error),
 }
@@ -84,52 +87,92 @@ pub async fn distribute(conn: &mut AsyncPgConnection) -> Result<Distributed, Dis
     if !has_citus(conn).await? {
         return Err(DistributeError::NoCitus);
     }
-    conn.transaction::<_, DistributeError, _>(async |conn| {
-        // Several tables are converted in one transaction: Citus must then use one connection
-        // per node for all of it.
-        conn.batch_execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'").await?;
-        // The schema's tables that Citus does not hold yet (the migrations' own bookkeeping
-        // stays on the coordinator).
-        let pending: Vec<String> = diesel::sql_query(
-            "SELECT c.relname AS name FROM pg_class c
+    let distributed = conn
+        .transaction::<_, DistributeError, _>(async |conn| {
+            // Several tables are converted in one transaction: Citus must then use one connection
+            // per node for all of it.
+            conn.batch_execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'").await?;
+            // The schema's tables that Citus does not hold yet (the migrations' own bookkeeping
+            // stays on the coordinator).
+            let pending: Vec<String> = diesel::sql_query(
+                "SELECT c.relname AS name FROM pg_class c
                  WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
                    AND c.relname <> '__diesel_schema_migrations'
                    AND NOT EXISTS (SELECT FROM pg_dist_partition p WHERE p.logicalrelid = c.oid)
                  ORDER BY c.relname",
-        )
-        .load::<Name>(conn)
-        .await?
-        .into_iter()
-        .map(|table| table.name)
-        .collect();
-        let mut distributed = Vec::new();
-        if !pending.is_empty() {
-            distributed = distribute_tables(conn, &pending).await?;
-        }
-        // Made again each time, so that a cluster distributed by an older version runs this one's.
-        conn.batch_execute(&delegate::create_function()).await?;
-        if !is_distributed_function(conn).await? {
-            diesel::sql_query(
-                "SELECT create_distributed_function($1::regprocedure, 'account_id', colocate_with => $2)",
             )
-            .bind::<Text, _>(delegate::FUNCTION)
-            .bind::<Text, _>(COLOCATED_WITH)
-            .execute(conn)
-            .await?;
-            distributed.push((delegate::FUNCTION.to_owned(), "a function, by account_id"));
-        }
-        Ok(distributed)
-    })
-    .await
+            .load::<Name>(conn)
+            .await?
+            .into_iter()
+            .map(|table| table.name)
+            .collect();
+            let mut distributed = Vec::new();
+            if !pending.is_empty() {
+                distributed = distribute_tables(conn, &pending).await?;
+            }
+            // Made again each time, so that a cluster distributed by an older version runs this one's.
+            conn.batch_execute(&delegate::create_defaults_function()).await?;
+            if !in_citus_metadata(conn, delegate::DEFAULTS_FUNCTION, false).await? {
+                // Made on every node, called where it is.
+                diesel::sql_query("SELECT create_distributed_function($1::regprocedure)")
+                    .bind::<Text, _>(delegate::DEFAULTS_FUNCTION)
+                    .execute(conn)
+                    .await?;
+                distributed.push((delegate::DEFAULTS_FUNCTION.to_owned(), "a function, on every node"));
+            }
+            conn.batch_execute(&delegate::create_function()).await?;
+            if !in_citus_metadata(conn, delegate::FUNCTION, true).await? {
+                diesel::sql_query(
+                    "SELECT create_distributed_function($1::regprocedure, 'account_id', colocate_with => $2)",
+                )
+                .bind::<Text, _>(delegate::FUNCTION)
+                .bind::<Text, _>(COLOCATED_WITH)
+                .execute(conn)
+                .await?;
+                distributed.push((delegate::FUNCTION.to_owned(), "a function, by account_id"));
+            }
+            Ok(distributed)
+        })
+        .await?;
+    give_shards_identity_defaults(conn).await?;
+    Ok(distributed)
 }
 
-/// Whether [`delegate::FUNCTION`] is in Citus's metadata, delegated by its account.
-async fn is_distributed_function(conn: &mut AsyncPgConnection) -> Result<bool, diesel::result::Error> {
-    let found = diesel::sql_query(
-        "SELECT 'delegated' AS name FROM pg_dist_object
-             WHERE classid = 'pg_proc'::regclass AND objid = to_regprocedure($1) AND distribution_argument_index = 0",
+/// Has every shard of a table with identity columns given its defaults where it is (see
+/// [`delegate::create_defaults_function`]), so that no request waits for one to be read whole.
+/// Run on each node apart from this transaction, so after it: each shard must be there.
+async fn give_shards_identity_defaults(conn: &mut AsyncPgConnection) -> Result<(), DistributeError> {
+    let failed: Vec<Name> = diesel::sql_query(
+        "SELECT p.logicalrelid::text || ' shard ' || r.shardid || ': ' || r.result AS name
+         FROM pg_dist_partition p,
+              run_command_on_shards(p.logicalrelid,
+                                    format('SELECT give_shard_identity_defaults(%L, ''%%s'')', p.logicalrelid)) r
+         WHERE p.partmethod = 'h' AND NOT r.success
+           AND EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = p.logicalrelid AND a.attidentity <> '')",
     )
-    .bind::<Text, _>(delegate::FUNCTION)
+    .load(conn)
+    .await?;
+    match failed.into_iter().next() {
+        None => Ok(()),
+        Some(failure) => Err(DistributeError::ShardDefaults(failure.name)),
+    }
+}
+
+/// Whether `function` (by its signature) is in Citus's metadata, so made on every node, and if
+/// `by_account`, delegated by its first argument. (Citus records a function it made on every node
+/// by itself, by no argument.)
+async fn in_citus_metadata(
+    conn: &mut AsyncPgConnection,
+    function: &str,
+    by_account: bool,
+) -> Result<bool, diesel::result::Error> {
+    let found = diesel::sql_query(
+        "SELECT 'distributed' AS name FROM pg_dist_object
+             WHERE classid = 'pg_proc'::regclass AND objid = to_regprocedure($1)
+               AND (NOT $2 OR distribution_argument_index = 0)",
+    )
+    .bind::<Text, _>(function)
+    .bind::<diesel::sql_types::Bool, _>(by_account)
     .load::<Name>(conn)
     .await?;
     Ok(!found.is_empty())
