@@ -37,10 +37,11 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 
 /// Makes [`FUNCTION`]: it runs `statement` with `parameters` as its one parameter, where it is
 /// called, against that node's own shards of the account. `account_id` chooses the node: Citus
-/// passes the call to the one that holds the account's shards. There, each `{{table}}` in the
-/// statement (see [`on_shards`]) becomes the table's shard for the account, so that PostgreSQL
-/// runs the statement as it would on one node, whole, and it commits on that node alone: Citus
-/// would otherwise plan it again, step by step, and commit over every node.
+/// passes the call to the one that holds the account's shards (the function is colocated with
+/// `colocated_with`). There, each `{{table}}` in the statement (see [`on_shards`]) becomes the
+/// table's shard for the account, so that PostgreSQL runs the statement as it would on one node,
+/// whole, and it commits on that node alone: Citus would otherwise plan it again, step by step,
+/// and commit over every node.
 ///
 /// What Citus does for its own writes to a shard, the function does first: it takes each shard's
 /// metadata lock (which a shard move takes exclusively while it stops writes), and then refuses,
@@ -52,7 +53,7 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 /// A shard has no defaults for its table's identity columns (Citus fills them in where it plans
 /// an insert); the function gives them to it first where it has none (see
 /// [`create_defaults_function`]).
-pub fn create_function() -> String {
+pub fn create_function(colocated_with: &str) -> String {
     format!(
         "CREATE OR REPLACE FUNCTION run_on_shard(account_id uuid, statement text, parameters text[])
          RETURNS SETOF record LANGUAGE plpgsql
@@ -83,7 +84,7 @@ pub fn create_function() -> String {
          END
          $$",
         lock_timeout = super::LOCK_TIMEOUT.as_millis(),
-        anchor = super::distribute::COLOCATED_WITH,
+        anchor = colocated_with,
     )
 }
 

@@ -27,7 +27,7 @@ use super::delegate;
 const REFERENCE_TABLES: [&str; 2] = ["accounts", "unreadable_gateway_events"];
 
 /// The table every distributed table is colocated with.
-pub(super) const COLOCATED_WITH: &str = "idempotency_keys";
+const COLOCATED_WITH: &str = "idempotency_keys";
 
 /// Why the schema could not be distributed.
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +120,7 @@ pub async fn distribute(conn: &mut AsyncPgConnection) -> Result<Distributed, Dis
                     .await?;
                 distributed.push((delegate::DEFAULTS_FUNCTION.to_owned(), "a function, on every node"));
             }
-            conn.batch_execute(&delegate::create_function()).await?;
+            conn.batch_execute(&delegate::create_function(COLOCATED_WITH)).await?;
             if !in_citus_metadata(conn, delegate::FUNCTION, true).await? {
                 diesel::sql_query(
                     "SELECT create_distributed_function($1::regprocedure, 'account_id', colocate_with => $2)",
