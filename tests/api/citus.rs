@@ -561,8 +561,8 @@ async fn on_citus_each_statement_of_a_request_runs_on_the_accounts_shard_alone()
 }
 
 /// The migrations that came after the schema first ran on Citus: authorize-then-capture's, which
-/// add columns and checks to `payments` and new tables.
-const LATER_MIGRATIONS: usize = 3;
+/// add columns and checks to `payments` and new tables, and the audit records' new default.
+const LATER_MIGRATIONS: usize = 4;
 
 #[tokio::test]
 async fn on_citus_later_migrations_apply_to_the_distributed_schema_and_what_they_add_is_distributed() {

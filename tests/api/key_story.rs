@@ -278,3 +278,35 @@ async fn a_declined_payments_story_shows_its_code_never_the_gateways_words() {
     assert!(story["payment"].get("failure_message").is_none(), "{story}");
     assert!(!story.to_string().contains(words), "{story}");
 }
+
+#[tokio::test]
+async fn a_record_written_late_in_a_long_transaction_is_told_after_what_was_written_meanwhile() {
+    use diesel_async::{AsyncConnection, RunQueryDsl};
+    let app = TestApp::spawn().await;
+    let (account, resource) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let account_row = format!(
+        "INSERT INTO accounts (id, name, api_key_hash) VALUES ('{account}', 'late', sha256('{account}'::text::bytea))"
+    );
+    app.run_sql(&account_row).await;
+    let record = |action: &str| {
+        format!(
+            "INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             VALUES ('{account}', '{action}', 'payment', '{resource}', 'gateway', '{{}}')"
+        )
+    };
+    // A transaction (a gateway event's, say) begins, another writes meanwhile, then it writes.
+    let mut long = app.db().await;
+    long.transaction::<_, diesel::result::Error, _>(async |long| {
+        diesel::sql_query("SELECT 1").execute(long).await?;
+        app.run_sql(&record("payment.written_meanwhile")).await;
+        diesel::sql_query(record("payment.written_late")).execute(long).await?;
+        Ok(())
+    })
+    .await
+    .unwrap();
+
+    let trail =
+        payments_service::audit::trail(&mut app.db().await, account, &[("payment", resource)], 0, 10).await.unwrap();
+    let actions: Vec<&str> = trail.iter().map(|entry| entry.action.as_str()).collect();
+    assert_eq!(actions, ["payment.written_meanwhile", "payment.written_late"]);
+}

@@ -76,10 +76,10 @@ pub struct AuditEntry {
 }
 
 /// A stretch of what the account's audit trail holds about the resources `(type, id)`, in the
-/// order it happened: by the time of the transaction that wrote each, then as numbered (a
-/// statement's records are numbered as it writes them). Not by number alone: on Citus, records
-/// written on the account's node and through the coordinator are numbered from ranges of their
-/// own (see [`crate::db::delegate`]). At most `limit` records, after the first `skip`.
+/// order it happened: by the time each was written (`clock_timestamp()`, not its transaction's
+/// start), then as numbered. Not by number alone: on Citus, records written on the account's
+/// node and through the coordinator are numbered from ranges of their own (see
+/// [`crate::db::delegate`]). At most `limit` records, after the first `skip`.
 pub async fn trail(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,

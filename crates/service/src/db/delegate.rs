@@ -46,7 +46,9 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 /// What Citus does for its own writes to a shard, the function does first: it takes each shard's
 /// metadata lock (which a shard move takes exclusively while it stops writes), and then refuses,
 /// as a serialization failure that the caller runs again, a shard that is not on this node (it
-/// moved since the call was routed). It waits for a row lock no longer than the pool's
+/// moved since the call was routed). Run on the coordinator, where Citus did not pass the call on
+/// (to a node whose metadata is not synced, or within a transaction block), it refuses at once and
+/// says why. It waits for a row lock no longer than the pool's
 /// connections do (Citus does not pass a session's settings on to the node). It runs with its
 /// caller's rights.
 ///
@@ -73,6 +75,11 @@ pub fn create_function(colocated_with: &str) -> String {
                  PERFORM lock_shard_metadata(5, ARRAY[shard]);
                  IF NOT EXISTS (SELECT FROM pg_dist_placement
                                 WHERE shardid = shard AND groupid = (SELECT groupid FROM pg_dist_local_group)) THEN
+                     IF (SELECT groupid FROM pg_dist_local_group) = 0 THEN
+                         RAISE EXCEPTION 'run_on_shard ran on the coordinator, not on the node of % shard %', table_name, shard
+                             USING ERRCODE = 'object_not_in_prerequisite_state',
+                                   HINT = 'Citus passes a call on only outside a transaction block, to a node whose metadata is synced';
+                     END IF;
                      RAISE EXCEPTION 'the shard % of % is not on this node', shard, table_name
                          USING ERRCODE = 'serialization_failure';
                  END IF;
