@@ -17,8 +17,19 @@ async fn story(app: &TestApp, key: &str) -> Value {
     response.json().await.unwrap()
 }
 
+/// The trail of a payment whose first request's answer was lost (`error_after`) and whose retry
+/// finished it: released, then resumed, its charge found and adopted.
+pub(crate) const ERROR_AFTER_TRAIL: [&str; 6] = [
+    "idempotency_key.claimed",
+    "payment.created",
+    "idempotency_key.released",
+    "idempotency_key.resumed",
+    "payment.charge_recorded",
+    "payment.finished",
+];
+
 /// The trail's actions, in order.
-fn actions(story: &Value) -> Vec<&str> {
+pub(crate) fn actions(story: &Value) -> Vec<&str> {
     story["trail"].as_array().unwrap().iter().map(|entry| entry["action"].as_str().unwrap()).collect()
 }
 
@@ -77,17 +88,7 @@ async fn the_error_after_walkthrough_shows_release_resumption_and_adoption() {
 
     assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
     let story = story(&app, &key).await;
-    assert_eq!(
-        actions(&story),
-        [
-            "idempotency_key.claimed",
-            "payment.created",
-            "idempotency_key.released",
-            "idempotency_key.resumed",
-            "payment.charge_recorded",
-            "payment.finished"
-        ]
-    );
+    assert_eq!(actions(&story), ERROR_AFTER_TRAIL);
     assert_eq!(story["trail"][4]["data"]["answered_by"], "look_up", "the charge was found and adopted");
     assert_eq!(app.gateway.stats().await.charges, 1);
 }

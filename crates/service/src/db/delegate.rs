@@ -48,9 +48,8 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 /// as a serialization failure that the caller runs again, a shard that is not on this node (it
 /// moved since the call was routed). Run on the coordinator, where Citus did not pass the call on
 /// (to a node whose metadata is not synced, or within a transaction block), it refuses at once and
-/// says why. It waits for a row lock no longer than the pool's
-/// connections do (Citus does not pass a session's settings on to the node). It runs with its
-/// caller's rights.
+/// says why. It waits for a row lock no longer than the pool's connections do (Citus does not
+/// pass a session's settings on to the node). It runs with its caller's rights.
 ///
 /// A shard has no defaults for its table's identity columns (Citus fills them in where it plans
 /// an insert); the function gives them to it first where it has none (see
@@ -293,20 +292,19 @@ fn on_shards(sql: &str, names: &Names) -> String {
         let spaces = after.len() - after.trim_start().len();
         out.push_str(&after[..spaces]);
         let after = &after[spaces..];
-        let length = after.bytes().take_while(|b| b.is_ascii_alphanumeric() || *b == b'_').count();
-        let (name, tail) = after.split_at(length);
-        if names.tables.iter().any(|table| table == name) {
-            out.push_str(&format!("{{{{{name}}}}}"));
-            if !has_alias(tail) {
-                out.push_str(&format!(" AS {name}"));
-            }
+        let (name, tail) = after.split_at(after.bytes().take_while(|b| is_word(*b)).count());
+        let marked = if names.tables.iter().any(|table| table == name) {
+            format!("{{{{{name}}}}}")
         } else if let Some((_, query)) = names.views.iter().find(|(view, _)| view == name) {
-            out.push_str(&format!("({})", on_shards(query, names)));
-            if !has_alias(tail) {
-                out.push_str(&format!(" AS {name}"));
-            }
+            format!("({})", on_shards(query, names))
         } else {
             out.push_str(name);
+            rest = tail;
+            continue;
+        };
+        out.push_str(&marked);
+        if !has_alias(tail) {
+            out.push_str(&format!(" AS {name}"));
         }
         rest = tail;
     }
