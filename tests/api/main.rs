@@ -15,6 +15,7 @@ mod database_outage;
 mod embedded;
 mod fencing;
 mod first_phase;
+mod gateway_acted;
 mod gateway_events;
 mod gateway_faults;
 mod gateway_identity;

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::authorization::{Authorization, Changed};
-use super::charge::{Charge, ChargeRequest, GatewayError};
+use super::charge::{Charge, ChargeRequest, ChargeState, GatewayError};
 use super::refund::{Refund, RefundRequest, RefundStatus};
 
 /// What is recorded of a gateway's answer, and how long each may be (the columns' limits).
@@ -53,20 +53,27 @@ impl ChargeObject {
         }
     }
 
-    /// What the charge means for the payment: a success it can record, a decline, or (pending,
-    /// unknown, or an id it cannot store) an outcome not known yet.
-    fn outcome(self) -> Result<Charge, GatewayError> {
-        let id = recordable_id(self.id, "charge")?;
-        match self.status.as_deref() {
-            None | Some("succeeded") => Ok(Charge { id, captured: true }),
-            Some("requires_capture") => Ok(Charge { id, captured: false }),
-            Some("failed") => {
-                let detail =
-                    ErrorDetail { code: self.failure_code, message: self.failure_message, ..Default::default() };
-                Err(detail.decline())
-            }
-            Some(status) => Err(not_settled("charge", status)),
-        }
+    /// What the charge means for the payment: where it stands (authorized, captured, cancelled),
+    /// a decline, or (pending, unknown, or an id it cannot store) an outcome not known yet. A
+    /// status is read for what it says, never for what was asked: `canceled` is an end, not
+    /// "not settled". `charged` is the amount asked for: what a success that says not how much
+    /// (the shortest answer to a charge has no status at all) captured.
+    fn outcome(self, charged: i64) -> Result<Charge, GatewayError> {
+        let state = match self.status.as_deref() {
+            // A success that says not how much captured all that was charged.
+            None | Some("succeeded") => ChargeState::Captured { amount: self.amount_captured.unwrap_or(charged) },
+            Some(_) => match self.authorization()? {
+                Authorization::Open => ChargeState::Authorized,
+                Authorization::Captured { amount } => ChargeState::Captured { amount },
+                Authorization::Canceled => ChargeState::Canceled,
+                Authorization::Failed => {
+                    let detail =
+                        ErrorDetail { code: self.failure_code, message: self.failure_message, ..Default::default() };
+                    return Err(detail.decline());
+                }
+            },
+        };
+        Ok(Charge { id: recordable_id(self.id, "charge")?, state })
     }
 
     /// Whether a listed charge is the one we asked for: made under our key, for our amount and
@@ -220,9 +227,9 @@ fn parse<T: DeserializeOwned>(status: u16, body: &[u8], what: &str) -> Result<T,
 }
 
 /// What the answer to a charge request means.
-pub(super) fn charge_outcome(status: u16, body: &[u8]) -> Result<Charge, GatewayError> {
+pub(super) fn charge_outcome(status: u16, body: &[u8], request: &ChargeRequest<'_>) -> Result<Charge, GatewayError> {
     match read(status, body)? {
-        Reading::Made(body) => parse::<ChargeObject>(status, body, "charge")?.outcome(),
+        Reading::Made(body) => parse::<ChargeObject>(status, body, "charge")?.outcome(request.amount),
         Reading::Declined(error) => Err(error.decline()),
         Reading::Refused { status, error } => match (status, error.code.as_deref(), error.param.as_deref()) {
             // Stripe's answer to a token it does not know: the client's mistake.
@@ -313,14 +320,18 @@ impl Listed for ChargeObject {
         self.status.is_some()
     }
 
+    // A listed charge is ours only if its amount is our request's (`is_for`).
     fn outcome(self) -> Result<Charge, GatewayError> {
-        ChargeObject::outcome(self)
+        let charged = self.amount.unwrap_or_default();
+        ChargeObject::outcome(self, charged)
     }
 
+    // A cancelled authorization holds nothing, as a decline: another charge of ours that holds
+    // money, or may, stands before it.
     fn rank(outcome: &Result<Charge, GatewayError>) -> u8 {
         match outcome {
+            Ok(Charge { state: ChargeState::Canceled, .. }) | Err(GatewayError::Declined { .. }) => 2,
             Ok(_) => 0,
-            Err(GatewayError::Declined { .. }) => 2,
             Err(_) => 1,
         }
     }
@@ -396,9 +407,9 @@ fn look_up<T: Listed>(
 }
 
 /// What a look-up of charges by key means for the charge made for `request` under
-/// `idempotency_key`: a success, a decline, not known yet, or none. A success wins; then anything
-/// not known yet (a pending charge may still succeed); a decline only when every charge of ours
-/// failed.
+/// `idempotency_key`: where it stands, a decline, not known yet, or none. A charge that holds
+/// money (captured or authorized) wins; then anything not known yet (a pending charge may still
+/// succeed); a decline or a cancelled authorization only when no charge of ours holds money.
 pub(super) fn charge_look_up(
     status: u16,
     body: &[u8],

@@ -43,12 +43,24 @@ fn is_at_once(capture: &bool) -> bool {
     *capture
 }
 
-/// A charge the gateway made, and that succeeded: captured, or (asked to authorize only)
-/// authorized, the money held for a capture.
+/// A charge the gateway made, and where it stands as the gateway tells it: what the payment
+/// records, whatever it asked for (a gateway may ignore `capture`, and its dashboard or another
+/// system may capture or cancel an authorization while our answer is lost).
 #[derive(Debug, Clone)]
 pub struct Charge {
     pub id: String,
-    pub captured: bool,
+    pub state: ChargeState,
+}
+
+/// Where a charge the gateway made stands (a failed one is a decline, [`GatewayError::Declined`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeState {
+    /// Authorized only: the money held, to be captured or released.
+    Authorized,
+    /// Captured, for this much (an authorization captured in part: the rest released).
+    Captured { amount: i64 },
+    /// Authorized, then cancelled: nothing held.
+    Canceled,
 }
 
 /// Why a charge or refund was not made, or may not have been.

@@ -214,7 +214,7 @@ impl GatewayClient {
         request: &ChargeRequest<'_>,
     ) -> Result<Answered<Result<Charge, GatewayError>>, GatewayError> {
         let post = self.http.post(self.charges_url.clone()).header("Idempotency-Key", idempotency_key).json(request);
-        let charged = self.read(post, |status, body| Ok(charge_outcome(status, body)));
+        let charged = self.read(post, |status, body| Ok(charge_outcome(status, body, request)));
         self.counted(GatewayOperation::Charge, charged).await
     }
 

@@ -10,7 +10,9 @@ mod refund;
 pub mod reports;
 
 pub use authorization::{Authorization, CancelRequest, CaptureRequest, Changed};
-pub use charge::{Charge, ChargeRequest, GatewayError, WrongGateway, downstream_key, parse_downstream_key};
+pub use charge::{
+    Charge, ChargeRequest, ChargeState, GatewayError, WrongGateway, downstream_key, parse_downstream_key,
+};
 pub use client::{Answered, GatewayClient, recordable_identity};
 pub use payments_wire::{IDENTITY_HEADER, signature};
 pub use refund::{Refund, RefundRequest, RefundStatus};

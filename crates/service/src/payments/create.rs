@@ -47,7 +47,7 @@ use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
-use crate::gateway::{self, Charge, ChargeRequest, GatewayError, WrongGateway};
+use crate::gateway::{self, Charge, ChargeRequest, ChargeState, GatewayError, WrongGateway};
 use crate::idempotency::{
     Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
     Run, StoredResponse, Transition,
@@ -210,12 +210,17 @@ impl<'a> PaymentPhases<'a> {
             description: self.request.description.as_deref(),
             metadata: json!(self.request.metadata),
             gateway,
-            capture_method: if self.request.capture { CaptureMethod::Automatic } else { CaptureMethod::Manual },
+            capture_method: self.capture_method(),
         };
         let data = json!({ "recovery_point": RecoveryPoint::Started, "amount": new.amount, "currency": new.currency,
                            "gateway": new.gateway });
         let audit = audit(account_id, new.id, actor, "payment.created", data, request_id);
         writes::Start { payment: new, audit }
+    }
+
+    /// How the request asks to be captured: at once, or authorized to be captured later.
+    fn capture_method(&self) -> CaptureMethod {
+        if self.request.capture { CaptureMethod::Automatic } else { CaptureMethod::Manual }
     }
 
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled
@@ -280,7 +285,7 @@ impl<'a> PaymentPhases<'a> {
         // itself, is a proxy's (its own 403 or 404, say): it says nothing of the charge. (A
         // charge of ours that a look-up lists is ours wherever it is.)
         let said_by_a_gateway = answered.named.is_some() || answered.is_from(recorded);
-        match outcome_of(answered.answer) {
+        match outcome_of(answered.answer, self.request.amount) {
             Ok(outcome) if said_by_a_gateway || answered_by == AnsweredBy::LookUp => {
                 Ok(Charged { outcome, answered_by, gateway })
             }
@@ -319,9 +324,10 @@ impl<'a> PaymentPhases<'a> {
     async fn record_charge(&mut self, run: &mut Run<'_>, payment_id: Uuid, charged: Charged) -> Result<(), DriveError> {
         let Charged { outcome, answered_by, gateway } = charged;
         let request_id = run.request_id().clone();
-        let changes = outcome.changes();
+        let changes = outcome.changes(self.capture_method(), self.request.amount);
         let data = json!({ "recovery_point": RecoveryPoint::ChargeCreated, "status": changes.status,
                            "gateway_charge_id": changes.gateway_charge_id, "failure_code": changes.failure_code,
+                           "capture_method": changes.capture_method, "amount_captured": changes.amount_captured,
                            "answered_by": answered_by, "gateway": &*gateway });
         let account_id = run.lock().account_id;
         let audit = audit(account_id, payment_id, run.actor(), "payment.charge_recorded", data, &request_id);
@@ -345,14 +351,17 @@ impl<'a> PaymentPhases<'a> {
                 .ok_or_else(|| DriveError::inconsistent(format!("key {key_id} is past `started` without a payment")))?,
         };
         let response = final_response(&payment, &request_id)?;
-        // An authorization's event says it was authorized, whatever became of it since this
-        // key's `charge_created` (captured, cancelled or lapsed before the key finished: that
-        // change stages its own event).
-        let event = match (payment.status, payment.captured.is_some()) {
+        // The event says what `charge_created` recorded. An authorization (the one outcome that
+        // sets `capture_before`) says it was authorized, whatever became of it since (captured,
+        // cancelled or lapsed before the key finished: that change stages its own event).
+        let event = match (payment.status, payment.capture_before.is_some()) {
             (PaymentStatus::Failed, _) => "payment.failed",
             (_, true) => "payment.authorized",
             (PaymentStatus::Succeeded, false) => "payment.succeeded",
-            (_, false) => "payment.failed",
+            (PaymentStatus::Canceled, false) => "payment.canceled",
+            (status @ (PaymentStatus::Pending | PaymentStatus::RequiresCapture), false) => {
+                return Err(DriveError::inconsistent(format!("payment {} is {status} at `finished`", payment.id)));
+            }
         };
         let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
         let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
@@ -366,12 +375,19 @@ impl<'a> PaymentPhases<'a> {
     }
 }
 
-/// What a charge's answer means for the payment: a definitive outcome to record, or an error that
-/// leaves it unknown.
-fn outcome_of(answer: Result<Charge, GatewayError>) -> Result<ChargeOutcome, GatewayError> {
+/// What a charge's answer means for a payment of `amount`: where the charge stands at the gateway
+/// (whatever was asked for), a failure to record, or an error that leaves it unknown.
+fn outcome_of(answer: Result<Charge, GatewayError>, amount: i64) -> Result<ChargeOutcome, GatewayError> {
     Ok(match answer {
-        Ok(charge) if !charge.captured => ChargeOutcome::Authorized { charge_id: charge.id },
-        Ok(charge) => ChargeOutcome::Succeeded { charge_id: charge.id },
+        Ok(Charge { id, state: ChargeState::Authorized }) => ChargeOutcome::Authorized { charge_id: id },
+        Ok(Charge { id, state: ChargeState::Captured { amount: captured } }) if (1..=amount).contains(&captured) => {
+            ChargeOutcome::Captured { charge_id: id, amount: captured }
+        }
+        // Not a charge of this payment's amount: recorded, it would be a lie either way.
+        Ok(Charge { state: ChargeState::Captured { amount: captured }, .. }) => {
+            return Err(GatewayError::Unavailable(format!("a charge of {amount} that says it captured {captured}")));
+        }
+        Ok(Charge { id, state: ChargeState::Canceled }) => ChargeOutcome::Canceled { charge_id: id },
         Err(GatewayError::Declined { code, message }) => ChargeOutcome::Declined { code, message },
         Err(GatewayError::UnknownSource { message }) => ChargeOutcome::UnknownSource { message },
         Err(GatewayError::Rejected { status, message }) => {

@@ -87,14 +87,22 @@ pub struct NewPayment<'a> {
     pub capture_method: CaptureMethod,
 }
 
-/// The gateway's definitive answer to a charge, as recorded on the payment.
+/// The gateway's definitive answer to a charge, as recorded on the payment: where the charge
+/// stands at the gateway, whatever was asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChargeOutcome {
-    Succeeded {
+    /// Captured, for `amount` (all of it, or an authorization captured in part).
+    Captured {
+        charge_id: String,
+        amount: i64,
+    },
+    /// Authorized only: the money held, to be captured or released.
+    Authorized {
         charge_id: String,
     },
-    /// Authorized only (a `manual` payment): the money held, to be captured or released.
-    Authorized {
+    /// Authorized, then cancelled at the gateway (its dashboard, or its own lapse of the
+    /// authorization) before its answer reached us: nothing held.
+    Canceled {
         charge_id: String,
     },
     Declined {
@@ -116,30 +124,44 @@ pub struct ChargeChanges<'a> {
     pub gateway_charge_id: Option<&'a str>,
     pub failure_code: Option<&'a str>,
     pub failure_message: Option<&'a str>,
+    /// How the gateway took the money: `automatic` only for a charge captured whole at once; a
+    /// charge the gateway left an authorization (open, captured in part, or cancelled) is
+    /// `manual`, whatever was asked, so that the payment shows what is held and what was taken.
+    pub capture_method: CaptureMethod,
+    /// What it captured: none for an `automatic` payment (its amount, once it succeeded).
+    pub amount_captured: Option<i64>,
 }
 
 impl ChargeOutcome {
-    /// The payment's columns once this outcome is recorded.
-    pub fn changes(&self) -> ChargeChanges<'_> {
+    /// The payment's columns once this outcome is recorded, for a payment of `amount` that asked
+    /// to be captured the `asked` way.
+    pub fn changes(&self, asked: CaptureMethod, amount: i64) -> ChargeChanges<'_> {
+        let charge = |status, charge_id, capture_method, amount_captured| ChargeChanges {
+            status,
+            gateway_charge_id: Some(charge_id),
+            failure_code: None,
+            failure_message: None,
+            capture_method,
+            amount_captured,
+        };
         let failed = |code, message| ChargeChanges {
             status: PaymentStatus::Failed,
             gateway_charge_id: None,
             failure_code: Some(code),
             failure_message: Some(message),
+            capture_method: asked,
+            amount_captured: (asked == CaptureMethod::Manual).then_some(0),
         };
+        use {CaptureMethod::*, PaymentStatus::*};
         match self {
-            ChargeOutcome::Succeeded { charge_id } => ChargeChanges {
-                status: PaymentStatus::Succeeded,
-                gateway_charge_id: Some(charge_id),
-                failure_code: None,
-                failure_message: None,
-            },
-            ChargeOutcome::Authorized { charge_id } => ChargeChanges {
-                status: PaymentStatus::RequiresCapture,
-                gateway_charge_id: Some(charge_id),
-                failure_code: None,
-                failure_message: None,
-            },
+            ChargeOutcome::Captured { charge_id, amount: captured } if asked == Automatic && *captured == amount => {
+                charge(Succeeded, charge_id, Automatic, None)
+            }
+            ChargeOutcome::Captured { charge_id, amount: captured } => {
+                charge(Succeeded, charge_id, Manual, Some(*captured))
+            }
+            ChargeOutcome::Authorized { charge_id } => charge(RequiresCapture, charge_id, Manual, Some(0)),
+            ChargeOutcome::Canceled { charge_id } => charge(Canceled, charge_id, Manual, Some(0)),
             ChargeOutcome::Declined { code, message } => failed(code, message),
             ChargeOutcome::UnknownSource { message } => failed(UNKNOWN_SOURCE, message),
             ChargeOutcome::Rejected { message } => failed(GATEWAY_REJECTED, message),

@@ -106,13 +106,16 @@ const PAYMENT_EXISTS: &str = " AND EXISTS (SELECT FROM payments WHERE account_id
 impl PhaseWrites for ChangePayment<'_> {
     fn sql(&self) -> &'static str {
         match self.change {
-            // A charge at once writes what it always did; only an authorization sets when it
-            // lapses and joins the lapse's queue, so a payment's phase pays nothing for them.
+            // Where the charge stands at the gateway, whatever was asked: captured (whole or in
+            // part), cancelled, or failed. Only an open authorization sets when it lapses and
+            // joins the lapse's queue, so a payment's phase pays nothing for them otherwise.
             PaymentChange::Outcome { ref changes, .. } if changes.status != PaymentStatus::RequiresCapture => {
                 "changed AS (
                      UPDATE payments
                      SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
-                         failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now()
+                         failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now(),
+                         capture_method = {capture_method}, amount_captured = {amount_captured},
+                         canceled_at = CASE WHEN {status} = 'canceled' THEN now() END
                      WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
                      RETURNING {payment.*}
                  ), audited AS (
@@ -128,6 +131,7 @@ impl PhaseWrites for ChangePayment<'_> {
                      UPDATE payments
                      SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
                          failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now(),
+                         capture_method = {capture_method}, amount_captured = {amount_captured},
                          capture_before = now() + {authorization_ttl_ms} * interval '1 millisecond'
                      WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
                      RETURNING {payment.*}
@@ -181,6 +185,12 @@ impl Parameters for ChangePayment<'_> {
             }
             ("failure_message", PaymentChange::Outcome { changes, .. }) => {
                 out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)
+            }
+            ("capture_method", PaymentChange::Outcome { changes, .. }) => {
+                out.push_bind_param::<Text, _>(&changes.capture_method)
+            }
+            ("amount_captured", PaymentChange::Outcome { changes, .. }) => {
+                out.push_bind_param::<Nullable<BigInt>, _>(&changes.amount_captured)
             }
             ("authorization_ttl_ms", PaymentChange::Outcome { authorization_ttl_ms, .. }) => {
                 out.push_bind_param::<BigInt, _>(authorization_ttl_ms)
