@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::event_plan::InvalidEventPlan;
 use super::faults::{Fault, InvalidFaultSpec};
+use super::own_changes::InvalidOwnChangePlan;
 use super::requests::InvalidRequest;
 use super::state::{ChangeRefusal, DECLINE_CODE, DECLINE_MESSAGE, RefundRefusal, StoredResponse};
 
@@ -28,6 +29,8 @@ pub(super) enum ApiError {
     InvalidFaults(#[from] InvalidFaultSpec),
     #[error(transparent)]
     InvalidEventPlan(#[from] InvalidEventPlan),
+    #[error(transparent)]
+    InvalidOwnChanges(#[from] InvalidOwnChangePlan),
     #[error("No such charge: '{0}'")]
     NoSuchCharge(String),
     #[error("No such refund: '{0}'")]
@@ -83,7 +86,9 @@ impl ApiError {
     fn kind(&self) -> (&'static str, Option<&'static str>) {
         const INVALID: &str = "invalid_request_error";
         match self {
-            Self::Unparsable(..) | Self::InvalidFaults(_) | Self::InvalidEventPlan(_) => (INVALID, None),
+            Self::Unparsable(..) | Self::InvalidFaults(_) | Self::InvalidEventPlan(_) | Self::InvalidOwnChanges(_) => {
+                (INVALID, None)
+            }
             Self::NoRoute(..) | Self::WrongMethod(..) => (INVALID, None),
             Self::MissingKey => (INVALID, Some("parameter_missing")),
             Self::InvalidRequest(InvalidRequest::NoSuchToken(_)) => (INVALID, Some("resource_missing")),
@@ -132,7 +137,7 @@ impl ResponseError for ApiError {
         match self {
             Self::Unparsable(status, _) => *status,
             Self::MissingKey | Self::InvalidRequest(_) | Self::InvalidFaults(_) => StatusCode::BAD_REQUEST,
-            Self::InvalidEventPlan(_) => StatusCode::BAD_REQUEST,
+            Self::InvalidEventPlan(_) | Self::InvalidOwnChanges(_) => StatusCode::BAD_REQUEST,
             Self::KeyReused => StatusCode::BAD_REQUEST,
             Self::RefundRefused(RefundRefusal::NoSuchCharge(_)) => StatusCode::NOT_FOUND,
             Self::RefundRefused(_) => StatusCode::BAD_REQUEST,

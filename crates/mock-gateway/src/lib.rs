@@ -5,6 +5,7 @@ mod error;
 mod event_plan;
 mod events;
 mod faults;
+mod own_changes;
 mod requests;
 mod routes;
 mod state;
@@ -29,7 +30,8 @@ pub struct MockGateway {
     addr: SocketAddr,
     handle: ServerHandle,
     task: JoinHandle<io::Result<()>>,
-    /// What runs beside the server: the timer that settles refunds, and the events' delivery.
+    /// What runs beside the server: the timer that settles refunds and makes the gateway's own
+    /// changes, and the events' delivery.
     background: Vec<JoinHandle<()>>,
 }
 
@@ -64,7 +66,7 @@ impl MockGateway {
         let addr = listener.local_addr()?;
         let (outbox, courier) = deliveries::Outbox::new(webhook).map_err(io::Error::other)?;
         let state = web::Data::new(routes::AppState::new(faults, outbox));
-        let mut background = vec![tokio::spawn(state.clone().into_inner().settle_on_time())];
+        let mut background = vec![tokio::spawn(state.clone().into_inner().change_on_time())];
         background.extend(courier.map(tokio::spawn));
         let configure = move |cfg: &mut web::ServiceConfig| routes::configure(cfg, controls);
         // Every answer says which gateway gave it, so that a client never takes one gateway's

@@ -18,6 +18,7 @@ use super::deliveries::{EventStats, Outbox};
 use super::error::{ApiError, MAX_KEY_LEN};
 use super::event_plan::{EventPlan, EventPlanSpec};
 use super::faults::{Fault, FaultPlan, FaultSpec};
+use super::own_changes::{OwnChangePlan, OwnChangeSpec};
 use super::requests::{
     CancelBody, CancelRequest, CaptureBody, CaptureRequest, ChargeRequest, Create, Endpoint, RefundRequest,
 };
@@ -33,9 +34,10 @@ pub(super) struct AppState {
     faults: Mutex<FaultPlan>,
     /// Where the events the ledger makes go, to be sent.
     outbox: Outbox,
-    /// Told whenever a refund is made (it may be pending), for the timer that settles pending
-    /// refunds on time.
-    refund_made: Notify,
+    /// Told whenever a refund (it may be pending) or a charge (it may be an authorization the
+    /// gateway is to change on its own) is made, for the timer that makes the books' own changes
+    /// on time.
+    made: Notify,
 }
 
 impl AppState {
@@ -46,7 +48,7 @@ impl AppState {
             ledger: Mutex::new(if outbox.sends() { Ledger::making_events() } else { Ledger::default() }),
             faults: Mutex::new(faults),
             outbox,
-            refund_made: Notify::new(),
+            made: Notify::new(),
         }
     }
 
@@ -60,12 +62,15 @@ impl AppState {
         Books { ledger: lock(&self.ledger), outbox: &self.outbox }
     }
 
-    /// The books, with every pending refund whose time has come settled: whoever looks (a
-    /// read, a new refund's check of what its charge has left, the stats) never sees one
-    /// pending past its time, even if the timer that settles them is a moment late.
+    /// The books, with every pending refund whose time has come settled, and every change the
+    /// gateway makes on its own whose time has come made: whoever looks (a read, a new refund's
+    /// check of what its charge has left, a capture, the stats) never sees one late, even if the
+    /// timer that makes them is a moment late.
     fn ledger(&self) -> Books<'_> {
         let mut books = self.books();
-        books.settle_due(Instant::now());
+        let now = Instant::now();
+        books.settle_due(now);
+        books.make_own_changes_due(now);
         books
     }
 
@@ -80,14 +85,18 @@ impl AppState {
         fault
     }
 
-    /// Settles each pending refund when its time comes, so that its event goes out then, whether
-    /// or not anyone looks at the books. Runs for as long as the gateway does.
-    pub(super) async fn settle_on_time(self: Arc<AppState>) {
+    /// Settles each pending refund, and makes each change the gateway makes on its own, when its
+    /// time comes, so that its event goes out then, whether or not anyone looks at the books. Runs
+    /// for as long as the gateway does.
+    pub(super) async fn change_on_time(self: Arc<AppState>) {
         loop {
-            let next = self.books().next_settlement();
-            // A refund made after this look is not missed: `notify_one` keeps its wake-up for a
-            // `notified` that comes later.
-            let changed = self.refund_made.notified();
+            let next = {
+                let books = self.books();
+                books.next_settlement().into_iter().chain(books.next_own_change()).min()
+            };
+            // A refund or a charge made after this look is not missed: `notify_one` keeps its
+            // wake-up for a `notified` that comes later.
+            let changed = self.made.notified();
             match next {
                 Some(at) => tokio::select! {
                     () = tokio::time::sleep_until(at.into()) => {}
@@ -163,6 +172,13 @@ pub(super) fn configure(cfg: &mut web::ServiceConfig, controls: Controls) {
             .service(resource("/_control/idempotency-keys").delete(forget_keys))
             .service(resource("/_control/refunds/settle").post(settle_refunds))
             .service(resource("/_control/authorizations/expire").post(expire_authorizations))
+            .service(
+                resource("/_control/authorizations/own-changes")
+                    .get(show_own_changes)
+                    .post(plan_own_changes)
+                    .delete(stop_own_changes),
+            )
+            .service(resource("/_control/authorizations/own-changes/made").get(own_changes_made))
             .service(resource("/_control/stats").get(stats));
     }
     cfg.default_service(web::to(unknown_route));
@@ -192,7 +208,10 @@ trait Make: Create + Send + 'static {
 impl Make for ChargeRequest {
     fn make(&self, ledger: &mut Ledger, key: &str) -> StoredResponse {
         match ledger.create_charge(key, self) {
-            Ok(charge) => ok(&charge),
+            Ok(charge) => {
+                ledger.draw_own_change(&charge, Instant::now());
+                ok(&charge)
+            }
             Err(Declined(charge)) => ApiError::CardDeclined(charge).stored(),
         }
     }
@@ -321,9 +340,10 @@ async fn process<R: Make>(
             let stored = request.make(&mut books, &key);
             books.finish(&key, stored.clone());
             drop(books);
-            if R::ENDPOINT == Endpoint::Refunds {
-                // It may have made a pending refund, which the timer is to settle on time.
-                state.refund_made.notify_one();
+            if matches!(R::ENDPOINT, Endpoint::Refunds | Endpoint::Charges) {
+                // It may have made a pending refund, which the timer is to settle on time, or an
+                // authorization the gateway is to change on its own.
+                state.made.notify_one();
             }
             Ok((stored, false))
         }
@@ -418,6 +438,32 @@ async fn forget_keys(state: web::Data<AppState>) -> HttpResponse {
 async fn expire_authorizations(state: web::Data<AppState>) -> HttpResponse {
     let expired = state.ledger().expire_authorizations();
     HttpResponse::Ok().json(serde_json::json!({ "expired": expired }))
+}
+
+/// `GET /_control/authorizations/own-changes`: how the gateway changes authorizations on its own.
+async fn show_own_changes(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(state.books().own_change_plan().view())
+}
+
+/// `POST /_control/authorizations/own-changes`: from now on, a share of the authorizations made
+/// are captured or cancelled by the gateway itself, as its dashboard or another system would.
+async fn plan_own_changes(state: web::Data<AppState>, spec: web::Json<OwnChangeSpec>) -> Result<HttpResponse, ApiError> {
+    let plan = spec.into_inner().into_plan()?;
+    state.books().plan_own_changes(plan);
+    Ok(HttpResponse::Ok().json(plan.view()))
+}
+
+/// `DELETE /_control/authorizations/own-changes`: the authorizations made from now on are left to
+/// the merchant (the changes drawn already are still made when due).
+async fn stop_own_changes(state: web::Data<AppState>) -> HttpResponse {
+    state.books().plan_own_changes(OwnChangePlan::default());
+    HttpResponse::NoContent().finish()
+}
+
+/// `GET /_control/authorizations/own-changes/made`: every change the gateway made on its own, in
+/// the order made: which charges a checker must not take for the merchant's doing.
+async fn own_changes_made(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(List { object: "list", data: state.ledger().own_changes_made().to_vec() })
 }
 
 /// `POST /_control/refunds/settle`: every pending refund settles now, as it would have when its

@@ -4,7 +4,8 @@
 //! are unit-tested here: one charge, refund, capture or cancel per key, replay only for the same
 //! body, an authorization captured at most once and never once cancelled, never a refund of more
 //! than its charge has captured and left, a failed refund gives its amount back, a pending refund
-//! settles when its time has come, and every change makes its event.
+//! settles when its time has come, an authorization the gateway changes on its own is changed
+//! when its time has come (under a key of the gateway's own), and every change makes its event.
 //!
 //! Every change to the books (a charge made, authorized or declined, an authorization captured or
 //! cancelled, a refund made, a refund settled) is one
@@ -12,7 +13,8 @@
 //! then, with the object as it stands at that moment. The ledger only makes events: whoever holds
 //! it takes them ([`Ledger::take_events`]) and hands them to the delivery, which sends them.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use actix_web::http::StatusCode;
@@ -21,6 +23,7 @@ use rand::distr::Alphanumeric;
 use serde::Serialize;
 
 use super::events::{Event, EventType};
+use super::own_changes::{OWN_KEY_PREFIX, OwnChange, OwnChangeMade, OwnChangePlan};
 use super::requests::{CancelRequest, CaptureRequest, ChargeRequest, Endpoint, RefundRequest};
 
 /// The token that test clients use to ask for a declined card.
@@ -270,6 +273,12 @@ pub(super) struct Ledger {
     /// Events made and not yet taken, oldest first; `None` for a gateway that sends no events,
     /// which makes none.
     events: Option<Vec<Event>>,
+    /// How the gateway changes authorizations on its own; the changes it drew and has not made
+    /// yet (when each is due, and where its charge is in `charges`), soonest first; and those it
+    /// made.
+    own_change_plan: OwnChangePlan,
+    own_changes_due: BinaryHeap<Reverse<(Instant, usize, OwnChange)>>,
+    own_changes_made: Vec<OwnChangeMade>,
 }
 
 impl Ledger {
@@ -401,6 +410,70 @@ impl Ledger {
     pub(super) fn expire_authorizations(&mut self) -> usize {
         let open = self.charges.iter_mut().filter(|charge| charge.status == REQUIRES_CAPTURE && !charge.expired);
         open.map(|charge| charge.expired = true).count()
+    }
+
+    /// From now on, authorizations are changed on the gateway's own as `plan` says (those drawn
+    /// already are still made when due).
+    pub(super) fn plan_own_changes(&mut self, plan: OwnChangePlan) {
+        self.own_change_plan = plan;
+    }
+
+    pub(super) fn own_change_plan(&self) -> OwnChangePlan {
+        self.own_change_plan
+    }
+
+    /// Draws, for `charge` made at `now`, what the gateway will do to it on its own, if it is an
+    /// authorization: a capture or a cancel, due a moment later, or nothing.
+    pub(super) fn draw_own_change(&mut self, charge: &Charge, now: Instant) {
+        let Some(&at) = self.charge_at.get(&charge.id) else { return };
+        let charge = &self.charges[at];
+        if charge.status != REQUIRES_CAPTURE {
+            return;
+        }
+        if let Some((after, change)) = self.own_change_plan.draw(charge.amount, &mut rand::rng()) {
+            self.own_changes_due.push(Reverse((now + after, at, change)));
+        }
+    }
+
+    /// When the next change the gateway drew is due, if any: another time the books change by
+    /// themselves.
+    pub(super) fn next_own_change(&self) -> Option<Instant> {
+        self.own_changes_due.peek().map(|Reverse((at, _, _))| *at)
+    }
+
+    /// Makes the changes the gateway drew that are due by `now`, under keys of its own; returns
+    /// how many it made. One whose authorization was captured or cancelled meanwhile (by the
+    /// merchant) is refused, like anyone's, and is not made.
+    pub(super) fn make_own_changes_due(&mut self, now: Instant) -> usize {
+        let mut made = 0;
+        while let Some(&Reverse((due, at, change))) = self.own_changes_due.peek()
+            && due <= now
+        {
+            self.own_changes_due.pop();
+            let (key, charge) = (new_id(OWN_KEY_PREFIX), self.charges[at].id.clone());
+            let (kind, changed) = match change {
+                OwnChange::Capture(amount) => ("capture", self.capture(&key, &CaptureRequest { charge, amount })),
+                OwnChange::Cancel => ("cancel", self.cancel(&key, &CancelRequest { charge })),
+            };
+            let Ok(changed) = changed else { continue };
+            // The change just made its event, the last one made.
+            let event = self.events.as_ref().and_then(|events| events.last()).map(|event| event.id.clone());
+            let amount_captured = changed.amount_captured;
+            self.own_changes_made.push(OwnChangeMade {
+                charge: changed.id,
+                kind,
+                amount_captured,
+                idempotency_key: key,
+                event,
+            });
+            made += 1;
+        }
+        made
+    }
+
+    /// The changes the gateway made on its own, in the order made.
+    pub(super) fn own_changes_made(&self) -> &[OwnChangeMade] {
+        &self.own_changes_made
     }
 
     /// Carries out a granted refund request at `now`: refunds what was asked (by default all the
@@ -906,6 +979,64 @@ mod tests {
         assert_eq!(ledger.settle_all(), 2);
         assert_eq!(ledger.settle_all(), 0);
         assert!(ledger.refunds.iter().all(|refund| refund.status == RefundStatus::Succeeded));
+    }
+
+    /// A plan under which every authorization is changed on the gateway's own, within 100 ms.
+    fn always_on_its_own() -> OwnChangePlan {
+        serde_json::from_str::<super::super::own_changes::OwnChangeSpec>(r#"{"rate": 1.0, "within_ms": 100}"#)
+            .unwrap()
+            .into_plan()
+            .unwrap()
+    }
+
+    #[test]
+    fn an_authorization_is_changed_on_the_gateways_own_when_its_time_comes_under_a_key_of_its_own() {
+        let (mut ledger, charge) = authorized(1000);
+        ledger.take_events();
+        let made = Instant::now();
+        ledger.draw_own_change(&charge, made);
+        assert_eq!(ledger.next_own_change(), None, "drawn under the plan of the moment: none");
+        ledger.plan_own_changes(always_on_its_own());
+        ledger.draw_own_change(&charge, made);
+        let due = ledger.next_own_change().expect("drawn");
+        assert!(due >= made && due <= made + Duration::from_millis(100), "{due:?}");
+        if due > made {
+            assert_eq!(ledger.make_own_changes_due(due - Duration::from_millis(1)), 0, "not before its time");
+        }
+        assert_eq!(ledger.make_own_changes_due(due), 1);
+        assert_eq!((ledger.next_own_change(), ledger.make_own_changes_due(due)), (None, 0), "made once");
+
+        let [own] = ledger.own_changes_made().to_vec().try_into().expect("one change");
+        let now = ledger.charge(&charge.id).unwrap().clone();
+        assert!(own.idempotency_key.starts_with("own_"), "none of the merchant's: {}", own.idempotency_key);
+        assert_eq!((own.charge.as_str(), own.amount_captured), (charge.id.as_str(), now.amount_captured));
+        let (kind, status, refusal) = match own.kind {
+            "capture" => ("charge.captured", SUCCEEDED, ChangeRefusal::AlreadyCaptured(charge.id.clone())),
+            _ => ("charge.canceled", CANCELED, ChangeRefusal::Canceled(charge.id.clone())),
+        };
+        assert_eq!(now.status, status);
+        let made = events(&mut ledger);
+        assert_eq!(made, [(kind.into(), charge.id.clone(), own.idempotency_key.clone(), as_shown(&now))]);
+        let stats = ledger.stats();
+        assert_eq!(stats.captures + stats.cancels, 1, "counted as any capture or cancel");
+        // The merchant's change comes too late, and is refused.
+        assert_eq!(ledger.cancel("ours", &cancel(&charge)).unwrap_err(), refusal);
+    }
+
+    #[test]
+    fn a_change_the_gateway_drew_is_not_made_once_the_merchant_changed_the_authorization() {
+        let (mut ledger, charge) = authorized(1000);
+        ledger.plan_own_changes(always_on_its_own());
+        let made = Instant::now();
+        ledger.draw_own_change(&charge, made);
+        ledger.capture("ours", &capture(&charge, None)).expect("captured by the merchant first");
+        assert_eq!(ledger.make_own_changes_due(made + Duration::from_millis(100)), 0);
+        assert!(ledger.own_changes_made().is_empty());
+        assert_eq!(ledger.stats().captures + ledger.stats().cancels, 1);
+        // A charge made at once is never changed on the gateway's own.
+        let at_once = ledger.create_charge("now", &charge_request(500, "tok_visa")).unwrap();
+        ledger.draw_own_change(&at_once, made);
+        assert_eq!(ledger.next_own_change(), None);
     }
 
     /// The events made so far, as sent: (type, the object's id, the request's key, the object).
