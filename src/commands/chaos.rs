@@ -50,6 +50,11 @@ pub struct ChaosArgs {
     /// 4 s); a fifth are left alone, for the lapse (none against a running deployment).
     #[arg(long, default_value_t = 0.3, value_parser = rate)]
     pub authorize_rate: f64,
+    /// The share of the authorizations the gateway captures (all or part) or cancels on its own, as
+    /// its dashboard or another system would, at a moment drawn from none to 3 s after each is
+    /// made: while the payment's answer is lost, or after it recorded the authorization.
+    #[arg(long, default_value_t = 0.2, value_parser = rate)]
+    pub gateway_acts_rate: f64,
     /// The share of the other payments that are refunded once they succeed, by 1 to 3 refunds at
     /// once, each with a key of its own, for part of the payment or all it has left.
     #[arg(long, default_value_t = 0.3, value_parser = rate)]
@@ -125,6 +130,7 @@ pub async fn run(args: ChaosArgs) -> anyhow::Result<ExitCode> {
             delay_ms: args.event_delay_ms,
             shuffle: !args.no_event_shuffle,
         },
+        gateway_acts: args.gateway_acts_rate,
         plot: args.plot,
         deployment,
         citus_workers: args.citus_workers,

@@ -447,7 +447,10 @@ async fn show_own_changes(state: web::Data<AppState>) -> HttpResponse {
 
 /// `POST /_control/authorizations/own-changes`: from now on, a share of the authorizations made
 /// are captured or cancelled by the gateway itself, as its dashboard or another system would.
-async fn plan_own_changes(state: web::Data<AppState>, spec: web::Json<OwnChangeSpec>) -> Result<HttpResponse, ApiError> {
+async fn plan_own_changes(
+    state: web::Data<AppState>,
+    spec: web::Json<OwnChangeSpec>,
+) -> Result<HttpResponse, ApiError> {
     let plan = spec.into_inner().into_plan()?;
     state.books().plan_own_changes(plan);
     Ok(HttpResponse::Ok().json(plan.view()))

@@ -1,6 +1,6 @@
 //! The mock gateway, as a run drives and reads it: its `/_control` endpoints (faults, forgetting
-//! its keys, misdelivering its events, counters, the events it sent), and look-ups of what it
-//! holds.
+//! its keys, misdelivering its events, changing authorizations on its own, counters, the events it
+//! sent, the changes it made on its own), and look-ups of what it holds.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -11,7 +11,7 @@ use reqwest::Url;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::check::{GatewayCharge, SentEvent};
+use super::check::{GatewayCharge, OwnChange, SentEvent};
 
 /// Look-ups at the gateway at once, after the run.
 const LOOK_UPS_AT_ONCE: usize = 16;
@@ -92,6 +92,27 @@ impl GatewayControl {
         futures_util::stream::iter(ids).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
     }
 
+    /// The charges the gateway made with each downstream key, by whose they are.
+    pub async fn charges_by_key<T>(
+        &self,
+        keys: impl Iterator<Item = (T, String)>,
+    ) -> anyhow::Result<HashMap<T, Vec<GatewayCharge>>>
+    where
+        T: std::hash::Hash + Eq,
+    {
+        #[derive(Deserialize)]
+        struct List {
+            data: Vec<GatewayCharge>,
+        }
+        let look_up = |(whose, key): (T, String)| async move {
+            let mut url = self.base.join("v1/charges")?;
+            url.query_pairs_mut().append_pair("idempotency_key", &key);
+            let list: List = self.http.get(url).send().await?.error_for_status()?.json().await?;
+            anyhow::Ok((whose, list.data))
+        };
+        futures_util::stream::iter(keys).map(look_up).buffer_unordered(LOOK_UPS_AT_ONCE).try_collect().await
+    }
+
     /// The ids of the refunds the gateway made with each downstream key, by whose they are.
     pub async fn refunds_by_key<T>(
         &self,
@@ -122,6 +143,34 @@ impl GatewayControl {
         let plan = json!({ "mode": "random", "rate": rate, "count": u32::MAX });
         self.http.post(self.base.join("_control/faults")?).json(&plan).send().await?.error_for_status()?;
         Ok(())
+    }
+
+    /// From now on, the gateway captures (all or part) or cancels each authorization made with
+    /// probability `rate`, on its own, a moment drawn from none to `within` after it was made.
+    pub async fn change_authorizations(&self, rate: f64, within: Duration) -> anyhow::Result<()> {
+        let plan = json!({ "rate": rate, "within_ms": within.as_millis() });
+        let url = self.base.join("_control/authorizations/own-changes")?;
+        self.http.post(url).json(&plan).send().await?.error_for_status()?;
+        Ok(())
+    }
+
+    /// From now on, the gateway leaves the authorizations made to the service (those it drew a
+    /// change for already are still changed).
+    pub async fn leave_authorizations(&self) -> anyhow::Result<()> {
+        self.http.delete(self.base.join("_control/authorizations/own-changes")?).send().await?.error_for_status()?;
+        Ok(())
+    }
+
+    /// Every change the gateway made on its own, by charge id.
+    pub async fn own_changes(&self) -> anyhow::Result<HashMap<String, OwnChange>> {
+        #[derive(Deserialize)]
+        struct List {
+            data: Vec<OwnChange>,
+        }
+        let url = self.base.join("_control/authorizations/own-changes/made")?;
+        let response = self.http.get(url).send().await?;
+        let list: List = response.error_for_status()?.json().await.context("the gateway's own changes")?;
+        Ok(list.data.into_iter().map(|change| (change.charge.clone(), change)).collect())
     }
 
     /// Makes the gateway forget its idempotency keys (it keeps its charges, found by look-ups).

@@ -14,7 +14,10 @@
 //! - some clients walk away after one try, leaving their key to the workers;
 //! - the gateway sends its events (one per charge, and per refund made or settled) late, a share of
 //!   them twice at once, and shuffled ([`EventStorm`]), to a relay that hands each delivery to
-//!   whichever server is up ([`crate::relay`]): the kills land while events are on their way.
+//!   whichever server is up ([`crate::relay`]): the kills land while events are on their way;
+//! - the gateway captures (all or part) or cancels a share of the authorizations on its own, as its
+//!   dashboard or another system would, a moment after each is made: sometimes while the payment's
+//!   answer is lost, sometimes after the payment recorded it authorized.
 //!
 //! When the load ends the faults stop, the system settles (every key finished, every refund the
 //! gateway left pending settled, every event the gateway made acknowledged, each within a bounded
@@ -75,6 +78,12 @@ const PAUSE_PAST_LEASE: std::ops::Range<Duration> = Duration::from_secs(1)..Dura
 const NODE_CRASH_EVERY: std::ops::Range<Duration> = Duration::from_secs(6)..Duration::from_secs(12);
 const NODE_DOWN: std::ops::Range<Duration> = Duration::from_millis(500)..Duration::from_secs(3);
 
+/// How soon after an authorization is made the gateway changes it on its own, when it does: at a
+/// moment drawn from none to this, so that some changes land while the payment's answer is lost (a
+/// fault's retry, a crash's lease) and some after it recorded the authorization, most before its
+/// lapse (4 s).
+const GATEWAY_ACTS_WITHIN: Duration = Duration::from_secs(3);
+
 /// How often the fleet is checked for processes that aborted at a crash point.
 const RESTART_POLL: Duration = Duration::from_millis(100);
 
@@ -103,6 +112,9 @@ pub struct Plan {
     pub node_crashes: bool,
     /// How the gateway misdelivers its events during the storm.
     pub events: EventStorm,
+    /// The share of the authorizations the gateway captures or cancels on its own during the
+    /// storm.
+    pub gateway_acts: f64,
     /// Where to draw the run's timeline, if anywhere (see [`timeline`]).
     pub plot: Option<PathBuf>,
     pub deployment: Deployment,
@@ -183,6 +195,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     // The storm.
     gateway.random_faults(plan.fault_rate).await?;
     gateway.misdeliver_events(plan.events).await?;
+    gateway.change_authorizations(plan.gateway_acts, GATEWAY_ACTS_WITHIN).await?;
     let disturbed = Arc::new(Disturbed::default());
     let (stop, stopped) = watch::channel(false);
     let fleet = world.take_fleet();
@@ -232,6 +245,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     let mut took = || std::mem::replace(&mut lap, Instant::now()).elapsed();
     gateway.clear_faults().await?;
     gateway.deliver_events().await?;
+    gateway.leave_authorizations().await?;
     let keys: Vec<String> = runs.iter().map(|run| run.key.clone()).collect();
     let database = world.database_url.as_str();
     let unfinished = wait_for_none(&settling, "keys not finished yet", || check::unsettled(database, &keys)).await?;
@@ -307,6 +321,13 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
         gateway_cancels: after.cancels.saturating_sub(before.cancels),
         gateway_refunds: after.refunds.saturating_sub(before.refunds),
         charges: gateway.charges(charged.chain(authorized).collect::<HashSet<_>>().into_iter()).await?,
+        charges_by_key: gateway
+            .charges_by_key(stored.payments.values().flatten().filter_map(|payment| {
+                let key = payment.downstream_key.clone()?;
+                Some((payment.id, key))
+            }))
+            .await?,
+        own_changes: gateway.own_changes().await?,
         refunds_by_key: gateway
             .refunds_by_key(
                 stored.all_refunds().map(|refund| (refund.id, downstream_key(refund.account_id, refund.key_id))),
@@ -317,7 +338,7 @@ async fn disturb_and_check(plan: &Plan, world: &mut World, progress: &Progress) 
     };
     let verdicts = check::check(&runs, &stored, &outside);
     let attempts = (live.attempts.load(Ordering::Relaxed), final_attempts);
-    let did = Did::of(&runs, &stored, attempts, &disturbed, before, after, load_took, settle_took);
+    let did = Did::of(&runs, &stored, &outside, attempts, &disturbed, before, after, load_took, settle_took);
     let relayed = world.relay().map(Relay::relayed);
     let events = EventsDid::of(plan.events, &outside.gateway_events, &disturbed, relayed, &stored);
     Ok(Report { did, events, verdicts })

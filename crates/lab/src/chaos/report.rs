@@ -9,7 +9,7 @@ use std::time::Duration;
 use payments_client::KeySeen;
 
 use super::Disturbed;
-use super::check::{GatewayEvents, Invariant, Stored, inbox_outcomes};
+use super::check::{GatewayEvents, Invariant, Outside, Stored, inbox_outcomes};
 use super::gateway::{EventStorm, GatewayStats};
 use super::run::{KeyRun, Request};
 use crate::relay::Relayed;
@@ -34,6 +34,10 @@ pub struct Did {
     authorizations: usize,
     /// How the authorizations ended: captured, cancelled, lapsed, still open.
     authorization_outcomes: Vec<(&'static str, u64)>,
+    /// The run's authorizations the gateway changed on its own: captured whole, captured in part,
+    /// cancelled; and those of them it changed before the service recorded the authorization.
+    own_changes: [u64; 3],
+    changed_before_recorded: u64,
     /// The load's attempts.
     attempts: u64,
     /// The attempts of the final round, which asks every key once more.
@@ -92,6 +96,7 @@ impl Did {
     pub(super) fn of(
         runs: &[KeyRun],
         stored: &Stored,
+        outside: &Outside,
         (attempts, final_attempts): (u64, u64),
         disturbed: &Disturbed,
         before: GatewayStats,
@@ -120,6 +125,19 @@ impl Did {
             ("lapsed", lapsed),
             ("still open", ended("requires_capture", None)),
         ];
+        let (mut own_changes, mut changed_before_recorded) = ([0; 3], 0);
+        for payment in stored.authorizations() {
+            let Some(own) = payment.charge_id.as_ref().and_then(|id| outside.own_changes.get(id)) else { continue };
+            let kind = match own.kind.as_str() {
+                "cancel" => 2,
+                _ if own.amount_captured < payment.amount => 1,
+                _ => 0,
+            };
+            own_changes[kind] += 1;
+            // A payment changes through a capture, a cancel or the lapse only once it recorded
+            // its authorization: with none, the gateway's change came before.
+            changed_before_recorded += u64::from(stored.changes.get(&payment.id).is_none_or(Vec::is_empty));
+        }
         let mut per_payment: BTreeMap<&str, usize> = BTreeMap::new();
         for run in &refunds {
             if let Request::Refund(refund) = &run.request {
@@ -146,6 +164,8 @@ impl Did {
             changes,
             authorizations: stored.authorizations().count(),
             authorization_outcomes,
+            own_changes,
+            changed_before_recorded,
             refunded: per_payment.len(),
             raced: per_payment.values().filter(|refunds| **refunds > 1).count(),
             refund_outcomes,
@@ -287,6 +307,17 @@ impl Report {
                 "captures and cancels (keys)",
                 did.changes.to_string(),
                 format!("racing for {} authorizations, and the lapse: {}", did.authorizations, ended.join(" · ")),
+            ),
+            (
+                "gateway changed on its own",
+                did.own_changes.iter().sum::<u64>().to_string(),
+                format!(
+                    "captured ×{} ({} in part) · cancelled ×{}; {} before the service recorded the authorization",
+                    did.own_changes[0] + did.own_changes[1],
+                    did.own_changes[1],
+                    did.own_changes[2],
+                    did.changed_before_recorded
+                ),
             ),
             ("attempts", did.attempts.to_string(), format!("{} retries", did.attempts.saturating_sub(keys))),
             ("abandoned after one try", did.abandoned.to_string(), "left to the workers".into()),

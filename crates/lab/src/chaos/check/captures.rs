@@ -1,8 +1,10 @@
 //! The authorizations' invariants: what no key can enforce (a capture, a cancel and the lapse,
 //! racing for one authorization under keys of their own, and exactly one of them wins, here and
-//! at the gateway, for the same amount) and what keys must (every capture's or cancel's answer is
-//! its payment, the same bytes every time, and a `200` only for the one that won), then that
-//! every authorization ended.
+//! at the gateway, for the same amount; or none, when the gateway ended it on its own) and what
+//! keys must (every capture's or cancel's answer is its payment, the same bytes every time, and a
+//! `200` only for the one that won), then that every authorization ended.
+
+use serde::Deserialize;
 
 use super::stored::{Stored, StoredPayment};
 use super::{Invariant, Outside, answers_problem, each_key, name_some};
@@ -11,25 +13,41 @@ use crate::chaos::run::KeyRun;
 /// The lapse's keys begin so (see `payments_service::captures::lapse`).
 const LAPSE_KEY: &str = "lapse:";
 
+/// A change the gateway made to an authorization on its own (as its dashboard or another system
+/// would), as `GET /_control/authorizations/own-changes/made` lists it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct OwnChange {
+    pub charge: String,
+    /// `capture` or `cancel`.
+    pub kind: String,
+    pub amount_captured: i64,
+    /// The event it made (none from a gateway that sends none): caused by no request of ours.
+    pub event: Option<String>,
+}
+
 /// Each authorization that ended was captured or cancelled by exactly one change (a client's
 /// capture or cancel, or the lapse), as its charge at the gateway was, for the amount the gateway
-/// captured; and the gateway captured and cancelled as many authorizations as ended so.
+/// captured; and the gateway captured and cancelled as many authorizations as ended so. One the
+/// gateway captured or cancelled on its own ended as the gateway did, by no change of ours (each
+/// refused), or by one of the gateway's kind that found it done already; never by one of the
+/// other kind.
 pub fn ended_once(stored: &Stored, outside: &Outside) -> Invariant {
     let mut broken = Vec::new();
-    let (mut captured, mut canceled) = (0, 0);
+    let (mut captured, mut canceled, mut on_its_own) = (0, 0, 0);
     for payment in stored.authorizations() {
         match payment.status.as_str() {
             "succeeded" => captured += 1,
             "canceled" => canceled += 1,
             _ => continue,
         }
+        on_its_own += u64::from(own_change(payment, outside).is_some());
         if let Some(problem) = ended_problem(payment, stored, outside) {
             broken.push(format!("{}: {problem}", payment.id));
         }
     }
     let at_the_gateway = (outside.gateway_captures, outside.gateway_cancels);
     let detail = format!(
-        "{captured} captured and {canceled} cancelled, the gateway {} and {}; {} broken",
+        "{captured} captured and {canceled} cancelled, the gateway {} and {} ({on_its_own} on its own); {} broken",
         at_the_gateway.0,
         at_the_gateway.1,
         broken.len()
@@ -41,17 +59,38 @@ pub fn ended_once(stored: &Stored, outside: &Outside) -> Invariant {
     }
 }
 
+/// The change the gateway made to `payment`'s authorization on its own, if it made one.
+fn own_change<'a>(payment: &StoredPayment, outside: &'a Outside) -> Option<&'a OwnChange> {
+    outside.own_changes.get(payment.charge_id.as_ref()?)
+}
+
 /// What is wrong with how an authorization ended, if anything.
 fn ended_problem(payment: &StoredPayment, stored: &Stored, outside: &Outside) -> Option<String> {
     let changes = stored.changes.get(&payment.id).map(Vec::as_slice).unwrap_or_default();
     let won: Vec<_> = changes.iter().filter(|change| change.status == "succeeded").collect();
-    let [winner] = won.as_slice() else { return Some(format!("{} changes succeeded", won.len())) };
-    let (kind, lapse) = (winner.kind.as_str(), winner.key.starts_with(LAPSE_KEY));
+    let own = own_change(payment, outside);
+    // Ended by the gateway on its own: every change of ours refused (the payment ended as the
+    // gateway says), or one of its kind that found it done (as it finds its own whose answer was
+    // lost).
+    let (kind, winner) = match (won.as_slice(), own) {
+        ([], Some(own)) => (own.kind.as_str(), None),
+        ([winner], None) => (winner.kind.as_str(), Some(winner)),
+        ([winner], Some(own)) if winner.kind == own.kind => (own.kind.as_str(), Some(winner)),
+        ([winner], Some(own)) => {
+            return Some(format!(
+                "the gateway's {} on its own, but our {} by {} won",
+                own.kind, winner.kind, winner.key
+            ));
+        }
+        (won, _) => return Some(format!("{} changes succeeded", won.len())),
+    };
     match (payment.status.as_str(), kind) {
         ("succeeded", "capture") | ("canceled", "cancel") => {}
         (status, kind) => return Some(format!("{status}, but its {kind} won")),
     }
-    if lapse != (payment.cancellation_reason.as_deref() == Some("expired")) {
+    if let Some(winner) = winner
+        && winner.key.starts_with(LAPSE_KEY) != (payment.cancellation_reason.as_deref() == Some("expired"))
+    {
         return Some(format!("cancelled for {:?} by {}", payment.cancellation_reason, winner.key));
     }
     let charge = payment.charge_id.as_ref().and_then(|id| outside.charges.get(id));
@@ -122,6 +161,8 @@ mod tests {
     fn stored() -> Stored {
         let payment = StoredPayment {
             id: PAYMENT.parse().unwrap(),
+            amount: 1000,
+            downstream_key: None,
             status: "succeeded".into(),
             charge_id: Some("ch_1".into()),
             captured: Some(600),
@@ -140,7 +181,8 @@ mod tests {
     }
 
     fn outside(status: &str, captured: i64) -> Outside {
-        let charge = GatewayCharge { amount_captured: captured, amount_refunded: 0, status: status.into() };
+        let charge =
+            GatewayCharge { id: "ch_1".into(), amount_captured: captured, amount_refunded: 0, status: status.into() };
         Outside { gateway_captures: 1, charges: HashMap::from([("ch_1".into(), charge)]), ..Outside::default() }
     }
 
@@ -207,5 +249,37 @@ mod tests {
         let mut none = outside("requires_capture", 0);
         none.gateway_captures = 0;
         assert_eq!(broken(&[], &open, &none), ["every authorization ended: captured, cancelled or lapsed"]);
+    }
+
+    /// `outside`, with the gateway's own `kind` of change to the charge.
+    fn on_its_own(mut outside: Outside, kind: &str) -> Outside {
+        let (charge, kind) = ("ch_1".to_owned(), kind.to_owned());
+        let amount_captured = outside.charges["ch_1"].amount_captured;
+        outside.own_changes.insert(charge.clone(), OwnChange { charge, kind, amount_captured, event: None });
+        outside
+    }
+
+    #[test]
+    fn an_authorization_the_gateway_ended_on_its_own_needs_no_change_of_ours_and_never_one_of_the_other_kind() {
+        // Captured by the gateway first: our capture, coming later, found it done.
+        assert_eq!(broken(&runs(), &stored(), &on_its_own(outside("succeeded", 600), "capture")), Vec::<&str>::new());
+        // Every change of ours refused, the payment ended as the gateway says.
+        let mut refused = stored();
+        refused.changes.values_mut().flatten().for_each(|change| change.status = "failed".into());
+        let by_the_gateway = on_its_own(outside("succeeded", 600), "capture");
+        assert_eq!(broken(&[], &refused, &by_the_gateway), Vec::<&str>::new());
+        // Or before any change of ours was made (it ended when its charge was recorded).
+        let mut unchanged = stored();
+        unchanged.changes.clear();
+        assert_eq!(broken(&[], &unchanged, &by_the_gateway), Vec::<&str>::new());
+        // Without the gateway's own change, no change of ours won: broken, as before.
+        assert_eq!(broken(&[], &refused, &outside("succeeded", 600)), [ONCE]);
+        // Cancelled by the gateway, captured by us: our capture won against it.
+        let cancelled = on_its_own(outside("canceled", 0), "cancel");
+        assert_eq!(broken(&runs(), &stored(), &cancelled), [ONCE]);
+        // Ended by the gateway, and two changes of ours won.
+        let mut both = stored();
+        both.changes.values_mut().flatten().for_each(|change| change.status = "succeeded".into());
+        assert_eq!(broken(&runs(), &both, &by_the_gateway), [ONCE, ANSWERS]);
     }
 }

@@ -1,5 +1,6 @@
 //! The gateway's events, sent twice, late and out of order while the servers that receive them are
-//! killed: every event the gateway sent was acknowledged and has one row in the inbox, each was
+//! killed: every event the gateway sent was acknowledged and has one row in the inbox (but those
+//! about a change the gateway made on its own, which no request of the service's caused), each was
 //! applied once, and none disagreed with what the service recorded (in a run, every charge and
 //! refund the gateway makes is the service's own and every event tells the truth about it, so a
 //! disagreement could only be the service's mistake).
@@ -56,6 +57,8 @@ pub fn inbox_outcomes(stored: &Stored) -> BTreeMap<&str, u64> {
 
 /// Every event the gateway made was sent, every copy of it was acknowledged, and the inbox holds
 /// one row for each, and none for an event it did not send: the inbox's event ids are the ids sent.
+/// An event about a change the gateway made on its own names a key of the gateway's, none of ours:
+/// it is acknowledged, and has no row (the service takes it for no request of its own).
 pub fn acknowledged_and_recorded(stored: &Stored, outside: &Outside) -> Invariant {
     let name = "each gateway event sent, acknowledged, and one inbox row";
     let (made, sent) = match &outside.gateway_events {
@@ -63,6 +66,7 @@ pub fn acknowledged_and_recorded(stored: &Stored, outside: &Outside) -> Invarian
         GatewayEvents::NotChecked(why) => return Invariant { name, held: true, detail: format!("not checked: {why}") },
     };
     let ids: HashSet<&str> = sent.iter().map(|event| event.id.as_str()).collect();
+    let own: HashSet<&str> = outside.own_changes.values().filter_map(|change| change.event.as_deref()).collect();
     let mut rows: HashSet<&str> = HashSet::new();
     let twice: Vec<String> = stored
         .inbox
@@ -80,15 +84,32 @@ pub fn acknowledged_and_recorded(stored: &Stored, outside: &Outside) -> Invarian
         .map(|event| format!("{}: {} of {} copies acknowledged", event.id, event.acknowledged, event.copies));
     let missing = sent
         .iter()
-        .filter(|event| !rows.contains(event.id.as_str()))
+        .filter(|event| !rows.contains(event.id.as_str()) && !own.contains(event.id.as_str()))
         .map(|event| format!("{}: not in the inbox", event.id));
     let mut never_sent: Vec<String> =
         rows.iter().filter(|id| !ids.contains(*id)).map(|id| format!("{id}: in the inbox, never sent")).collect();
     never_sent.sort();
-    let broken: Vec<String> =
-        unsent.into_iter().chain(unacknowledged).chain(missing).chain(never_sent).chain(twice).collect();
+    let mut taken_for_ours: Vec<String> = rows
+        .iter()
+        .filter(|id| own.contains(*id))
+        .map(|id| format!("{id}: about the gateway's own change, in the inbox"))
+        .collect();
+    taken_for_ours.sort();
+    let broken: Vec<String> = unsent
+        .into_iter()
+        .chain(unacknowledged)
+        .chain(missing)
+        .chain(never_sent)
+        .chain(taken_for_ours)
+        .chain(twice)
+        .collect();
     let acknowledged = sent.iter().filter(|event| event.unacknowledged() == 0).count();
-    let detail = format!("{} sent, {acknowledged} acknowledged, {} inbox rows", sent.len(), stored.inbox.len());
+    let own_sent = sent.iter().filter(|event| own.contains(event.id.as_str())).count();
+    let detail = format!(
+        "{} sent, {acknowledged} acknowledged, {} inbox rows and {own_sent} about the gateway's own changes",
+        sent.len(),
+        stored.inbox.len()
+    );
     Invariant { name, held: broken.is_empty(), detail: detail + &name_some(broken.iter()) }
 }
 
@@ -135,6 +156,7 @@ pub fn no_disagreement(stored: &Stored) -> Invariant {
 
 #[cfg(test)]
 mod tests {
+    use super::super::OwnChange;
     use super::super::tests::{PAYMENT, answer, broken, charged, run, stored};
     use super::*;
     use crate::chaos::run::KeyRun;
@@ -173,7 +195,7 @@ mod tests {
         let (runs, stored, outside) = clean();
         assert_eq!(broken(&runs, &stored, &outside), Vec::<&str>::new());
         let detail = acknowledged_and_recorded(&stored, &outside).detail;
-        assert_eq!(detail, "2 sent, 2 acknowledged, 2 inbox rows");
+        assert_eq!(detail, "2 sent, 2 acknowledged, 2 inbox rows and 0 about the gateway's own changes");
         assert_eq!(applied_once(&stored).detail, "2 records for 2 events");
         assert_eq!(no_disagreement(&stored).detail, "0 in the inbox, 0 keys flagged");
     }
@@ -198,10 +220,37 @@ mod tests {
         let mut case = clean();
         case.1.inbox.push(("evt_1".into(), "applied".into()));
         assert!(only_broken(ACKNOWLEDGED, case).contains("evt_1: in the inbox twice"));
+        // An event about a change the gateway made on its own, taken for one of ours.
+        let mut case = clean();
+        let change = OwnChange {
+            charge: "ch_1".into(),
+            kind: "capture".into(),
+            amount_captured: 100,
+            event: Some("evt_2".into()),
+        };
+        case.2.own_changes.insert("ch_1".into(), change);
+        assert!(only_broken(ACKNOWLEDGED, case).contains("evt_2: about the gateway's own change, in the inbox"));
         // An event made and never sent: the wait for the gateway ran out, and nothing is known.
         let mut case = clean();
         case.2.gateway_events = GatewayEvents::Sent { made: 3, sent: vec![sent("evt_1", 2, 2), sent("evt_2", 1, 1)] };
         assert!(only_broken(ACKNOWLEDGED, case).contains("1 made, never sent"));
+    }
+
+    #[test]
+    fn an_event_about_a_change_the_gateway_made_on_its_own_is_acknowledged_without_a_row() {
+        let (runs, stored, mut outside) = clean();
+        let change =
+            OwnChange { charge: "ch_1".into(), kind: "cancel".into(), amount_captured: 0, event: Some("evt_3".into()) };
+        outside.own_changes.insert("ch_1".into(), change);
+        outside.gateway_events =
+            GatewayEvents::Sent { made: 3, sent: vec![sent("evt_1", 2, 2), sent("evt_2", 1, 1), sent("evt_3", 1, 1)] };
+        assert_eq!(broken(&runs, &stored, &outside), Vec::<&str>::new());
+        let detail = acknowledged_and_recorded(&stored, &outside).detail;
+        assert_eq!(detail, "3 sent, 3 acknowledged, 2 inbox rows and 1 about the gateway's own changes");
+        // Not acknowledged, it is named as any other.
+        outside.gateway_events =
+            GatewayEvents::Sent { made: 3, sent: vec![sent("evt_1", 2, 2), sent("evt_2", 1, 1), sent("evt_3", 1, 0)] };
+        assert!(only_broken(ACKNOWLEDGED, (runs, stored, outside)).contains("evt_3: 0 of 1 copies acknowledged"));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! The invariants, checked from outside (what the clients were answered, what the gateway
 //! charged, refunded and sent, what the webhook received) against the database. The payments' are
 //! here, the refunds' in [`refunds`], the authorizations' in [`captures`], the gateway's events'
-//! in [`events`].
+//! in [`events`], and that every payment records the money its gateway holds in [`money`].
 
 mod captures;
 mod events;
+mod money;
 mod refunds;
 mod stored;
 
@@ -15,6 +16,7 @@ use uuid::Uuid;
 
 use super::run::KeyRun;
 use crate::webhook::Events;
+pub use captures::OwnChange;
 pub use events::{GatewayEvents, SentEvent, inbox_outcomes};
 pub use refunds::{GatewayCharge, refund_events_missing};
 pub use stored::{Stored, open_authorizations, pending_refunds, unsettled};
@@ -44,6 +46,11 @@ pub struct Outside {
     /// The refunded payments' and the authorizations' charges as the gateway shows them now, by
     /// charge id.
     pub charges: HashMap<String, GatewayCharge>,
+    /// Every payment's charges as the gateway shows them now: those it made under the payment's
+    /// downstream key, by payment id.
+    pub charges_by_key: HashMap<Uuid, Vec<GatewayCharge>>,
+    /// The changes the gateway made to authorizations on its own, by charge id.
+    pub own_changes: HashMap<String, OwnChange>,
     /// The gateway's refunds made with each refund's downstream key, by our refund's id.
     pub refunds_by_key: HashMap<Uuid, Vec<String>>,
     /// The events that reached the run's webhook (`None`: not the run's deployment).
@@ -69,6 +76,7 @@ pub fn check(runs: &[KeyRun], stored: &Stored, outside: &Outside) -> Vec<Invaria
         captures::ended_once(stored, outside),
         captures::one_answer(&change_runs, stored),
         captures::every_one_ended(stored),
+        money::as_the_gateway_holds(stored, outside),
         one_payment(&payment_runs, stored),
         refunds::one_refund_or_refusal(&refund_runs, stored),
         events(stored, outside),
@@ -241,6 +249,8 @@ mod tests {
     pub(super) fn stored(payments: usize, charge: &str) -> Stored {
         let payment = StoredPayment {
             id: PAYMENT.parse().unwrap(),
+            amount: 100,
+            downstream_key: None,
             status: "succeeded".into(),
             charge_id: Some(charge.into()),
             captured: None,
@@ -259,7 +269,24 @@ mod tests {
 
     pub(super) fn charged(gateway_charges: u64, stored: &Stored) -> Outside {
         let events = stored.payments.values().flatten().map(|payment| (payment.id.to_string(), Default::default()));
-        Outside { gateway_charges, events: Some(events.collect()), ..Outside::default() }
+        let charges_by_key = held_at_the_gateway(stored);
+        Outside { gateway_charges, events: Some(events.collect()), charges_by_key, ..Outside::default() }
+    }
+
+    /// The gateway's charges under each of `stored`'s payments' keys, as each payment records
+    /// them.
+    pub(super) fn held_at_the_gateway(stored: &Stored) -> HashMap<Uuid, Vec<GatewayCharge>> {
+        let charges = stored.payments.values().flatten().filter_map(|payment| {
+            let captured = match payment.status.as_str() {
+                "succeeded" => payment.captured.unwrap_or(payment.amount),
+                _ => 0,
+            };
+            let id = payment.charge_id.clone()?;
+            let charge =
+                GatewayCharge { id, amount_captured: captured, amount_refunded: 0, status: payment.status.clone() };
+            Some((payment.id, vec![charge]))
+        });
+        charges.collect()
     }
 
     #[test]
@@ -307,7 +334,7 @@ mod tests {
             ["each payment's charge and finish committed once, by one request"]
         );
         // An event that never came.
-        let outside = Outside { gateway_charges: 1, events: Some(Events::new()), ..Outside::default() };
+        let outside = Outside { events: Some(Events::new()), ..charged(1, &stored(1, "ch_1")) };
         assert_eq!(broken(&[clean], &stored(1, "ch_1"), &outside), ["every finished payment's event arrived"]);
     }
 }

@@ -15,9 +15,10 @@ use crate::webhook::Events;
 /// A charge as the gateway's `GET /v1/charges/{id}` shows it: what it captured (all of it, or
 /// what an authorization's capture took), what its refunds that have not failed take
 /// back, pending ones included, and its status (`requires_capture` while only authorized,
-/// `canceled` once its authorization is).
+/// `canceled` once its authorization is, `failed` for a decline).
 #[derive(Debug, Clone, Deserialize)]
 pub struct GatewayCharge {
+    pub id: String,
     pub amount_captured: i64,
     pub amount_refunded: i64,
     pub status: String,
@@ -185,7 +186,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::super::stored::{StoredPayment, Totals};
-    use super::super::tests::{PAYMENT, answer, broken};
+    use super::super::tests::{PAYMENT, answer, broken, held_at_the_gateway};
     use super::*;
     use crate::chaos::run::Request;
     use payments_client::{Endpoint, NewPayment, NewRefund};
@@ -239,6 +240,8 @@ mod tests {
         }
         let payment = StoredPayment {
             id: payment_id,
+            amount: 1000,
+            downstream_key: None,
             status: "succeeded".into(),
             charge_id: Some("ch_1".into()),
             captured: None,
@@ -265,7 +268,12 @@ mod tests {
 
     /// The payment's charge at the gateway, captured whole, with `refunded` taken back.
     fn charge(refunded: i64) -> GatewayCharge {
-        GatewayCharge { amount_captured: 1000, amount_refunded: refunded, status: "succeeded".into() }
+        GatewayCharge {
+            id: "ch_1".into(),
+            amount_captured: 1000,
+            amount_refunded: refunded,
+            status: "succeeded".into(),
+        }
     }
 
     fn outside() -> Outside {
@@ -277,6 +285,8 @@ mod tests {
             gateway_captures: 0,
             gateway_cancels: 0,
             charges: HashMap::from([("ch_1".into(), charge(400))]),
+            charges_by_key: held_at_the_gateway(&stored()),
+            own_changes: HashMap::new(),
             refunds_by_key: HashMap::from([(refund_id(), vec!["re_1".into()])]),
             events: Some(events.iter().map(|(id, kind)| (id.to_string(), [kind.to_string()].into())).collect()),
             gateway_events: Default::default(),

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use payments_service::gateway::downstream_key;
 use uuid::Uuid;
 
 use payments_service::db::schema::{
@@ -26,7 +27,7 @@ const EVENT_RECEIVED: &str = "gateway_event.received";
 const NEEDS_ATTENTION: &str = "idempotency_key.needs_attention";
 
 /// What the database holds for the run's keys.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Stored {
     /// Key → (recovery point, needs attention).
     pub keys: HashMap<String, (String, bool)>,
@@ -53,10 +54,13 @@ pub struct Stored {
 #[derive(Debug, Clone)]
 pub struct StoredPayment {
     pub id: Uuid,
+    pub amount: i64,
+    /// The key the gateway knows its charges by (derived from its key row).
+    pub downstream_key: Option<String>,
     pub status: String,
     pub charge_id: Option<String>,
-    /// Only authorized (`capture: false`): what its capture took (`0` until then); `None` for a
-    /// payment charged at once.
+    /// Left an authorization by the gateway (asked for `capture: false`, or not): what its capture
+    /// took (`0` until then); `None` for a payment charged at once.
     pub captured: Option<i64>,
     pub cancellation_reason: Option<String>,
 }
@@ -123,12 +127,15 @@ impl Stored {
         accounts.sort_unstable();
         accounts.dedup();
         let mut key_ids: Vec<Uuid> = key_rows.iter().map(|row| row.2).collect();
-        type PaymentRow = (String, Uuid, String, Option<String>, Option<i64>, Option<String>);
+        type PaymentRow = (String, Uuid, Uuid, Option<Uuid>, i64, String, Option<String>, Option<i64>, Option<String>);
         let payment_rows: Vec<PaymentRow> = payments::table
             .filter(payments::idempotency_key.eq_any(keys))
             .select((
                 payments::idempotency_key,
                 payments::id,
+                payments::account_id,
+                payments::idempotency_key_id,
+                payments::amount,
                 payments::status,
                 payments::gateway_charge_id,
                 payments::amount_captured,
@@ -136,7 +143,7 @@ impl Stored {
             ))
             .load(&mut conn)
             .await?;
-        let authorized: Vec<Uuid> = payment_rows.iter().filter(|row| row.4.is_some()).map(|row| row.1).collect();
+        let authorized: Vec<Uuid> = payment_rows.iter().filter(|row| row.7.is_some()).map(|row| row.1).collect();
         let change_rows: Vec<(Uuid, Uuid, Uuid, String, String, String)> = payment_changes::table
             .filter(payment_changes::account_id.eq_any(&accounts))
             .filter(payment_changes::payment_id.eq_any(&authorized))
@@ -240,8 +247,10 @@ impl Stored {
             }
             stored.keys.insert(key, (recovery_point, attention));
         }
-        for (key, id, status, charge_id, captured, cancellation_reason) in payment_rows {
-            let payment = StoredPayment { id, status, charge_id, captured, cancellation_reason };
+        for (key, id, account_id, key_id, amount, status, charge_id, captured, cancellation_reason) in payment_rows {
+            let downstream_key = key_id.map(|key_id| downstream_key(account_id, key_id));
+            let payment =
+                StoredPayment { id, amount, downstream_key, status, charge_id, captured, cancellation_reason };
             stored.payments.entry(key).or_default().push(payment);
         }
         for (_, _, payment_id, key, kind, status) in change_rows {
