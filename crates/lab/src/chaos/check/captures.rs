@@ -33,21 +33,27 @@ pub struct OwnChange {
 /// other kind.
 pub fn ended_once(stored: &Stored, outside: &Outside) -> Invariant {
     let mut broken = Vec::new();
-    let (mut captured, mut canceled, mut on_its_own) = (0, 0, 0);
+    // Those the gateway ended on its own, and of them those a change of ours then found done.
+    let (mut captured, mut canceled, mut on_its_own, mut found_done) = (0, 0, 0, 0);
     for payment in stored.authorizations() {
         match payment.status.as_str() {
             "succeeded" => captured += 1,
             "canceled" => canceled += 1,
             _ => continue,
         }
-        on_its_own += u64::from(own_change(payment, outside).is_some());
+        if own_change(payment, outside).is_some() {
+            on_its_own += 1;
+            let changes = stored.changes.get(&payment.id).map(Vec::as_slice).unwrap_or_default();
+            found_done += u64::from(changes.iter().any(|change| change.status == "succeeded"));
+        }
         if let Some(problem) = ended_problem(payment, stored, outside) {
             broken.push(format!("{}: {problem}", payment.id));
         }
     }
     let at_the_gateway = (outside.gateway_captures, outside.gateway_cancels);
     let detail = format!(
-        "{captured} captured and {canceled} cancelled, the gateway {} and {} ({on_its_own} on its own); {} broken",
+        "{captured} captured and {canceled} cancelled, the gateway {} and {} ({on_its_own} on its own, {found_done} of \
+         them then by a change of ours finding it done); {} broken",
         at_the_gateway.0,
         at_the_gateway.1,
         broken.len()
