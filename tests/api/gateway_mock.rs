@@ -479,6 +479,8 @@ async fn the_control_endpoints_are_served_only_when_asked_for() {
     assert_eq!(events.unwrap().status(), StatusCode::NOT_FOUND);
     let sent = client.get(format!("{url}/_control/events/sent")).send().await.unwrap();
     assert_eq!(sent.status(), StatusCode::NOT_FOUND);
+    let own = client.post(format!("{url}/_control/authorizations/own-changes")).json(&json!({ "rate": 1.0 }));
+    assert_eq!(own.send().await.unwrap().status(), StatusCode::NOT_FOUND);
     let charge = client
         .post(format!("{url}/v1/charges"))
         .header("Idempotency-Key", "k")

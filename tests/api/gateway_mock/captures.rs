@@ -118,3 +118,39 @@ async fn a_capture_failing_after_it_was_made_is_replayed_by_its_key() {
     assert_eq!(gw.counts().await["captures"], 1);
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn the_gateway_changes_authorizations_on_its_own_under_keys_of_its_own_and_lists_what_it_changed() {
+    let gw = start().await;
+    let own_changes = format!("{}/_control/authorizations/own-changes", gw.url);
+    let set = |spec: Value| gw.client.post(&own_changes).json(&spec).send();
+    let refused = json_of(set(json!({"rate": 1.5})).await.unwrap()).await;
+    assert_eq!(refused.0, StatusCode::BAD_REQUEST, "{}", refused.1);
+    // Every authorization, changed as soon as it is made: due the moment it is made, the change
+    // is made by the next look at the books.
+    let (status, plan) = json_of(set(json!({"rate": 1.0, "within_ms": 0})).await.unwrap()).await;
+    assert_eq!((status, &plan), (StatusCode::OK, &json!({"rate": 1.0, "within_ms": 0})));
+    assert_eq!(gw.get("/_control/authorizations/own-changes").await.1, plan);
+
+    let id = gw.authorized("auth", 1000).await["id"].as_str().unwrap().to_owned();
+    let (_, charge) = gw.get(&format!("/v1/charges/{id}")).await;
+    let (_, made) = gw.get("/_control/authorizations/own-changes/made").await;
+    let [change] = made["data"].as_array().unwrap().as_slice() else { panic!("one change: {made}") };
+    assert_eq!((&change["charge"], &change["amount_captured"]), (&json!(id), &charge["amount_captured"]));
+    assert!(change["idempotency_key"].as_str().unwrap().starts_with("own_"), "{change}");
+    let (status, code) = match change["kind"].as_str().unwrap() {
+        "capture" => ("succeeded", "charge_already_captured"),
+        _ => ("canceled", "charge_canceled"),
+    };
+    assert_eq!(charge["status"], status, "{charge}");
+    assert_eq!(gw.counts().await["authorizations"], 1);
+    // The merchant's change comes after the gateway's, and is refused.
+    assert_eq!(refusal(gw.change(&id, "cancel", "ours", None).await).await, (StatusCode::BAD_REQUEST, code.into()));
+
+    // Left alone from now on.
+    assert_eq!(gw.delete("/_control/authorizations/own-changes").await, StatusCode::NO_CONTENT);
+    let open = gw.authorized("auth2", 1000).await["id"].as_str().unwrap().to_owned();
+    assert_eq!(gw.get(&format!("/v1/charges/{open}")).await.1["status"], "requires_capture");
+    assert_eq!(gw.get("/_control/authorizations/own-changes/made").await.1["data"].as_array().unwrap().len(), 1);
+    gw.stop().await;
+}
