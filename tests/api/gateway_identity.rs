@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments_service::db::schema::payments as payments_table;
 use payments_service::idempotency::{STRANDED_AFTER, needing_attention};
 use payments_service::workers::{Outcome, Worker};
@@ -16,7 +16,9 @@ use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{ChargesOnlyProxy, GatewayControl, Lock, Process, TestApp, new_key, payment_body};
+use crate::helpers::{
+    ChargesOnlyProxy, GatewayControl, Lock, Process, TestApp, TestDatabase, new_key, payment_body, wait_until,
+};
 
 /// The gateway that `key`'s payment records.
 async fn recorded_gateway(app: &TestApp, key: &str) -> String {
@@ -501,6 +503,88 @@ async fn a_key_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operato
     let refunded: Value = app.post_refund(&refund_key, &refund).await.json().await.unwrap();
     assert_eq!(refunded["status"], "succeeded", "{refunded}");
     assert!(app.database_says(&format!("SELECT gateway = '{now_answering}' FROM payments WHERE id = '{id}'")).await);
+}
+
+/// A `serve` whose completer looks for work every 100 ms and takes a key as soon as it is free
+/// (with the shortest lock timeout it accepts for this gateway timeout).
+const EAGER_SERVE: [(&str, &str); 4] = [
+    ("PAYMENTS_LOCK_TIMEOUT_MS", "13100"),
+    ("PAYMENTS_GATEWAY_TIMEOUT_MS", "1200"),
+    ("PAYMENTS_WORKER_INTERVAL_MS", "100"),
+    ("PAYMENTS_COMPLETER_BACKOFF_MS", "0"),
+];
+
+/// A capture whose payment records its gateway wrongly: the gateway that holds the charge
+/// answers, and is not believed (`503`). The capture stands as its authorization's one change, so
+/// every other capture or cancel is refused (the lapse's too), until a person records where the
+/// charge is: `attention retry KEY_ID --gateway` records it on the change and its payment, as on
+/// a payment or a refund, and the `serve`'s completer finishes the capture there, adopting what
+/// the gateway did. (Before, the command found no pending payment or refund under the key and
+/// refused: the authorization stayed blocked for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operator_and_finishes() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "stranded").await.unwrap();
+    let gateway = Process::gateway().await;
+    let serve = Process::serve(&database.url, &gateway.url, &[], &EAGER_SERVE).await;
+    let http = reqwest::Client::new();
+    let post = |path: String, key: &str, body: Value| {
+        let request = http.post(format!("{}{path}", serve.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
+        request.json(&body).send()
+    };
+    let says = |condition: String| {
+        let url = database.url.clone();
+        async move { TestApp::database_says_on(&mut AsyncPgConnection::establish(&url).await.unwrap(), &condition).await }
+    };
+    let authorization = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
+    let authorized: Value = post("/v1/payments".into(), &new_key(), authorization).await.unwrap().json().await.unwrap();
+    let id = authorized["id"].as_str().unwrap();
+    assert_eq!(authorized["status"], "requires_capture");
+    diesel::sql_query(format!("UPDATE payments SET gateway = 'acct_gone' WHERE id = '{id}'"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    // The capture is made at the gateway, whose answer is not believed: it names another.
+    let capture = new_key();
+    let stranded = post(format!("/v1/payments/{id}/capture"), &capture, json!({})).await.unwrap();
+    assert_eq!(stranded.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let cancel = post(format!("/v1/payments/{id}/cancel"), &new_key(), json!({})).await.unwrap();
+    assert_eq!(cancel.status(), StatusCode::BAD_REQUEST, "the stranded capture holds the authorization");
+    // No process reaches `acct_gone`: once nobody has run the key for long, the completer gives up.
+    let ago = STRANDED_AFTER.as_secs() + 60;
+    let aged = format!(
+        "UPDATE idempotency_keys SET last_run_at = now() - interval '{ago} seconds' WHERE idempotency_key = '{capture}'"
+    );
+    diesel::sql_query(aged).execute(&mut conn).await.unwrap();
+    let of_capture = format!("FROM idempotency_keys WHERE idempotency_key = '{capture}'");
+    wait_until(Duration::from_secs(20), "the completer gives up on the stranded capture", || {
+        says(format!("SELECT needs_attention_at IS NOT NULL AND attention_reason LIKE '%acct_gone%' {of_capture}"))
+    })
+    .await;
+
+    let key_id = needing_attention(&mut conn).await.unwrap().remove(0).id;
+    let holder = identity_of(&gateway).await;
+    let env = [("DATABASE_URL", database.url.as_str())];
+    let retried = attention_retry(&key_id.to_string(), &holder, &env).await;
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+
+    wait_until(Duration::from_secs(20), "the completer finishes the capture", || {
+        says(format!("SELECT recovery_point = 'finished' {of_capture}"))
+    })
+    .await;
+    let replay = post(format!("/v1/payments/{id}/capture"), &capture, json!({})).await.unwrap();
+    assert_eq!(replay.status(), StatusCode::OK);
+    let captured: Value = replay.json().await.unwrap();
+    assert_eq!((&captured["status"], &captured["amount_captured"]), (&json!("succeeded"), &json!(5000)));
+    assert_eq!(GatewayControl::new(&gateway.url).all_stats().await["captures"], 1, "captured once, by the first call");
+    let recorded = format!(
+        "SELECT count(*) = 2 FROM audit_records
+         WHERE action IN ('payment_change.gateway_changed', 'payment.gateway_changed') AND actor = 'operator'
+           AND data->>'to' = '{holder}'"
+    );
+    assert!(says(recorded).await, "the change and its payment record the gateway, on the record");
 }
 
 async fn attention_retry(key_id: &str, gateway: &str, env: &[(&str, &str)]) -> std::process::Output {
