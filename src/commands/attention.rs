@@ -41,7 +41,8 @@ pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
 }
 
 /// Hands a key back to the workers, once its cause is fixed; with `gateway`, first records it as
-/// the gateway that holds what the key made (a recorded one that is gone, or was recorded wrongly).
+/// the gateway that holds what the key made (a payment, a refund, a capture or a cancel, whose
+/// recorded gateway is gone, or was recorded wrongly).
 pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) -> anyhow::Result<()> {
     let key_id: Uuid = key_id.parse().context("KEY_ID is the key row's id, as `payments attention list` prints it")?;
     if let Some(gateway) = gateway {
@@ -59,7 +60,8 @@ pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) 
             if let Some(gateway) = gateway {
                 anyhow::ensure!(
                     record_gateway(conn, key_id, gateway).await?,
-                    "no key {key_id} needs attention, unfinished and not being driven, with a pending payment or refund"
+                    "no key {key_id} needs attention, unfinished and not being driven, with a pending payment, refund, \
+                     capture or cancel"
                 );
             }
             anyhow::ensure!(retry_needing_attention(conn, key_id).await?, "no key {key_id} needs attention");
@@ -78,11 +80,11 @@ pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) 
     Ok(())
 }
 
-/// Records `gateway` as the one that holds what the key row `key_id` made: its pending payment,
-/// or its pending refund and that refund's payment (whose next refunds are then asked there
-/// too), each with an operator's audit record. Only for a key that needs attention, is not
-/// finished and that nobody drives (its row is locked first, so no phase commits meanwhile);
-/// whether it recorded anything.
+/// Records `gateway` as the one that holds what the key row `key_id` made: its pending payment;
+/// or its pending refund, or its pending capture or cancel, and, with either, that one's payment
+/// (whose next refunds and changes are then asked there too), each with an operator's audit
+/// record. Only for a key that needs attention, is not finished and that nobody drives (its row
+/// is locked first, so no phase commits meanwhile); whether it recorded anything.
 async fn record_gateway(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: &str) -> diesel::QueryResult<bool> {
     let recorded = diesel::sql_query(
         "WITH key AS (
@@ -94,15 +96,24 @@ async fn record_gateway(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: &st
              SELECT r.account_id, r.id, r.payment_id, r.gateway FROM refunds r, key
              WHERE r.account_id = key.account_id AND r.idempotency_key_id = key.id AND r.status = 'pending'
              FOR UPDATE OF r
+         ), change AS (
+             SELECT c.account_id, c.id, c.payment_id, c.gateway FROM payment_changes c, key
+             WHERE c.account_id = key.account_id AND c.idempotency_key_id = key.id AND c.status = 'pending'
+             FOR UPDATE OF c
          ), payment AS (
              SELECT p.account_id, p.id, p.gateway FROM payments p, key
              WHERE p.account_id = key.account_id
-               AND (p.idempotency_key_id = key.id AND p.status = 'pending' OR p.id IN (SELECT payment_id FROM refund))
+               AND (p.idempotency_key_id = key.id AND p.status = 'pending'
+                    OR p.id IN (SELECT payment_id FROM refund UNION ALL SELECT payment_id FROM change))
              FOR UPDATE OF p
          ), moved_refund AS (
              UPDATE refunds r SET gateway = $2, updated_at = now() FROM refund
              WHERE r.account_id = refund.account_id AND r.id = refund.id
              RETURNING r.account_id, r.id
+         ), moved_change AS (
+             UPDATE payment_changes c SET gateway = $2, updated_at = now() FROM change
+             WHERE c.account_id = change.account_id AND c.id = change.id
+             RETURNING c.account_id, c.id
          ), moved_payment AS (
              UPDATE payments p SET gateway = $2, updated_at = now() FROM payment
              WHERE p.account_id = payment.account_id AND p.id = payment.id
@@ -112,6 +123,10 @@ async fn record_gateway(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: &st
          SELECT account_id, 'refund.gateway_changed', 'refund', id, 'operator',
                 jsonb_build_object('from', gateway, 'to', $2::text)
          FROM refund WHERE EXISTS (SELECT FROM moved_refund)
+         UNION ALL
+         SELECT account_id, 'payment_change.gateway_changed', 'payment_change', id, 'operator',
+                jsonb_build_object('from', gateway, 'to', $2::text)
+         FROM change WHERE EXISTS (SELECT FROM moved_change)
          UNION ALL
          SELECT account_id, 'payment.gateway_changed', 'payment', id, 'operator',
                 jsonb_build_object('from', gateway, 'to', $2::text)

@@ -285,6 +285,29 @@ async fn on_citus_the_completer_finishes_a_payment_its_client_left() {
     assert_eq!(app.gateway.all_stats().await["charges"], 1, "charged once: the look-up found it");
 }
 
+/// The completer's choice of the keys it can drive reads what each key made, on the key's own
+/// shard: a key made at another gateway is left alone, and given up on for a person once nobody
+/// has run it for long.
+#[tokio::test]
+async fn on_citus_the_completer_leaves_a_key_made_at_another_gateway_and_gives_up_on_it_once_nobody_runs_it() {
+    let Some((_turn, app)) = app_on_citus("on_citus_the_completer_leaves_a_key_made_elsewhere").await else { return };
+    let (key, body) = (new_key(), crate::helpers::payment_body());
+    app.gateway.fault("error_after", 1).await;
+    assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    app.run_sql(&format!("UPDATE payments SET gateway = 'acct_elsewhere' WHERE idempotency_key = '{key}'")).await;
+    let completer = app.workers().completer;
+
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Idle);
+    let ago = payments_service::idempotency::STRANDED_AFTER.as_secs() + 60;
+    app.run_sql(&format!("UPDATE idempotency_keys SET last_run_at = now() - interval '{ago} seconds'")).await;
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Worked);
+
+    let given_up = "SELECT needs_attention_at IS NOT NULL AND completer_attempts = 0
+                           AND attention_reason LIKE '%acct_elsewhere%' FROM idempotency_keys";
+    assert!(app.database_says(given_up).await);
+    assert_eq!(app.gateway.stats().await.look_ups, 0, "never looked up at a gateway that does not hold it");
+}
+
 #[tokio::test]
 async fn on_citus_every_worker_takes_its_work_one_account_at_a_time() {
     let Some((_turn, app)) = app_on_citus("on_citus_every_worker_takes_its_work").await else { return };

@@ -190,7 +190,7 @@ impl From<DriveError> for ApiError {
             DriveError::InFlight | DriveError::Phase(PhaseError::LockLost) => ApiError::InFlight,
             // The gateway was not asked, or gave no definitive answer, or the request waits for a
             // process that reaches its gateway: either way its outcome is not known yet.
-            DriveError::OutcomeUnknown(_) => ApiError::GatewayUnavailable,
+            DriveError::OutcomeUnknown(_) | DriveError::HeldElsewhere(_) => ApiError::GatewayUnavailable,
             DriveError::Phase(PhaseError::Store(error)) => error.into(),
             DriveError::Phase(error @ PhaseError::Inconsistent(_)) => ApiError::Internal(error.to_string()),
         }

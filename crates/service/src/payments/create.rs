@@ -260,12 +260,12 @@ impl<'a> PaymentPhases<'a> {
                 run.check_lease_outlasts(call)?;
                 let looked_up = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
                 let from_recorded = looked_up.is_from(recorded);
-                let by = looked_up.by().to_owned();
+                let (by, named) = (looked_up.by().to_owned(), looked_up.named.is_some());
                 match protocol::after_look_up(looked_up.found(), made_now, from_recorded) {
                     AfterLookUp::Adopt(found) => Some(found),
                     AfterLookUp::Request => None,
                     AfterLookUp::WrongGateway => {
-                        return Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(recorded, &by))));
+                        return Err(WrongGateway::new(recorded, &by, named).into());
                     }
                 }
             }

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use diesel_async::AsyncPgConnection;
 use tracing::Instrument;
 
 use super::{Outcome, Worker};
@@ -10,7 +11,7 @@ use crate::audit::Actor;
 use crate::config::WorkerSettings;
 use crate::db;
 use crate::idempotency::{
-    Abandoned, DriveError, Reason, StoredResponse, claim_abandoned, mark_needs_attention, release,
+    Abandoned, DriveError, Reason, StoredResponse, claim_abandoned, give_up_on_stranded, mark_needs_attention, release,
 };
 use crate::metrics::{CompleterOutcome, Unfinished};
 use crate::request_id::RequestId;
@@ -18,7 +19,10 @@ use crate::state::AppState;
 use crate::{captures, payments, refunds};
 
 /// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
-/// between attempts; after `max_attempts` it gives up, and the key needs attention.
+/// between attempts; after `max_attempts` it gives up, and the key needs attention. It takes only
+/// keys it can drive: those made at the gateway its process reaches, or at none yet, or past their
+/// gateway call. A key made at another gateway is left to a process that reaches it; one that no
+/// such process has run for [`STRANDED_AFTER`](crate::idempotency::STRANDED_AFTER) is given up on.
 pub struct Completer {
     state: Arc<AppState>,
     backoff: Duration,
@@ -44,10 +48,11 @@ impl Worker for Completer {
 impl Completer {
     async fn complete_one(&self, run: &RequestId) -> anyhow::Result<Outcome> {
         let metrics = &self.state.metrics;
+        let gateway = self.gateway().await;
         let mut conn = db::connect(&self.state.db).await?;
         let lease = self.state.settings.lock_timeout;
-        let Some(abandoned) = claim_abandoned(&mut conn, lease, self.backoff, run).await? else {
-            return Ok(Outcome::Idle);
+        let Some(abandoned) = claim_abandoned(&mut conn, gateway.as_deref(), lease, self.backoff, run).await? else {
+            return self.give_up_on_stranded(&mut conn, gateway.as_deref(), run).await;
         };
         drop(conn);
         let (lock, attempt) = (abandoned.lock.clone(), abandoned.attempts);
@@ -56,6 +61,11 @@ impl Completer {
             Ok(response) => {
                 metrics.completer_run(CompleterOutcome::Finished);
                 tracing::info!(%key_id, attempt, response.status = response.status, "finished an abandoned request");
+            }
+            // Handed back as it was taken (see `Run::drive`): no attempt of the key's was spent.
+            Err(error @ DriveError::HeldElsewhere(_)) => {
+                metrics.completer_run(CompleterOutcome::HandedBack);
+                tracing::info!(%key_id, %error, "handed an abandoned request back to a process that reaches its gateway");
             }
             Err(error) if attempt >= self.max_attempts => {
                 let mut conn = db::connect(&self.state.db).await?;
@@ -74,6 +84,39 @@ impl Completer {
             }
         }
         Ok(Outcome::Worked)
+    }
+
+    /// The gateway this process reaches, which decides the keys its completer can drive: the one
+    /// it knows, or, before any answer named one, the one its gateway says it is when asked; none
+    /// while it cannot be asked (then only keys made at no gateway yet, or past their gateway call,
+    /// are taken).
+    async fn gateway(&self) -> Option<Arc<str>> {
+        match self.state.gateway.known_id() {
+            Some(known) => Some(known),
+            None => self.state.gateway.id().await.ok(),
+        }
+    }
+
+    /// With nothing to take, gives up on the keys made at another gateway that no process reaching
+    /// theirs has run for a long while (see [`give_up_on_stranded`]): each needs a person.
+    async fn give_up_on_stranded(
+        &self,
+        conn: &mut AsyncPgConnection,
+        gateway: Option<&str>,
+        run: &RequestId,
+    ) -> anyhow::Result<Outcome> {
+        let Some(gateway) = gateway else { return Ok(Outcome::Idle) };
+        let code = Unfinished::UnknownOutcome.as_str();
+        let given_up = give_up_on_stranded(conn, gateway, code, run).await?;
+        for key_id in &given_up {
+            self.state.metrics.completer_run(CompleterOutcome::GaveUp);
+            tracing::error!(
+                %key_id, gateway.account = gateway,
+                "gave up on a request made at another gateway that no process reaching it has run for long: it needs \
+                 attention (see `payments attention list`)"
+            );
+        }
+        Ok(if given_up.is_empty() { Outcome::Idle } else { Outcome::Worked })
     }
 }
 
