@@ -113,8 +113,10 @@ async fn distributed_as_on_one_node(url: &str) -> (Vec<Placed>, (Vec<String>, Ve
 }
 
 #[tokio::test]
-async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
-    let Some(citus) = CitusDatabase::create("the_schema_distributes_by_account_colocated").await else { return };
+async fn on_citus_the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
+    let Some(citus) = CitusDatabase::create("on_citus_the_schema_distributes_by_account_colocated").await else {
+        return;
+    };
     let (code, output) = migrate_distribute(&citus.url).await;
     assert_eq!(code, Some(0), "{output}");
     assert!(output.contains("distributed payments: by account_id"), "{output}");
@@ -358,8 +360,8 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_neve
 }
 
 #[tokio::test]
-async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_them() {
-    let Some(_turn) = CitusDatabase::turn("serve_with_citus_workers").await else { return };
+async fn on_citus_serve_with_workers_starts_a_coordinator_and_workers_and_pays_on_them() {
+    let Some(_turn) = CitusDatabase::turn("on_citus_serve_with_workers").await else { return };
     let data = std::env::temp_dir().join(format!("payments-citus-serve-{}", uuid::Uuid::new_v4().simple()));
     let data_dir = data.to_str().unwrap();
     let server = Process::serve_with(&["serve", "--citus-workers", "2", "--data-dir", data_dir], &[]).await;
@@ -386,8 +388,8 @@ async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_t
 /// Processes killed and paused, worker nodes crashed, crash points, gateway faults and
 /// misdelivered events, on Citus.
 #[tokio::test]
-async fn chaos_on_citus_kills_crashes_and_faults_and_every_invariant_holds() {
-    let Some(_turn) = CitusDatabase::turn("chaos_on_citus").await else { return };
+async fn on_citus_chaos_kills_crashes_and_faults_and_every_invariant_holds() {
+    let Some(_turn) = CitusDatabase::turn("on_citus_chaos").await else { return };
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
     command.args(["chaos", "--citus-workers", "2", "--keys", "50"]).env("RUST_BACKTRACE", "0");
     let output = command.output().await.unwrap();
