@@ -467,12 +467,9 @@ async fn a_refund_racing_its_payments_capture_is_decided_on_the_capture_never_a_
         ))
         .await;
     let (key, body) = (new_key(), json!({ "payment": id, "amount": 3000 }));
-    let release = async {
-        let waits = || capture.is_waited_for();
-        crate::helpers::wait_until(std::time::Duration::from_secs(10), "the refund waits for the capture", waits).await;
-        capture.commit().await;
-    };
-    let (refund, ()) = tokio::join!(app.post_refund(&key, &body), release);
+    let release = capture.commit_once_waited_for(std::time::Duration::from_secs(10));
+    let (refund, released) = tokio::join!(app.post_refund(&key, &body), release);
+    released.expect("the refund waits for the capture");
     assert_eq!(refund.status(), StatusCode::CREATED, "{:?}", refund.text().await);
     let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
     assert_eq!((&payment["amount_captured"], &payment["amount_refunded"]), (&json!(4000), &json!(3000)));
@@ -506,12 +503,9 @@ async fn a_change_refused_because_the_charge_was_captured_meanwhile_leaves_no_ro
         .await;
     record.run(&format!("DELETE FROM open_authorizations WHERE payment_id = '{id}'")).await;
     let (key, body) = (new_key(), json!({}));
-    let release = async {
-        let waits = || record.is_waited_for();
-        crate::helpers::wait_until(std::time::Duration::from_secs(10), "the capture waits for the record", waits).await;
-        record.commit().await;
-    };
-    let (capture, ()) = tokio::join!(app.change(&id, "capture", &key, &body), release);
+    let release = record.commit_once_waited_for(std::time::Duration::from_secs(10));
+    let (capture, released) = tokio::join!(app.change(&id, "capture", &key, &body), release);
+    released.expect("the capture waits for the record");
     // The payment ended with the cancel's record: the capture finds it captured, and is refused.
     assert_eq!(problem_type(capture).await, (StatusCode::BAD_REQUEST, "payment-not-capturable".into()));
     assert!(app.database_says(&format!("(SELECT count(*) = 1 FROM payment_changes WHERE payment_id = '{id}')")).await);
