@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::process::Command;
 
-use crate::helpers::{CitusDatabase, GatewayControl, Process, TestApp, TestDatabase, new_key};
+use crate::helpers::{CitusDatabase, GatewayControl, HeldProxy, Process, TestApp, TestDatabase, new_key};
 use payments_service::db::migrate::MIGRATIONS;
 use payments_service::workers::{Outcome, Worker};
 
@@ -329,9 +329,13 @@ async fn on_citus_every_worker_takes_its_work_one_account_at_a_time() {
 async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_never_410_and_charged_once() {
     let Some(citus) = CitusDatabase::create("on_citus_one_new_key_sent_thirty_times").await else { return };
     let gateway = Process::gateway().await;
-    let env = [("PAYMENTS_DISTRIBUTE", "1")];
-    let first = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await;
-    let second = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await;
+    // The charge held at the gateway while the other 29 requests are answered, and long gateway
+    // timeouts (and leases to match), so that it still is answered then.
+    let proxy = HeldProxy::holding(&gateway.url, HeldProxy::charges);
+    let held = [("PAYMENTS_GATEWAY_TIMEOUT_MS", "60000"), ("PAYMENTS_LOCK_TIMEOUT_MS", "200000")];
+    let env = [[("PAYMENTS_DISTRIBUTE", "1")].as_slice(), &held].concat();
+    let first = Process::serve(&citus.url, &proxy.url, &["--no-workers"], &env).await;
+    let second = Process::serve(&citus.url, &proxy.url, &["--no-workers"], &held).await;
     let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "racing on citus").await.unwrap();
     let http = reqwest::Client::new();
@@ -340,12 +344,21 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_neve
         let sent = (0..30).map(|n| {
             let server = if n % 2 == 0 { &first } else { &second };
             let request = http.post(format!("{}/v1/payments", server.url)).bearer_auth(&api_key);
-            request.header("Idempotency-Key", &key).json(&body).send()
+            let sent = request.header("Idempotency-Key", &key).json(&body).send();
+            async move { sent.await.unwrap().status().as_u16() }
         });
-        let statuses = statuses_of(sent).await;
+        let race = proxy.race(sent.collect()).await;
+        let statuses = &race.statuses;
         // On a loaded machine a step may run out of time, and the service fails closed (503);
         // what must never come is a 410 for a key still in flight.
-        assert!(statuses.iter().all(|status| [201, 409, 503].contains(status)), "round {round}: {statuses:?}");
+        assert!(statuses.iter().all(|status| [201, 409, 503].contains(status)), "round {round}: {race:?}");
+        // At most one charge went out, and the race itself was decided: a request answered while
+        // it was in flight found the key taken (`409`), or the one that took it made the payment.
+        assert!(race.calls <= 1, "round {round}: {race:?}");
+        let decided = race.while_held.contains(&409) || statuses.contains(&201);
+        assert!(decided, "round {round}: no answer came from the race itself, every one failed closed: {race:?}");
+        // A charge not made yet (its request failed closed before it) is let through when asked again.
+        proxy.release(1 - race.calls);
         // Asked again while it is in flight or failed closed, the key ends as one payment.
         let asked = || async {
             let request = http.post(format!("{}/v1/payments", first.url)).bearer_auth(&api_key);
@@ -409,12 +422,14 @@ async fn on_citus_chaos_kills_crashes_and_faults_and_every_invariant_holds() {
 
 #[tokio::test]
 async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_money_rules() {
+    use crate::captures::{HELD_CHANGES_ENV, one_change_wins_while_it_is_in_flight};
     let Some(citus) = CitusDatabase::create("on_citus_captures_cancels_and_refunds_racing").await else { return };
     let gateway = Process::gateway().await;
-    let env = [("PAYMENTS_DISTRIBUTE", "1")];
+    let proxy = HeldProxy::holding(&gateway.url, HeldProxy::changes);
+    let env = [[("PAYMENTS_DISTRIBUTE", "1")].as_slice(), &HELD_CHANGES_ENV].concat();
     let servers = [
-        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await,
-        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await,
+        Process::serve(&citus.url, &proxy.url, &["--no-workers"], &env).await,
+        Process::serve(&citus.url, &proxy.url, &["--no-workers"], &HELD_CHANGES_ENV).await,
     ];
     let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "racing money on citus").await.unwrap();
@@ -436,18 +451,18 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     };
+    let control = GatewayControl::new(&gateway.url);
     for round in 0..3 {
-        // Twelve captures and cancels of one authorization at once: exactly one wins.
+        // Twelve captures and cancels of one authorization at once, the first to reach the gateway
+        // held there: exactly one wins.
         let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
         let authorized: Value = post(&servers[0], "/v1/payments".into(), body).await.unwrap().json().await.unwrap();
         let id = authorized["id"].as_str().unwrap().to_owned();
-        let racing = (0..12).map(|n| {
-            let action = if n % 2 == 0 { "capture" } else { "cancel" };
-            post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}))
-        });
-        let statuses = statuses_of(racing).await;
-        assert_eq!(statuses.iter().filter(|&&status| status == 200).count(), 1, "round {round}: {statuses:?}");
-        assert!(statuses.iter().all(|&status| status == 200 || status == 400), "round {round}: {statuses:?}");
+        let change = |n: usize, action: &str| {
+            let sent = post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}));
+            async move { sent.await.unwrap().status().as_u16() }
+        };
+        one_change_wins_while_it_is_in_flight(&proxy, &control, round, change).await;
 
         // Eight refunds of 1,000 at once of a payment of 5,000: five fit, three are refused.
         let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa" });
@@ -458,7 +473,7 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
         assert_eq!(statuses.iter().filter(|&&status| status == 201).count(), 5, "round {round}: {statuses:?}");
         assert_eq!(statuses.iter().filter(|&&status| status == 400).count(), 3, "round {round}: {statuses:?}");
     }
-    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    let stats = control.all_stats().await;
     assert_eq!(stats["captures"].as_u64().unwrap() + stats["cancels"].as_u64().unwrap(), 3, "{stats}");
     assert_eq!(stats["refunds"], 15, "{stats}");
 }
