@@ -1,7 +1,10 @@
 //! Authorize now, capture later: a payment made with `capture: false` is only authorized, its money
 //! held at the gateway until a capture or a cancel ends the authorization, or it lapses.
 
+use std::os::unix::process::ExitStatusExt;
+
 use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -313,19 +316,29 @@ async fn a_capture_or_cancel_crashed_before_or_after_the_gateway_is_done_once_by
         // Between `started` and the gateway's call; between its answer and its recording; and
         // between that and `finished`.
         for (n, point) in ["after_started", "after_change", "after_change_created"].into_iter().enumerate() {
-            let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+            let mut server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
             let authorized = post(&server, "/v1/payments", &new_key(), &authorization(5000, "tok_visa")).await.unwrap();
             let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
             let (key, path) = (new_key(), format!("/v1/payments/{id}/{kind}"));
             let crash =
                 http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", &key);
             let crashed = crash.header("X-Fault-Inject", format!("crash={point}")).json(&body).send().await;
-            assert!(crashed.is_err(), "{kind} {point}: the process died");
+            assert!(crashed.is_err(), "{kind} {point}: the connection dies with the process");
+            let status = server.exited().await;
+            assert_eq!(status.signal(), Some(Signal::SIGABRT as i32), "{kind} {point}: aborted, no clean-up");
+            // The key stands where the crash left it: its change made, and (once the gateway's
+            // answer is recorded) the answer with it.
+            let left_at = match point {
+                "after_change_created" => format!("{kind}_created"),
+                _ => "started".to_owned(),
+            };
+            assert_eq!(key_point(&database.url, &key).await, left_at, "{kind} {point}");
             // Another process takes the retry, once the dead one's lease on the key is over.
             end_the_leases(&database.url).await;
             let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
             let retried = post(&server, &path, &key, &body).await.unwrap();
             assert_eq!(retried.status(), StatusCode::OK, "{kind} {point}");
+            assert_eq!(key_point(&database.url, &key).await, "finished", "{kind} {point}");
             let payment: Value = retried.json().await.unwrap();
             match kind {
                 "capture" => {
@@ -371,6 +384,15 @@ async fn a_capture_refused_because_the_gateway_cancelled_the_authorization_leave
     let cancel = app.change(&id, "cancel", &new_key(), &json!({})).await;
     assert_eq!(problem_type(cancel).await, (StatusCode::BAD_REQUEST, "payment-not-cancelable".into()));
     assert_eq!(app.gateway.all_stats().await["captures"], 0);
+}
+
+/// The recovery point of the key `key` (one account's in the database at `url`).
+async fn key_point(url: &str, key: &str) -> String {
+    use diesel::prelude::*;
+    use payments_service::db::schema::idempotency_keys as k;
+    let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+    let point = k::table.filter(k::idempotency_key.eq(key)).select(k::recovery_point);
+    diesel_async::RunQueryDsl::get_result(point, &mut conn).await.unwrap()
 }
 
 /// Ends the lease of every held key now, as time would for a dead process's.
