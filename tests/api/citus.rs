@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::process::Command;
 
-use crate::helpers::{CitusDatabase, GatewayControl, Process, TestApp, TestDatabase, new_key};
+use crate::helpers::{CitusDatabase, GatewayControl, HeldProxy, Process, TestApp, TestDatabase, new_key};
 use payments_service::db::migrate::MIGRATIONS;
 use payments_service::workers::{Outcome, Worker};
 
@@ -113,8 +113,10 @@ async fn distributed_as_on_one_node(url: &str) -> (Vec<Placed>, (Vec<String>, Ve
 }
 
 #[tokio::test]
-async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
-    let Some(citus) = CitusDatabase::create("the_schema_distributes_by_account_colocated").await else { return };
+async fn on_citus_the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
+    let Some(citus) = CitusDatabase::create("on_citus_the_schema_distributes_by_account_colocated").await else {
+        return;
+    };
     let (code, output) = migrate_distribute(&citus.url).await;
     assert_eq!(code, Some(0), "{output}");
     assert!(output.contains("distributed payments: by account_id"), "{output}");
@@ -350,9 +352,13 @@ async fn on_citus_every_worker_takes_its_work_one_account_at_a_time() {
 async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_never_410_and_charged_once() {
     let Some(citus) = CitusDatabase::create("on_citus_one_new_key_sent_thirty_times").await else { return };
     let gateway = Process::gateway().await;
-    let env = [("PAYMENTS_DISTRIBUTE", "1")];
-    let first = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await;
-    let second = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await;
+    // The charge held at the gateway while the other 29 requests are answered, and long gateway
+    // timeouts (and leases to match), so that it still is answered then.
+    let proxy = HeldProxy::holding(&gateway.url, HeldProxy::charges);
+    let held = [("PAYMENTS_GATEWAY_TIMEOUT_MS", "60000"), ("PAYMENTS_LOCK_TIMEOUT_MS", "200000")];
+    let env = [[("PAYMENTS_DISTRIBUTE", "1")].as_slice(), &held].concat();
+    let first = Process::serve(&citus.url, &proxy.url, &["--no-workers"], &env).await;
+    let second = Process::serve(&citus.url, &proxy.url, &["--no-workers"], &held).await;
     let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "racing on citus").await.unwrap();
     let http = reqwest::Client::new();
@@ -361,12 +367,21 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_neve
         let sent = (0..30).map(|n| {
             let server = if n % 2 == 0 { &first } else { &second };
             let request = http.post(format!("{}/v1/payments", server.url)).bearer_auth(&api_key);
-            request.header("Idempotency-Key", &key).json(&body).send()
+            let sent = request.header("Idempotency-Key", &key).json(&body).send();
+            async move { sent.await.unwrap().status().as_u16() }
         });
-        let statuses = statuses_of(sent).await;
+        let race = proxy.race(sent.collect()).await;
+        let statuses = &race.statuses;
         // On a loaded machine a step may run out of time, and the service fails closed (503);
         // what must never come is a 410 for a key still in flight.
-        assert!(statuses.iter().all(|status| [201, 409, 503].contains(status)), "round {round}: {statuses:?}");
+        assert!(statuses.iter().all(|status| [201, 409, 503].contains(status)), "round {round}: {race:?}");
+        // At most one charge went out, and the race itself was decided: a request answered while
+        // it was in flight found the key taken (`409`), or the one that took it made the payment.
+        assert!(race.calls <= 1, "round {round}: {race:?}");
+        let decided = race.while_held.contains(&409) || statuses.contains(&201);
+        assert!(decided, "round {round}: no answer came from the race itself, every one failed closed: {race:?}");
+        // A charge not made yet (its request failed closed before it) is let through when asked again.
+        proxy.release(1 - race.calls);
         // Asked again while it is in flight or failed closed, the key ends as one payment.
         let asked = || async {
             let request = http.post(format!("{}/v1/payments", first.url)).bearer_auth(&api_key);
@@ -381,8 +396,8 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_neve
 }
 
 #[tokio::test]
-async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_them() {
-    let Some(_turn) = CitusDatabase::turn("serve_with_citus_workers").await else { return };
+async fn on_citus_serve_with_workers_starts_a_coordinator_and_workers_and_pays_on_them() {
+    let Some(_turn) = CitusDatabase::turn("on_citus_serve_with_workers").await else { return };
     let data = std::env::temp_dir().join(format!("payments-citus-serve-{}", uuid::Uuid::new_v4().simple()));
     let data_dir = data.to_str().unwrap();
     let server = Process::serve_with(&["serve", "--citus-workers", "2", "--data-dir", data_dir], &[]).await;
@@ -409,33 +424,32 @@ async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_t
 /// Processes killed and paused, worker nodes crashed, crash points, gateway faults and
 /// misdelivered events, on Citus.
 #[tokio::test]
-async fn chaos_on_citus_kills_crashes_and_faults_and_every_invariant_holds() {
-    let Some(_turn) = CitusDatabase::turn("chaos_on_citus").await else { return };
+async fn on_citus_chaos_kills_crashes_and_faults_and_every_invariant_holds() {
+    let Some(_turn) = CitusDatabase::turn("on_citus_chaos").await else { return };
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
     command.args(["chaos", "--citus-workers", "2", "--keys", "50"]).env("RUST_BACKTRACE", "0");
     let output = command.output().await.unwrap();
     let table = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{table}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(table.ends_with("every invariant held\n"), "{table}");
-    assert!(!table.contains("BROKEN"), "{table}");
+    crate::chaos::every_invariant_held(&table);
     // The storm happened on the distributed database too, its workers crashed and started again.
     let rows =
         ["kills (SIGKILL)", "Citus workers crashed", "gateway faults", "captures and cancels (keys)", "refunds (keys)"];
     for row in rows {
-        let line = table.lines().find(|line| line.trim_start().starts_with(row)).unwrap_or_else(|| panic!("{row}"));
-        let count: u64 = line.trim_start()[row.len()..].split_whitespace().next().unwrap().parse().unwrap();
-        assert!(count > 0, "{row}: {table}");
+        assert!(crate::chaos::count(&table, row) > 0, "{row}: {table}");
     }
 }
 
 #[tokio::test]
 async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_money_rules() {
+    use crate::captures::{HELD_CHANGES_ENV, one_change_wins_while_it_is_in_flight};
     let Some(citus) = CitusDatabase::create("on_citus_captures_cancels_and_refunds_racing").await else { return };
     let gateway = Process::gateway().await;
-    let env = [("PAYMENTS_DISTRIBUTE", "1")];
+    let proxy = HeldProxy::holding(&gateway.url, HeldProxy::changes);
+    let env = [[("PAYMENTS_DISTRIBUTE", "1")].as_slice(), &HELD_CHANGES_ENV].concat();
     let servers = [
-        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await,
-        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await,
+        Process::serve(&citus.url, &proxy.url, &["--no-workers"], &env).await,
+        Process::serve(&citus.url, &proxy.url, &["--no-workers"], &HELD_CHANGES_ENV).await,
     ];
     let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "racing money on citus").await.unwrap();
@@ -457,18 +471,18 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     };
+    let control = GatewayControl::new(&gateway.url);
     for round in 0..3 {
-        // Twelve captures and cancels of one authorization at once: exactly one wins.
+        // Twelve captures and cancels of one authorization at once, the first to reach the gateway
+        // held there: exactly one wins.
         let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
         let authorized: Value = post(&servers[0], "/v1/payments".into(), body).await.unwrap().json().await.unwrap();
         let id = authorized["id"].as_str().unwrap().to_owned();
-        let racing = (0..12).map(|n| {
-            let action = if n % 2 == 0 { "capture" } else { "cancel" };
-            post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}))
-        });
-        let statuses = statuses_of(racing).await;
-        assert_eq!(statuses.iter().filter(|&&status| status == 200).count(), 1, "round {round}: {statuses:?}");
-        assert!(statuses.iter().all(|&status| status == 200 || status == 400), "round {round}: {statuses:?}");
+        let change = |n: usize, action: &str| {
+            let sent = post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}));
+            async move { sent.await.unwrap().status().as_u16() }
+        };
+        one_change_wins_while_it_is_in_flight(&proxy, &control, round, change).await;
 
         // Eight refunds of 1,000 at once of a payment of 5,000: five fit, three are refused.
         let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa" });
@@ -479,7 +493,7 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
         assert_eq!(statuses.iter().filter(|&&status| status == 201).count(), 5, "round {round}: {statuses:?}");
         assert_eq!(statuses.iter().filter(|&&status| status == 400).count(), 3, "round {round}: {statuses:?}");
     }
-    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    let stats = control.all_stats().await;
     assert_eq!(stats["captures"].as_u64().unwrap() + stats["cancels"].as_u64().unwrap(), 3, "{stats}");
     assert_eq!(stats["refunds"], 15, "{stats}");
 }
