@@ -16,8 +16,8 @@
 //! With the look-up before re-charging switched off, in the model (its broken rule) and in the
 //! service (a switch only a test build has), the walk takes the shortest path to a double charge
 //! and the gateway makes two charges where the model says. And the rules the service states in
-//! SQL (the claim, a refund's fit) decide, in every situation the protocol's functions name, as
-//! those functions do.
+//! SQL (the claim, the fence, a refund's fit, a change of an authorization) decide, in every
+//! situation the protocol's functions name, as those functions do.
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
@@ -29,8 +29,11 @@ use nix::sys::signal::Signal;
 use payments_model::{Action, Answer, Gateway, Mutant, Pc, Point, Protocol, State};
 use payments_protocol::test_switches;
 use payments_protocol::{Claim, Found, Lease, Refusal};
+use payments_service::audit::Actor;
 use payments_service::db::schema::payments;
-use payments_service::idempotency::{Claim as Claimed, claim};
+use payments_service::idempotency::{
+    Claim as Claimed, PhaseError, Reason, RecoveryPoint, StoredResponse, Transition, atomic_phase, claim,
+};
 use payments_service::workers::{Outcome as Worked, Worker};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -41,8 +44,8 @@ use stateright::Model;
 use tokio::task::JoinHandle;
 
 use crate::helpers::{
-    GatewayControl, GatewayStats, KeyRowId, Lock as KeyLock, Process, TestApp, TestWrites, new_key, payment_body,
-    wait_for,
+    GatewayControl, GatewayStats, KeyRowId, Lock as KeyLock, Process, TestApp, TestWrites, audited_phase, new_key,
+    payment_body, wait_for,
 };
 
 /// How long a gateway call may take: long enough for a slow machine's first answers, short enough
@@ -831,4 +834,149 @@ async fn the_refunds_statement_decides_as_the_protocols_rule_says() {
             }
         }
     }
+}
+
+/// The fence's rule lives in SQL (every phase's statement moves the key row only `WHERE ..
+/// lock_token = {key.token}`, `idempotency/phase.rs`; the release is fenced the same way): for a
+/// row that carries the driver's token, another driver's or none (let go, or finished), with the
+/// lease live or over, each transition of a phase, and the release, commit exactly when
+/// `payments_protocol::commits` says, which is what the model checks.
+#[tokio::test]
+async fn the_fence_decides_as_the_protocols_rule_says() {
+    // The model's tokens: the driver's is 1, another driver's 2.
+    let situations = [
+        ("the driver's token, its lease live", Some(1), "started", false),
+        ("the driver's token, its lease over", Some(1), "started", true),
+        ("another's token, its lease live", Some(2), "started", false),
+        ("another's token, its lease over", Some(2), "started", true),
+        ("no token: let go", None, "started", false),
+        ("no token: finished", None, "finished", false),
+    ];
+    let app = TestApp::spawn().await;
+    let mut conn = app.db().await;
+    for (situation, row_token, point, lease_over) in situations {
+        for step in ["stay", "advance", "finish", "release"] {
+            let request = app.key_request();
+            let mut lock = request.claim(&app).await;
+            let id = lock.key_id;
+            let until = if lease_over { "now() - interval '1 second'" } else { "now() + interval '1 minute'" };
+            let row = match row_token {
+                Some(1) => format!("locked_until = {until}"),
+                Some(_) => format!("lock_token = gen_random_uuid(), locked_until = {until}"),
+                None => "lock_token = NULL, locked_until = NULL".to_owned(),
+            };
+            app.run_sql(&format!("UPDATE idempotency_keys SET {row} WHERE id = '{id}'")).await;
+            if point == "finished" {
+                app.run_sql(&finish(id)).await;
+            }
+            let before = app.key_row(request.key.as_str()).await.expect("the key row");
+            let transition = match step {
+                "stay" => Some(Transition::Stay),
+                "advance" => Some(Transition::Advance(RecoveryPoint::ChargeCreated)),
+                "finish" => Some(Transition::Finish {
+                    response: StoredResponse { status: 201, body: b"{}".to_vec() },
+                    retention: Duration::from_secs(60),
+                }),
+                _ => None,
+            };
+            let committed = match transition {
+                Some(transition) => {
+                    let phase = atomic_phase::<TestWrites, KeyRowId>(
+                        &mut conn,
+                        app.routing(),
+                        &mut lock,
+                        transition,
+                        audited_phase("", ""),
+                    );
+                    match phase.await {
+                        Ok(_) => true,
+                        Err(PhaseError::LockLost) => false,
+                        Err(error) => panic!("{situation}: the phase failed otherwise: {error}"),
+                    }
+                }
+                None => {
+                    let reason = Reason { code: "internal", detail: "the fence's table" };
+                    lock.release(&mut conn, Actor::Api, reason, &request.request_id).await.expect("the release");
+                    let after = app.key_row(request.key.as_str()).await.expect("the key row");
+                    before.lock_token.is_some() && after.lock_token.is_none()
+                }
+            };
+            let after = app.key_row(request.key.as_str()).await.expect("the key row");
+            if !committed {
+                assert_eq!(
+                    (after.recovery_point.as_str(), after.lock_token, after.locked_until),
+                    (before.recovery_point.as_str(), before.lock_token, before.locked_until),
+                    "{situation}, {step}: a phase fenced out leaves the row as it was"
+                );
+            }
+            let rule = payments_protocol::commits(row_token, 1);
+            assert_eq!(committed, rule, "{situation}, {step}: the statement and the rule part");
+        }
+    }
+}
+
+/// The rule of a change of an authorization lives in SQL (`captures/writes.rs`: its `started`
+/// inserts the change only on a payment still `requires_capture`, and the unique index on the
+/// payment's changes that are not `failed` lets one stand): for an authorization open, captured
+/// or cancelled, with no other change, one pending, one that succeeded or one that failed, a
+/// capture and a cancel stand (and reach the gateway) exactly when
+/// `payments_protocol::change_stands` says, which is what the authorization's model checks.
+#[tokio::test]
+async fn a_changes_statement_decides_as_the_protocols_rule_says() {
+    let app = TestApp::spawn().await;
+    let ends = [
+        ("open", None),
+        ("captured", Some("status = 'succeeded', amount_captured = amount")),
+        ("cancelled", Some("status = 'canceled', canceled_at = now()")),
+    ];
+    for (end, ended) in ends {
+        for other in [None, Some("pending"), Some("succeeded"), Some("failed")] {
+            for kind in ["capture", "cancel"] {
+                let authorization =
+                    json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
+                let authorized = app.post_payment(&new_key(), &authorization).await;
+                assert_eq!(authorized.status(), StatusCode::CREATED);
+                let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+                if let Some(ended) = ended {
+                    app.run_sql(&format!("UPDATE payments SET {ended} WHERE id = '{id}'")).await;
+                }
+                if let Some(status) = other {
+                    let failure = if status == "failed" { "'charge_already_captured'" } else { "NULL" };
+                    app.run_sql(&format!(
+                        "INSERT INTO payment_changes (id, account_id, payment_id, idempotency_key_id, idempotency_key,
+                                                      kind, cancellation_reason, status, gateway, failure_code)
+                         SELECT gen_random_uuid(), account_id, id, gen_random_uuid(), '{}', 'cancel',
+                                'requested_by_customer', '{status}', gateway, {failure}
+                         FROM payments WHERE id = '{id}'",
+                        new_key()
+                    ))
+                    .await;
+                }
+                let requests_before = change_requests(&app).await;
+                let url = format!("{}/v1/payments/{id}/{kind}", app.address);
+                let request = app.http.post(url).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+                let answer = request.json(&json!({})).send().await.expect("answered");
+                let status = answer.status();
+                let problem: Value = answer.json().await.unwrap();
+                let stood = match (status, problem["type"].as_str().and_then(|t| t.rsplit('/').next())) {
+                    (StatusCode::OK, _) => true,
+                    (StatusCode::BAD_REQUEST, Some("payment-not-capturable" | "payment-not-cancelable")) => false,
+                    _ => panic!("an answer the rule has no name for: {status} {problem}"),
+                };
+                let asked = change_requests(&app).await - requests_before;
+                let situation = format!("a {kind} of an authorization {end}, another change {other:?}");
+                assert_eq!(asked, u64::from(stood), "{situation}: only a change that stands reaches the gateway");
+                let another_stands = matches!(other, Some("pending" | "succeeded"));
+                let rule = payments_protocol::change_stands(ended.is_none(), another_stands);
+                assert_eq!(stood, rule, "{situation}: the statement and the rule part");
+            }
+        }
+    }
+}
+
+/// The captures and cancels the gateway was asked for.
+async fn change_requests(app: &TestApp) -> u64 {
+    let stats = app.gateway.all_stats().await;
+    let count = |name: &str| stats[name].as_u64().unwrap_or_else(|| panic!("{name} in {stats}"));
+    count("capture_requests") + count("cancel_requests")
 }
