@@ -253,7 +253,7 @@ impl KeyLock {
         let hand_back = diesel::sql_query(
             "WITH handed_back AS (
                  UPDATE idempotency_keys
-                 SET locked_until = NULL, lock_token = NULL, completer_attempts = completer_attempts - 1,
+                 SET locked_until = NULL, lock_token = NULL, completer_attempts = greatest(completer_attempts - 1, 0),
                      last_run_at = $4, nudged_at = coalesce(nudged_at, $5)
                  WHERE account_id = $1 AND id = $2 AND lock_token = $3
                  RETURNING account_id, id, recovery_point

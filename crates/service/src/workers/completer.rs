@@ -1,7 +1,7 @@
 //! The completer: finishes requests that their clients abandoned.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use diesel_async::AsyncPgConnection;
 use tracing::Instrument;
@@ -27,11 +27,18 @@ pub struct Completer {
     state: Arc<AppState>,
     backoff: Duration,
     max_attempts: u32,
+    /// What the gateway said it is when last asked, and when: a gateway that never names itself in
+    /// its answers would otherwise be asked at every run.
+    asked: Mutex<Option<(Arc<str>, Instant)>>,
 }
+
+/// How long what the gateway said it is stands before it is asked again.
+const ASK_AGAIN_AFTER: Duration = Duration::from_secs(60);
 
 impl Completer {
     pub fn new(state: Arc<AppState>, settings: &WorkerSettings) -> Completer {
-        Completer { state, backoff: settings.completer_backoff, max_attempts: settings.completer_max_attempts }
+        let (backoff, max_attempts) = (settings.completer_backoff, settings.completer_max_attempts);
+        Completer { state, backoff, max_attempts, asked: Mutex::new(None) }
     }
 }
 
@@ -91,10 +98,16 @@ impl Completer {
     /// while it cannot be asked (then only keys made at no gateway yet, or past their gateway call,
     /// are taken).
     async fn gateway(&self) -> Option<Arc<str>> {
-        match self.state.gateway.known_id() {
-            Some(known) => Some(known),
-            None => self.state.gateway.id().await.ok(),
+        if let Some(known) = self.state.gateway.known_id() {
+            return Some(known);
         }
+        let fresh = |(id, at): &(Arc<str>, Instant)| (at.elapsed() < ASK_AGAIN_AFTER).then(|| id.clone());
+        if let Some(id) = self.asked.lock().unwrap_or_else(PoisonError::into_inner).as_ref().and_then(fresh) {
+            return Some(id);
+        }
+        let id = self.state.gateway.id().await.ok()?;
+        *self.asked.lock().unwrap_or_else(PoisonError::into_inner) = Some((id.clone(), Instant::now()));
+        Some(id)
     }
 
     /// With nothing to take, gives up on the keys made at another gateway that no process reaching
