@@ -719,3 +719,65 @@ async fn on_citus_an_operator_hands_back_a_key_needing_attention_with_or_without
     let again = attention_retry(&[&other_id.to_string()]).await.unwrap();
     assert!(!again.status.success(), "nothing left to hand back");
 }
+
+/// `payments <args>` with `env`, which must exit before it prints `ready`: its exit code and
+/// what it printed on stderr.
+async fn refused_at_start(args: &[&str], env: &[(&str, &str)], ready: &str) -> (Option<i32>, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    command.args(args).env_remove("DATABASE_URL").env_remove("GATEWAY_URL").envs(env.iter().copied());
+    command.env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = command.kill_on_drop(true).spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        assert!(!line.starts_with(ready), "payments {args:?} started: {line}");
+    }
+    let output = child.wait_with_output().await.unwrap();
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// A role with every grant a service needs on one PostgreSQL, that does not own the tables,
+/// cannot write on Citus: `run_on_shard` takes each shard's metadata lock, which Citus lets a
+/// table's owner alone take. `serve` and `worker` refuse to start as it, with the reason and the
+/// fix (they started, and every POST was then `503 database-unavailable`); a process that started
+/// all the same (its database was down at the time) answers `500`, never calling a refused
+/// permission an unreachable database.
+#[tokio::test]
+async fn on_citus_a_role_that_does_not_own_the_tables_is_refused_at_start_and_never_called_unreachable() {
+    let Some((citus, database)) = distributed("on_citus_a_role_that_does_not_own_the_tables").await else { return };
+    let role = format!("dml_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    conn.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+         GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"
+    ))
+    .await
+    .unwrap();
+    let as_role = citus.url.replace("user=postgres", &format!("user={role}"));
+    assert_ne!(as_role, citus.url);
+
+    let env = [
+        ("DATABASE_URL", as_role.as_str()),
+        ("GATEWAY_URL", "http://127.0.0.1:1"),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
+    let serve = ["serve", "--no-workers"];
+    for (args, ready) in
+        [(&serve[..], payments_service::startup::LISTENING), (&["worker"], payments_service::startup::WORKER_RUNNING)]
+    {
+        let (code, stderr) = refused_at_start(args, &env, ready).await;
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        let said = [role.as_str(), "does not own the distributed tables", "idempotency_keys", "GRANT postgres TO"];
+        assert!(said.iter().all(|words| stderr.contains(words)), "{args:?}: {stderr}");
+    }
+
+    let app = TestApp::builder().database_url(as_role).spawn_on(database).await;
+    let response = app.post_payment(&new_key(), &crate::helpers::payment_body()).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/internal-error");
+    assert_eq!(app.gateway.all_stats().await["charges"], 0);
+}
