@@ -669,3 +669,152 @@ async fn on_citus_the_same_gateway_event_fifty_times_at_once_over_two_servers_is
     let Some((_turn, database)) = distributed("on_citus_the_same_gateway_event_fifty_times").await else { return };
     crate::gateway_events::fifty_times_at_once_over_two_servers(database).await;
 }
+
+/// `payments attention retry KEY_ID [--gateway ID]` on Citus, where a row lock is refused in a
+/// statement that spans shards: the command finds the key's account first, and then locks and
+/// writes by account and id, each statement on the account's shard. A payment stranded on a
+/// gateway that is gone is recorded at the one answering now and handed back, and the completer
+/// charges it there, once; a refund, with its payment, the same way; and a key a worker gave up
+/// on is handed back as it is.
+#[tokio::test]
+async fn on_citus_an_operator_hands_back_a_key_needing_attention_with_or_without_another_gateway() {
+    let Some((_turn, database)) = distributed("on_citus_attention_retry").await else { return };
+    let app = TestApp::builder()
+        .workers(|w| {
+            w.completer_backoff = std::time::Duration::ZERO;
+            w.completer_max_attempts = 1;
+        })
+        .spawn_on(database)
+        .await;
+    let attention_retry = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+        command.args(["attention", "retry"]).args(args).env_remove("DATABASE_URL");
+        command.env("DATABASE_URL", &app.database.url).output()
+    };
+    let needing_attention =
+        async || payments_service::idempotency::needing_attention(&mut app.db().await).await.unwrap();
+
+    // A payment left at `started` by a run that recorded a gateway that is gone: given up on.
+    let (key, body) = (new_key(), crate::helpers::payment_body());
+    let key_id = app.seed_key(&key, &body, "started", crate::helpers::Lock::Free).await;
+    let payment_id = app.seed_payment(key_id, &key, "pending", None).await;
+    app.run_sql(&format!(
+        "UPDATE payments SET gateway = 'acct_gone' WHERE account_id = '{}' AND id = '{payment_id}'",
+        app.account_id
+    ))
+    .await;
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(needing_attention().await.len(), 1);
+
+    let now_answering = app.gateway_id().await;
+    let mut conn = AsyncPgConnection::establish(&app.database.url).await.unwrap();
+    let before = executions(&mut conn).await;
+    let retried = attention_retry(&[&key_id.to_string(), "--gateway", &now_answering]).await.unwrap();
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    // One statement asked every shard: the look-up of the key's account, which locks nothing.
+    let after = executions(&mut conn).await;
+    assert_eq!(after.multi_shard - before.multi_shard, 1, "{before:?} then {after:?}");
+    assert!(needing_attention().await.is_empty());
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::CREATED);
+    assert_eq!(app.gateway.all_stats().await["charges"], 1, "charged once, where it is now recorded");
+
+    // A refund of a payment whose recorded gateway is wrong: the refund and its payment are
+    // recorded at the one answering now, and the refund is made there.
+    let paid = app.paid(1000, "tok_visa").await;
+    let id = paid["id"].as_str().unwrap();
+    app.run_sql(&format!(
+        "UPDATE payments SET gateway = 'acct_wrong' WHERE account_id = '{}' AND id = '{id}'",
+        app.account_id
+    ))
+    .await;
+    let (refund_key, refund) = (new_key(), json!({ "payment": id, "amount": 400 }));
+    assert_eq!(app.post_refund(&refund_key, &refund).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let refund_key_id = app.key_row(&refund_key).await.unwrap().id;
+    assert_eq!(needing_attention().await.iter().map(|key| key.id).collect::<Vec<_>>(), [refund_key_id]);
+    let retried = attention_retry(&[&refund_key_id.to_string(), "--gateway", &now_answering]).await.unwrap();
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let refunded: Value = app.post_refund(&refund_key, &refund).await.json().await.unwrap();
+    assert_eq!(refunded["status"], "succeeded", "{refunded}");
+    let changed = "SELECT count(*) = 3 FROM audit_records WHERE action LIKE '%.gateway_changed' AND actor = 'operator'";
+    assert!(app.database_says(changed).await, "the first payment, the refund and its payment");
+
+    // A key a worker gave up on, handed back as it is; once back, it is on the list no more.
+    let other = new_key();
+    let other_id = app.seed_key(&other, &body, "started", crate::helpers::Lock::Free).await;
+    app.run_sql(&format!(
+        "UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = 'the gateway keeps failing'
+         WHERE account_id = '{}' AND id = '{other_id}'",
+        app.account_id
+    ))
+    .await;
+    let retried = attention_retry(&[&other_id.to_string()]).await.unwrap();
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    assert!(needing_attention().await.is_empty());
+    let again = attention_retry(&[&other_id.to_string()]).await.unwrap();
+    assert!(!again.status.success(), "nothing left to hand back");
+}
+
+/// `payments <args>` with `env`, which must exit before it prints `ready`: its exit code and
+/// what it printed on stderr.
+async fn refused_at_start(args: &[&str], env: &[(&str, &str)], ready: &str) -> (Option<i32>, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    command.args(args).env_remove("DATABASE_URL").env_remove("GATEWAY_URL").envs(env.iter().copied());
+    command.env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = command.kill_on_drop(true).spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        assert!(!line.starts_with(ready), "payments {args:?} started: {line}");
+    }
+    let output = child.wait_with_output().await.unwrap();
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// A role with every grant a service needs on one PostgreSQL, that does not own the tables,
+/// cannot write on Citus: `run_on_shard` takes each shard's metadata lock, which Citus lets a
+/// table's owner alone take. `serve` and `worker` refuse to start as it, with the reason and the
+/// fix (they started, and every POST was then `503 database-unavailable`); a process that started
+/// all the same (its database was down at the time) answers `500`, never calling a refused
+/// permission an unreachable database.
+#[tokio::test]
+async fn on_citus_a_role_that_does_not_own_the_tables_is_refused_at_start_and_never_called_unreachable() {
+    let Some((citus, database)) = distributed("on_citus_a_role_that_does_not_own_the_tables").await else { return };
+    let role = format!("dml_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    conn.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+         GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"
+    ))
+    .await
+    .unwrap();
+    let as_role = citus.url.replace("user=postgres", &format!("user={role}"));
+    assert_ne!(as_role, citus.url);
+
+    let env = [
+        ("DATABASE_URL", as_role.as_str()),
+        ("GATEWAY_URL", "http://127.0.0.1:1"),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
+    let serve = ["serve", "--no-workers"];
+    for (args, ready) in
+        [(&serve[..], payments_service::startup::LISTENING), (&["worker"], payments_service::startup::WORKER_RUNNING)]
+    {
+        let (code, stderr) = refused_at_start(args, &env, ready).await;
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        let said = [role.as_str(), "does not own the distributed tables", "idempotency_keys", "GRANT postgres TO"];
+        assert!(said.iter().all(|words| stderr.contains(words)), "{args:?}: {stderr}");
+    }
+
+    let app = TestApp::builder().database_url(as_role).spawn_on(database).await;
+    let response = app.post_payment(&new_key(), &crate::helpers::payment_body()).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/internal-error");
+    assert_eq!(app.gateway.all_stats().await["charges"], 0);
+}

@@ -141,7 +141,7 @@ async fn attempts_back_off_and_a_hopeless_key_ends_as_needing_attention_without_
     assert_eq!(charges, 4, "the client's attempt and three of the completer's, all under one key");
 
     // The operator fixes the cause and hands the key back.
-    assert!(retry_needing_attention(&mut app.db().await, row.id).await.unwrap());
+    assert!(retry_needing_attention(&mut app.db().await, app.account_id, row.id).await.unwrap());
     assert!(needing_attention(&mut app.db().await).await.unwrap().is_empty());
     gateway.reset().await;
     mount_no_charges_found(&gateway).await;

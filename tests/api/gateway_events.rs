@@ -773,6 +773,41 @@ async fn an_event_naming_a_key_of_ours_the_database_does_not_show_yet_is_refused
     assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "unknown");
 }
 
+/// The wait for a key the database does not show yet is bounded on both sides of the event's
+/// `created`: ten minutes after it, and five minutes before it (a gateway's clock a little ahead of
+/// ours). An event stamped further ahead is no gateway's honest clock, and was answered
+/// `503 event-not-seen-yet` until ten minutes after its `created`: a year ahead, for a year.
+#[tokio::test]
+async fn an_event_naming_a_key_of_ours_stamped_far_ahead_of_our_clock_is_not_waited_for() {
+    let app = app().await;
+    let unseen = app.downstream_key(Uuid::now_v7());
+    let stamped = |ahead: chrono::TimeDelta| {
+        let mut body: Value =
+            serde_json::from_slice(&event("charge.succeeded", json!({ "id": "ch_1" }), &unseen)).unwrap();
+        body["created"] = json!((chrono::Utc::now() + ahead).timestamp());
+        serde_json::to_vec(&body).unwrap()
+    };
+    let before = written(&app).await;
+    for ahead in [chrono::TimeDelta::days(365), chrono::TimeDelta::minutes(10)] {
+        let body = stamped(ahead);
+        let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+        assert_eq!(response.status(), StatusCode::OK, "{} minutes ahead", ahead.num_minutes());
+        assert_eq!(
+            response.json::<Value>().await.unwrap()["outcome"],
+            "unknown",
+            "{} minutes ahead",
+            ahead.num_minutes()
+        );
+    }
+    // A clock a minute ahead is a gateway's: the event waits for the key, as one stamped now does.
+    let body = stamped(chrono::TimeDelta::minutes(1));
+    let response = app.post_event(&body, Some(&signed(&body, &[SECRET], now()))).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/event-not-seen-yet");
+    assert_eq!(written(&app).await, before, "nothing recorded");
+}
+
 #[tokio::test]
 async fn with_no_secret_configured_every_event_is_refused() {
     let app = TestApp::spawn().await;

@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
@@ -330,21 +330,38 @@ pub async fn needing_attention(conn: &mut AsyncPgConnection) -> Result<Vec<Needs
     .await
 }
 
+/// The account of the key row `key_id`, if it is on the list: what an operator's answer to it
+/// names first, since an operator names a key by its row's id alone. It locks nothing, so on Citus
+/// it may ask every shard (a row lock is refused in a statement that spans shards); every
+/// statement that then locks or writes names the account, and runs on its shard alone.
+pub async fn account_needing_attention(conn: &mut AsyncPgConnection, key_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+    let account =
+        diesel::sql_query("SELECT account_id FROM idempotency_keys WHERE id = $1 AND needs_attention_at IS NOT NULL")
+            .bind::<SqlUuid, _>(key_id);
+    let account: Option<db::AccountRow> = db::query(async { account.get_result(conn).await.optional() }).await?;
+    Ok(account.map(|row| row.account_id))
+}
+
 /// An operator's answer to a key on the list, once its cause is fixed: let the workers try it
 /// again, from the start of their backoff. (Safe at any time: a resumed key reconciles with the
 /// gateway before it charges.)
-pub async fn retry_needing_attention(conn: &mut AsyncPgConnection, key_id: Uuid) -> Result<bool, StoreError> {
+pub async fn retry_needing_attention(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    key_id: Uuid,
+) -> Result<bool, StoreError> {
     let reset = diesel::sql_query(
         "WITH reset AS (
              UPDATE idempotency_keys
              SET needs_attention_at = NULL, attention_reason = NULL, completer_attempts = 0
-             WHERE id = $1 AND needs_attention_at IS NOT NULL
+             WHERE account_id = $1 AND id = $2 AND needs_attention_at IS NOT NULL
              RETURNING account_id, id
          )
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
          SELECT account_id, 'idempotency_key.retried', 'idempotency_key', id, 'operator', '{}'
          FROM reset",
     )
+    .bind::<SqlUuid, _>(account_id)
     .bind::<SqlUuid, _>(key_id);
     Ok(db::query(reset.execute(conn)).await? == 1)
 }
