@@ -703,6 +703,8 @@ async fn on_citus_an_operator_hands_back_a_key_needing_attention_with_or_without
         app.account_id
     ))
     .await;
+    // No process reaches that gateway: once nobody has run the key for long, it is given up on.
+    stranded_long_ago(&app, key_id).await;
     assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
     assert_eq!(needing_attention().await.len(), 1);
 
@@ -730,8 +732,9 @@ async fn on_citus_an_operator_hands_back_a_key_needing_attention_with_or_without
     .await;
     let (refund_key, refund) = (new_key(), json!({ "payment": id, "amount": 400 }));
     assert_eq!(app.post_refund(&refund_key, &refund).await.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
     let refund_key_id = app.key_row(&refund_key).await.unwrap().id;
+    stranded_long_ago(&app, refund_key_id).await;
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
     assert_eq!(needing_attention().await.iter().map(|key| key.id).collect::<Vec<_>>(), [refund_key_id]);
     let retried = attention_retry(&[&refund_key_id.to_string(), "--gateway", &now_answering]).await.unwrap();
     assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
@@ -755,6 +758,18 @@ async fn on_citus_an_operator_hands_back_a_key_needing_attention_with_or_without
     assert!(needing_attention().await.is_empty());
     let again = attention_retry(&[&other_id.to_string()]).await.unwrap();
     assert!(!again.status.success(), "nothing left to hand back");
+}
+
+/// Makes the key row `key_id` look as if nobody had run it for longer than a completer waits for a
+/// process that reaches its gateway (see `STRANDED_AFTER`).
+async fn stranded_long_ago(app: &TestApp, key_id: uuid::Uuid) {
+    let ago = payments_service::idempotency::STRANDED_AFTER.as_secs() + 60;
+    app.run_sql(&format!(
+        "UPDATE idempotency_keys SET last_run_at = now() - interval '{ago} seconds'
+         WHERE account_id = '{}' AND id = '{key_id}'",
+        app.account_id
+    ))
+    .await;
 }
 
 /// `payments <args>` with `env`, which must exit before it prints `ready`: its exit code and
