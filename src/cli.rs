@@ -91,11 +91,11 @@ pub enum AttentionCommand {
         /// The key row's id, as `attention list` prints it.
         key_id: String,
         /// First record GATEWAY as the gateway that holds what the key made (its pending payment,
-        /// or its pending refund and that refund's payment), in place of the one recorded: for a
-        /// key whose reason names a recorded gateway that is gone or was recorded wrongly, and
-        /// the gateway answering now. Only once you know the recorded gateway holds nothing under
-        /// the key: the workers then look the key up at GATEWAY, and charge or refund there if it
-        /// holds nothing either.
+        /// or its pending refund, capture or cancel and that one's payment), in place of the one
+        /// recorded: for a key whose reason names a recorded gateway that is gone or was recorded
+        /// wrongly, and the gateway answering now. Only once you know the recorded gateway holds
+        /// nothing under the key: the workers then look the key up at GATEWAY, and charge, refund,
+        /// capture or cancel there if it holds nothing either.
         #[arg(long, value_name = "GATEWAY")]
         gateway: Option<String>,
         #[command(flatten)]

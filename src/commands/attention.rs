@@ -1,13 +1,14 @@
 //! `payments attention list|retry`: the operator's side of keys the completer gave up on.
 
 use anyhow::Context;
-use diesel::sql_types::{Text, Uuid as SqlUuid};
+use diesel::sql_types::{Nullable, Text, Uuid as SqlUuid};
+use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use payments_service::config::DatabaseArgs;
 use payments_service::db::embedded::Sharing;
 use payments_service::db::wake::Wake;
 use payments_service::gateway::recordable_identity;
-use payments_service::idempotency::{needing_attention, retry_needing_attention};
+use payments_service::idempotency::{account_needing_attention, needing_attention, retry_needing_attention};
 use uuid::Uuid;
 
 use super::open_database;
@@ -41,7 +42,8 @@ pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
 }
 
 /// Hands a key back to the workers, once its cause is fixed; with `gateway`, first records it as
-/// the gateway that holds what the key made (a recorded one that is gone, or was recorded wrongly).
+/// the gateway that holds what the key made (a payment, a refund, a capture or a cancel, whose
+/// recorded gateway is gone, or was recorded wrongly).
 pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) -> anyhow::Result<()> {
     let key_id: Uuid = key_id.parse().context("KEY_ID is the key row's id, as `payments attention list` prints it")?;
     if let Some(gateway) = gateway {
@@ -52,21 +54,7 @@ pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) 
     }
     let (url, embedded) = open_database(&database, Sharing::JoinRunning).await?;
     let mut conn = payments_service::db::establish(&url).await?;
-    // Both or neither: a gateway recorded for a key left on the list would be a correction no
-    // worker acts on. The completer is woken when it commits.
-    let done = conn
-        .transaction::<_, anyhow::Error, _>(async |conn| {
-            if let Some(gateway) = gateway {
-                anyhow::ensure!(
-                    record_gateway(conn, key_id, gateway).await?,
-                    "no key {key_id} needs attention, unfinished and not being driven, with a pending payment or refund"
-                );
-            }
-            anyhow::ensure!(retry_needing_attention(conn, key_id).await?, "no key {key_id} needs attention");
-            conn.batch_execute(&format!("NOTIFY {}", Wake::Completer.channel())).await?;
-            Ok(())
-        })
-        .await;
+    let done = hand_back(&mut conn, key_id, gateway).await;
     if let Some(embedded) = embedded {
         embedded.stop().await?;
     }
@@ -78,48 +66,155 @@ pub async fn retry(database: DatabaseArgs, key_id: &str, gateway: Option<&str>) 
     Ok(())
 }
 
-/// Records `gateway` as the one that holds what the key row `key_id` made: its pending payment,
-/// or its pending refund and that refund's payment (whose next refunds are then asked there
-/// too), each with an operator's audit record. Only for a key that needs attention, is not
-/// finished and that nobody drives (its row is locked first, so no phase commits meanwhile);
-/// whether it recorded anything.
-async fn record_gateway(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: &str) -> diesel::QueryResult<bool> {
-    let recorded = diesel::sql_query(
-        "WITH key AS (
-             SELECT account_id, id FROM idempotency_keys
-             WHERE id = $1 AND needs_attention_at IS NOT NULL AND recovery_point <> 'finished'
-               AND (locked_until IS NULL OR locked_until < now())
-             FOR UPDATE
-         ), refund AS (
-             SELECT r.account_id, r.id, r.payment_id, r.gateway FROM refunds r, key
-             WHERE r.account_id = key.account_id AND r.idempotency_key_id = key.id AND r.status = 'pending'
-             FOR UPDATE OF r
-         ), payment AS (
-             SELECT p.account_id, p.id, p.gateway FROM payments p, key
-             WHERE p.account_id = key.account_id
-               AND (p.idempotency_key_id = key.id AND p.status = 'pending' OR p.id IN (SELECT payment_id FROM refund))
-             FOR UPDATE OF p
-         ), moved_refund AS (
-             UPDATE refunds r SET gateway = $2, updated_at = now() FROM refund
-             WHERE r.account_id = refund.account_id AND r.id = refund.id
-             RETURNING r.account_id, r.id
-         ), moved_payment AS (
-             UPDATE payments p SET gateway = $2, updated_at = now() FROM payment
-             WHERE p.account_id = payment.account_id AND p.id = payment.id
-             RETURNING p.account_id, p.id
-         )
-         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-         SELECT account_id, 'refund.gateway_changed', 'refund', id, 'operator',
-                jsonb_build_object('from', gateway, 'to', $2::text)
-         FROM refund WHERE EXISTS (SELECT FROM moved_refund)
-         UNION ALL
-         SELECT account_id, 'payment.gateway_changed', 'payment', id, 'operator',
-                jsonb_build_object('from', gateway, 'to', $2::text)
-         FROM payment WHERE EXISTS (SELECT FROM moved_payment)",
-    )
-    .bind::<SqlUuid, _>(key_id)
-    .bind::<Text, _>(gateway)
-    .execute(conn)
-    .await?;
-    Ok(recorded > 0)
+/// Hands the key row `key_id` back to the workers, recording `gateway` first if given. The key's
+/// account is read first, without a lock; then every statement names it, so that on Citus each
+/// locks and writes on the account's shard alone (a row lock is refused in a statement that spans
+/// shards).
+async fn hand_back(conn: &mut AsyncPgConnection, key_id: Uuid, gateway: Option<&str>) -> anyhow::Result<()> {
+    let account_id = account_needing_attention(conn, key_id).await?;
+    let account_id = account_id.with_context(|| format!("no key {key_id} needs attention"))?;
+    // Both or neither: a gateway recorded for a key left on the list would be a correction no
+    // worker acts on. The completer is woken when it commits.
+    conn.transaction::<_, anyhow::Error, _>(async |conn| {
+        if let Some(gateway) = gateway {
+            anyhow::ensure!(
+                record_gateway(conn, account_id, key_id, gateway).await?,
+                "no key {key_id} needs attention, unfinished and not being driven, with a pending payment, refund, \
+                 capture or cancel"
+            );
+        }
+        anyhow::ensure!(retry_needing_attention(conn, account_id, key_id).await?, "no key {key_id} needs attention");
+        conn.batch_execute(&format!("NOTIFY {}", Wake::Completer.channel())).await?;
+        Ok(())
+    })
+    .await
+}
+
+/// Records `gateway` as the one that holds what the key row `key_id` made: its pending payment;
+/// or its pending refund, or its pending capture or cancel, and, with either, that one's payment
+/// (whose next refunds and changes are then asked there too), each with an operator's audit
+/// record. Only for a key that needs attention, is not finished and that nobody drives (its row
+/// is locked first, so no phase commits meanwhile); whether it recorded anything. Its rows are
+/// locked one statement at a time: Citus 13 fails a statement that locks the rows of two of its
+/// parts and then writes (it reads one part's result in the wrong format: `invalid input syntax
+/// for type uuid: "PGCOPY"`).
+async fn record_gateway(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    key_id: Uuid,
+    gateway: &str,
+) -> diesel::QueryResult<bool> {
+    let key = diesel::sql_query(
+        "SELECT id FROM idempotency_keys
+         WHERE account_id = $1 AND id = $2 AND needs_attention_at IS NOT NULL AND recovery_point <> 'finished'
+           AND (locked_until IS NULL OR locked_until < now())
+         FOR UPDATE",
+    );
+    if key.bind::<SqlUuid, _>(account_id).bind::<SqlUuid, _>(key_id).execute(conn).await? == 0 {
+        return Ok(false);
+    }
+    let refund = diesel::sql_query(
+        "SELECT id, payment_id, gateway FROM refunds
+         WHERE account_id = $1 AND idempotency_key_id = $2 AND status = 'pending'
+         FOR UPDATE",
+    );
+    let refund: Option<Held> =
+        refund.bind::<SqlUuid, _>(account_id).bind::<SqlUuid, _>(key_id).get_result(conn).await.optional()?;
+    let change = diesel::sql_query(
+        "SELECT id, payment_id, gateway FROM payment_changes
+         WHERE account_id = $1 AND idempotency_key_id = $2 AND status = 'pending'
+         FOR UPDATE",
+    );
+    let change: Option<Held> =
+        change.bind::<SqlUuid, _>(account_id).bind::<SqlUuid, _>(key_id).get_result(conn).await.optional()?;
+    let payment = diesel::sql_query(
+        "SELECT id, NULL::uuid AS payment_id, gateway FROM payments
+         WHERE account_id = $1 AND (idempotency_key_id = $2 AND status = 'pending' OR id = $3)
+         FOR UPDATE",
+    );
+    let payment: Option<Held> = payment
+        .bind::<SqlUuid, _>(account_id)
+        .bind::<SqlUuid, _>(key_id)
+        .bind::<Nullable<SqlUuid>, _>(refund.as_ref().or(change.as_ref()).and_then(|made| made.payment_id))
+        .get_result(conn)
+        .await
+        .optional()?;
+    let held = [(&refund, Resource::Refund), (&change, Resource::PaymentChange), (&payment, Resource::Payment)];
+    for (row, resource) in held {
+        if let Some(row) = row {
+            record_gateway_on(conn, resource, account_id, row, gateway).await?;
+        }
+    }
+    Ok(refund.is_some() || change.is_some() || payment.is_some())
+}
+
+/// What [`record_gateway`] records a gateway on: the table, and the name its audit records use.
+#[derive(Clone, Copy)]
+enum Resource {
+    Refund,
+    PaymentChange,
+    Payment,
+}
+
+/// Records `gateway` on the `resource` row `row` holds, with an operator's audit record that says
+/// what it was.
+async fn record_gateway_on(
+    conn: &mut AsyncPgConnection,
+    resource: Resource,
+    account_id: Uuid,
+    row: &Held,
+    gateway: &str,
+) -> diesel::QueryResult<()> {
+    let sql = match resource {
+        Resource::Refund => {
+            "WITH moved AS (
+                 UPDATE refunds SET gateway = $3, updated_at = now() WHERE account_id = $1 AND id = $2
+                 RETURNING account_id, id
+             )
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             SELECT account_id, 'refund.gateway_changed', 'refund', id, 'operator',
+                    jsonb_build_object('from', $4::text, 'to', $3::text)
+             FROM moved"
+        }
+        Resource::PaymentChange => {
+            "WITH moved AS (
+                 UPDATE payment_changes SET gateway = $3, updated_at = now() WHERE account_id = $1 AND id = $2
+                 RETURNING account_id, id
+             )
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             SELECT account_id, 'payment_change.gateway_changed', 'payment_change', id, 'operator',
+                    jsonb_build_object('from', $4::text, 'to', $3::text)
+             FROM moved"
+        }
+        Resource::Payment => {
+            "WITH moved AS (
+                 UPDATE payments SET gateway = $3, updated_at = now() WHERE account_id = $1 AND id = $2
+                 RETURNING account_id, id
+             )
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+             SELECT account_id, 'payment.gateway_changed', 'payment', id, 'operator',
+                    jsonb_build_object('from', $4::text, 'to', $3::text)
+             FROM moved"
+        }
+    };
+    diesel::sql_query(sql)
+        .bind::<SqlUuid, _>(account_id)
+        .bind::<SqlUuid, _>(row.id)
+        .bind::<Text, _>(gateway)
+        .bind::<Nullable<Text>, _>(&row.gateway)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// A row [`record_gateway`] holds: its id, the payment of a refund or a change, and the gateway
+/// it records.
+#[derive(QueryableByName)]
+struct Held {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
+    #[diesel(sql_type = Nullable<SqlUuid>)]
+    payment_id: Option<Uuid>,
+    #[diesel(sql_type = Nullable<Text>)]
+    gateway: Option<String>,
 }

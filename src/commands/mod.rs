@@ -145,6 +145,31 @@ pub async fn open_database(
     }
 }
 
+/// How long a process waits, at start, to learn whether its database role can write: longer than
+/// a connection and two catalog reads take on a loaded machine, short enough not to hold up a start
+/// whose database is down (which is not refused: `/readyz` and the 503s report it until it is back).
+const ROLE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Refuses to start as a database role that could not write (on Citus, one that does not own the
+/// tables: see `payments_service::db::ownership`), with the reason and the fix, rather than start
+/// and fail every write. A database that cannot be asked now is not refused.
+pub async fn refuse_a_role_that_cannot_write(database_url: &str) -> anyhow::Result<()> {
+    let asked = tokio::time::timeout(ROLE_CHECK_TIMEOUT, async {
+        let mut conn = payments_service::db::establish(database_url).await.map_err(|error| error.to_string())?;
+        payments_service::db::ownership::not_owner(&mut conn).await.map_err(|error| error.to_string())
+    })
+    .await
+    .unwrap_or_else(|_| Err(format!("no answer within {ROLE_CHECK_TIMEOUT:?}")));
+    match asked {
+        Ok(None) => Ok(()),
+        Ok(Some(refusal)) => Err(refusal.into()),
+        Err(error) => {
+            tracing::warn!(%error, "could not ask the database whether this role can write; starting anyway");
+            Ok(())
+        }
+    }
+}
+
 /// `10s`, `1500ms`, `2m`; a bare number is seconds.
 fn parse_duration(value: &str) -> Result<Duration, String> {
     let split = value.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(value.len());

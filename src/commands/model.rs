@@ -10,7 +10,10 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use payments_model::{ALWAYS, Mutant, Protocol, SOMETIMES, shortest_counterexample};
+use payments_model::{
+    ALWAYS, AUTHORIZATION_ALWAYS, AUTHORIZATION_SOMETIMES, Authorization, Mutant, Protocol, SOMETIMES,
+    shortest_counterexample,
+};
 use stateright::{Checker, Model};
 
 #[derive(Subcommand)]
@@ -97,6 +100,24 @@ fn check(model: &Protocol) -> anyhow::Result<ExitCode> {
     }
     for property in SOMETIMES.into_iter().filter(|property| model.takes_part_in(property)) {
         let reached = if found.contains_key(property) { "reached:    " } else { "not reached:" };
+        writeln!(report, "{reached} {property}")?;
+    }
+    // An authorization's life, and the race to end it, with as many lost answers.
+    let authorization = Authorization::new(model.faults);
+    let checker = authorization.clone().checker().spawn_bfs().join();
+    writeln!(report, "an authorization: {} states", checker.unique_state_count())?;
+    for property in AUTHORIZATION_ALWAYS {
+        if checker.discovery(property).is_none() {
+            writeln!(report, "holds:       {property}")?;
+            continue;
+        }
+        broken = true;
+        let path = shortest_counterexample(&authorization, property).context("the shortest path to the break")?;
+        let steps: Vec<String> = path.into_actions().iter().map(|step| authorization.format_action(step)).collect();
+        writeln!(report, "BROKEN:      {property}\n    {}", steps.join("\n    "))?;
+    }
+    for property in AUTHORIZATION_SOMETIMES {
+        let reached = if checker.discovery(property).is_some() { "reached:    " } else { "not reached:" };
         writeln!(report, "{reached} {property}")?;
     }
     // A reader who pipes it into `head` has what they wanted: a closed pipe is no failure.

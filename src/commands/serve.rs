@@ -20,7 +20,10 @@ use payments_service::state::AppState;
 use payments_service::workers::Workers;
 use tokio::sync::watch;
 
-use super::{MetricsListener, advertise_gateway, open_database, warn_if_events_are_only_logged, withdraw_gateway};
+use super::{
+    MetricsListener, advertise_gateway, open_database, refuse_a_role_that_cannot_write, warn_if_events_are_only_logged,
+    withdraw_gateway,
+};
 
 /// Connections per process. Each request holds one only while it runs a phase (never across the
 /// gateway call), so a few dozen serve many more concurrent requests.
@@ -63,8 +66,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         None => open_database(&args.database, Sharing::Own).await?,
         Some(workers) => open_citus(&args.database, workers).await?,
     };
-    if embedded.is_some() {
-        advertise_gateway(&args.database.data_dir, &gateway_url)?;
+    match embedded {
+        Some(_) => advertise_gateway(&args.database.data_dir, &gateway_url)?,
+        None => refuse_a_role_that_cannot_write(&database_url).await?,
     }
     let state = Arc::new(AppState::new(
         db::pool(&database_url, POOL_SIZE),

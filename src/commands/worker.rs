@@ -13,7 +13,9 @@ use payments_service::state::AppState;
 use payments_service::workers::Workers;
 use tokio::sync::watch;
 
-use super::{MetricsListener, advertised_gateway, open_database, warn_if_events_are_only_logged};
+use super::{
+    MetricsListener, advertised_gateway, open_database, refuse_a_role_that_cannot_write, warn_if_events_are_only_logged,
+};
 
 /// A worker drives one request at a time per worker kind: a few connections are plenty, and one
 /// more listens for wake-ups.
@@ -36,6 +38,7 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
         ),
     };
     if embedded.is_none() {
+        refuse_a_role_that_cannot_write(&database_url).await?;
         warn_if_events_are_only_logged(&args.workers.settings());
     }
     let state = Arc::new(AppState::new(

@@ -165,8 +165,8 @@ fn charts_hold_every_run(plots: &std::path::Path) {
 }
 
 #[tokio::test]
-async fn bench_with_citus_workers_reports_the_scenarios_on_citus_beside_one_postgresql() {
-    let test = "bench_with_citus_workers_reports_the_scenarios_on_citus";
+async fn on_citus_bench_reports_the_scenarios_beside_one_postgresql() {
+    let test = "on_citus_bench_reports_the_scenarios";
     let Some(_turn) = crate::helpers::CitusDatabase::turn(test).await else { return };
     let json = std::env::temp_dir().join(format!("payments-bench-{}.json", uuid::Uuid::new_v4().simple()));
     let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));

@@ -1,14 +1,17 @@
 //! Authorize now, capture later: a payment made with `capture: false` is only authorized, its money
 //! held at the gateway until a capture or a cancel ends the authorization, or it lapses.
 
+use std::os::unix::process::ExitStatusExt;
+
 use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use payments_service::workers::{Outcome, Worker};
 
-use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key};
+use crate::helpers::{GatewayControl, HeldProxy, Process, TestApp, TestDatabase, new_key};
 
 fn authorization(amount: i64, source: &str) -> Value {
     json!({ "amount": amount, "currency": "usd", "source": source, "capture": false })
@@ -183,15 +186,60 @@ async fn a_cancelled_payment_is_never_captured_and_a_capture_is_held_to_what_was
     assert_eq!(problem_type(unknown).await, (StatusCode::NOT_FOUND, "payment-not-found".into()));
 }
 
+/// The servers of a race, behind a proxy that holds the gateway's capture and cancel calls: long
+/// gateway timeouts (and leases to match), so that a change held while the rest of the race is
+/// answered, on however slow a machine, is still answered by the gateway.
+pub const HELD_CHANGES_ENV: [(&str, &str); 2] =
+    [("PAYMENTS_GATEWAY_TIMEOUT_MS", "60000"), ("PAYMENTS_LOCK_TIMEOUT_MS", "200000")];
+
+/// Twelve captures and cancels of one authorization (`change(n, action)` sends the `n`th), sent at
+/// once while `proxy` holds the first change to reach the gateway: exactly one does, and every
+/// other is refused (`400`) while it is in flight, so the database decided, not a status read
+/// after the winner finished. Then the held change wins (`200`), and the gateway was asked once, of
+/// its kind. Returns the winner's action.
+pub async fn one_change_wins_while_it_is_in_flight<F>(
+    proxy: &HeldProxy,
+    gateway: &GatewayControl,
+    round: usize,
+    change: impl Fn(usize, &'static str) -> F,
+) -> &'static str
+where
+    F: Future<Output = u16>,
+{
+    let asked = async || {
+        let stats = gateway.all_stats().await;
+        (stats["capture_requests"].as_u64().unwrap(), stats["cancel_requests"].as_u64().unwrap())
+    };
+    let before = asked().await;
+    let actions: Vec<&'static str> = (0..12).map(|n| if n % 2 == 0 { "capture" } else { "cancel" }).collect();
+    let race = proxy.race(actions.iter().enumerate().map(|(n, action)| change(n, action)).collect()).await;
+    assert_eq!(
+        race.calls, 1,
+        "round {round}: changes at the gateway at once (the database let more than one stand): {race:?}"
+    );
+    assert!(
+        race.while_held.len() == 11 && race.while_held.iter().all(|&status| status == 400),
+        "round {round}: {race:?}"
+    );
+    let winners: Vec<usize> = (0..12).filter(|&n| race.statuses[n] == 200).collect();
+    assert_eq!(winners.len(), 1, "round {round}: {race:?}");
+    let won = actions[winners[0]];
+    let after = asked().await;
+    let expected = if won == "capture" { (before.0 + 1, before.1) } else { (before.0, before.1 + 1) };
+    assert_eq!(after, expected, "round {round}: one gateway request, the winner's {won}");
+    won
+}
+
 #[tokio::test]
 async fn of_twelve_captures_and_cancels_at_once_over_two_servers_exactly_one_wins() {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "racing").await.unwrap();
     let gateway = Process::gateway().await;
+    let proxy = HeldProxy::holding(&gateway.url, HeldProxy::changes);
     let servers = [
-        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[]).await,
-        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[]).await,
+        Process::serve(&database.url, &proxy.url, &["--no-workers"], &HELD_CHANGES_ENV).await,
+        Process::serve(&database.url, &proxy.url, &["--no-workers"], &HELD_CHANGES_ENV).await,
     ];
     let http = reqwest::Client::new();
     let post = |server: &Process, path: String, key: String, body: Value| {
@@ -201,23 +249,24 @@ async fn of_twelve_captures_and_cancels_at_once_over_two_servers_exactly_one_win
             .json(&body)
             .send()
     };
+    let control = GatewayControl::new(&gateway.url);
+    let mut won = Vec::new();
     for round in 0..5 {
         let authorized =
             post(&servers[0], "/v1/payments".into(), new_key(), authorization(5000, "tok_visa")).await.unwrap();
         let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
-        let racing = (0..12).map(|n| {
-            let action = if n % 2 == 0 { "capture" } else { "cancel" };
-            post(&servers[n / 2 % 2], format!("/v1/payments/{id}/{action}"), new_key(), json!({}))
-        });
-        let answers = futures_util::future::join_all(racing).await;
-        let statuses: Vec<u16> = answers.into_iter().map(|answer| answer.unwrap().status().as_u16()).collect();
-        assert_eq!(statuses.iter().filter(|&&status| status == 200).count(), 1, "round {round}: {statuses:?}");
-        assert!(statuses.iter().all(|&status| status == 200 || status == 400), "round {round}: {statuses:?}");
+        let change = |n: usize, action: &str| {
+            let sent = post(&servers[n / 2 % 2], format!("/v1/payments/{id}/{action}"), new_key(), json!({}));
+            async move { sent.await.unwrap().status().as_u16() }
+        };
+        won.push(one_change_wins_while_it_is_in_flight(&proxy, &control, round, change).await);
     }
-    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    let stats = control.all_stats().await;
+    let captures = won.iter().filter(|&&won| won == "capture").count();
+    let cancels = won.len() - captures;
     assert_eq!(
-        stats["captures"].as_u64().unwrap() + stats["cancels"].as_u64().unwrap(),
-        5,
+        (&stats["captures"], &stats["cancels"]),
+        (&json!(captures), &json!(cancels)),
         "one change a round: {stats}"
     );
 }
@@ -267,19 +316,29 @@ async fn a_capture_or_cancel_crashed_before_or_after_the_gateway_is_done_once_by
         // Between `started` and the gateway's call; between its answer and its recording; and
         // between that and `finished`.
         for (n, point) in ["after_started", "after_change", "after_change_created"].into_iter().enumerate() {
-            let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+            let mut server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
             let authorized = post(&server, "/v1/payments", &new_key(), &authorization(5000, "tok_visa")).await.unwrap();
             let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
             let (key, path) = (new_key(), format!("/v1/payments/{id}/{kind}"));
             let crash =
                 http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", &key);
             let crashed = crash.header("X-Fault-Inject", format!("crash={point}")).json(&body).send().await;
-            assert!(crashed.is_err(), "{kind} {point}: the process died");
+            assert!(crashed.is_err(), "{kind} {point}: the connection dies with the process");
+            let status = server.exited().await;
+            assert_eq!(status.signal(), Some(Signal::SIGABRT as i32), "{kind} {point}: aborted, no clean-up");
+            // The key stands where the crash left it: its change made, and (once the gateway's
+            // answer is recorded) the answer with it.
+            let left_at = match point {
+                "after_change_created" => format!("{kind}_created"),
+                _ => "started".to_owned(),
+            };
+            assert_eq!(key_point(&database.url, &key).await, left_at, "{kind} {point}");
             // Another process takes the retry, once the dead one's lease on the key is over.
             end_the_leases(&database.url).await;
             let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
             let retried = post(&server, &path, &key, &body).await.unwrap();
             assert_eq!(retried.status(), StatusCode::OK, "{kind} {point}");
+            assert_eq!(key_point(&database.url, &key).await, "finished", "{kind} {point}");
             let payment: Value = retried.json().await.unwrap();
             match kind {
                 "capture" => {
@@ -325,6 +384,15 @@ async fn a_capture_refused_because_the_gateway_cancelled_the_authorization_leave
     let cancel = app.change(&id, "cancel", &new_key(), &json!({})).await;
     assert_eq!(problem_type(cancel).await, (StatusCode::BAD_REQUEST, "payment-not-cancelable".into()));
     assert_eq!(app.gateway.all_stats().await["captures"], 0);
+}
+
+/// The recovery point of the key `key` (one account's in the database at `url`).
+async fn key_point(url: &str, key: &str) -> String {
+    use diesel::prelude::*;
+    use payments_service::db::schema::idempotency_keys as k;
+    let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+    let point = k::table.filter(k::idempotency_key.eq(key)).select(k::recovery_point);
+    diesel_async::RunQueryDsl::get_result(point, &mut conn).await.unwrap()
 }
 
 /// Ends the lease of every held key now, as time would for a dead process's.
@@ -467,12 +535,9 @@ async fn a_refund_racing_its_payments_capture_is_decided_on_the_capture_never_a_
         ))
         .await;
     let (key, body) = (new_key(), json!({ "payment": id, "amount": 3000 }));
-    let release = async {
-        let waits = || capture.is_waited_for();
-        crate::helpers::wait_until(std::time::Duration::from_secs(10), "the refund waits for the capture", waits).await;
-        capture.commit().await;
-    };
-    let (refund, ()) = tokio::join!(app.post_refund(&key, &body), release);
+    let release = capture.commit_once_waited_for(std::time::Duration::from_secs(10));
+    let (refund, released) = tokio::join!(app.post_refund(&key, &body), release);
+    released.expect("the refund waits for the capture");
     assert_eq!(refund.status(), StatusCode::CREATED, "{:?}", refund.text().await);
     let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
     assert_eq!((&payment["amount_captured"], &payment["amount_refunded"]), (&json!(4000), &json!(3000)));
@@ -506,12 +571,9 @@ async fn a_change_refused_because_the_charge_was_captured_meanwhile_leaves_no_ro
         .await;
     record.run(&format!("DELETE FROM open_authorizations WHERE payment_id = '{id}'")).await;
     let (key, body) = (new_key(), json!({}));
-    let release = async {
-        let waits = || record.is_waited_for();
-        crate::helpers::wait_until(std::time::Duration::from_secs(10), "the capture waits for the record", waits).await;
-        record.commit().await;
-    };
-    let (capture, ()) = tokio::join!(app.change(&id, "capture", &key, &body), release);
+    let release = record.commit_once_waited_for(std::time::Duration::from_secs(10));
+    let (capture, released) = tokio::join!(app.change(&id, "capture", &key, &body), release);
+    released.expect("the capture waits for the record");
     // The payment ended with the cancel's record: the capture finds it captured, and is refused.
     assert_eq!(problem_type(capture).await, (StatusCode::BAD_REQUEST, "payment-not-capturable".into()));
     assert!(app.database_says(&format!("(SELECT count(*) = 1 FROM payment_changes WHERE payment_id = '{id}')")).await);

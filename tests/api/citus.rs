@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::process::Command;
 
-use crate::helpers::{CitusDatabase, GatewayControl, Process, TestApp, TestDatabase, new_key};
+use crate::helpers::{CitusDatabase, GatewayControl, HeldProxy, Process, TestApp, TestDatabase, new_key};
 use payments_service::db::migrate::MIGRATIONS;
 use payments_service::workers::{Outcome, Worker};
 
@@ -113,8 +113,10 @@ async fn distributed_as_on_one_node(url: &str) -> (Vec<Placed>, (Vec<String>, Ve
 }
 
 #[tokio::test]
-async fn the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
-    let Some(citus) = CitusDatabase::create("the_schema_distributes_by_account_colocated").await else { return };
+async fn on_citus_the_schema_distributes_by_account_colocated_and_a_second_run_changes_nothing() {
+    let Some(citus) = CitusDatabase::create("on_citus_the_schema_distributes_by_account_colocated").await else {
+        return;
+    };
     let (code, output) = migrate_distribute(&citus.url).await;
     assert_eq!(code, Some(0), "{output}");
     assert!(output.contains("distributed payments: by account_id"), "{output}");
@@ -285,6 +287,29 @@ async fn on_citus_the_completer_finishes_a_payment_its_client_left() {
     assert_eq!(app.gateway.all_stats().await["charges"], 1, "charged once: the look-up found it");
 }
 
+/// The completer's choice of the keys it can drive reads what each key made, on the key's own
+/// shard: a key made at another gateway is left alone, and given up on for a person once nobody
+/// has run it for long.
+#[tokio::test]
+async fn on_citus_the_completer_leaves_a_key_made_at_another_gateway_and_gives_up_on_it_once_nobody_runs_it() {
+    let Some((_turn, app)) = app_on_citus("on_citus_the_completer_leaves_a_key_made_elsewhere").await else { return };
+    let (key, body) = (new_key(), crate::helpers::payment_body());
+    app.gateway.fault("error_after", 1).await;
+    assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    app.run_sql(&format!("UPDATE payments SET gateway = 'acct_elsewhere' WHERE idempotency_key = '{key}'")).await;
+    let completer = app.workers().completer;
+
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Idle);
+    let ago = payments_service::idempotency::STRANDED_AFTER.as_secs() + 60;
+    app.run_sql(&format!("UPDATE idempotency_keys SET last_run_at = now() - interval '{ago} seconds'")).await;
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Worked);
+
+    let given_up = "SELECT needs_attention_at IS NOT NULL AND completer_attempts = 0
+                           AND attention_reason LIKE '%acct_elsewhere%' FROM idempotency_keys";
+    assert!(app.database_says(given_up).await);
+    assert_eq!(app.gateway.stats().await.look_ups, 0, "never looked up at a gateway that does not hold it");
+}
+
 #[tokio::test]
 async fn on_citus_every_worker_takes_its_work_one_account_at_a_time() {
     let Some((_turn, app)) = app_on_citus("on_citus_every_worker_takes_its_work").await else { return };
@@ -327,9 +352,13 @@ async fn on_citus_every_worker_takes_its_work_one_account_at_a_time() {
 async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_never_410_and_charged_once() {
     let Some(citus) = CitusDatabase::create("on_citus_one_new_key_sent_thirty_times").await else { return };
     let gateway = Process::gateway().await;
-    let env = [("PAYMENTS_DISTRIBUTE", "1")];
-    let first = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await;
-    let second = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await;
+    // The charge held at the gateway while the other 29 requests are answered, and long gateway
+    // timeouts (and leases to match), so that it still is answered then.
+    let proxy = HeldProxy::holding(&gateway.url, HeldProxy::charges);
+    let held = [("PAYMENTS_GATEWAY_TIMEOUT_MS", "60000"), ("PAYMENTS_LOCK_TIMEOUT_MS", "200000")];
+    let env = [[("PAYMENTS_DISTRIBUTE", "1")].as_slice(), &held].concat();
+    let first = Process::serve(&citus.url, &proxy.url, &["--no-workers"], &env).await;
+    let second = Process::serve(&citus.url, &proxy.url, &["--no-workers"], &held).await;
     let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "racing on citus").await.unwrap();
     let http = reqwest::Client::new();
@@ -338,12 +367,21 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_neve
         let sent = (0..30).map(|n| {
             let server = if n % 2 == 0 { &first } else { &second };
             let request = http.post(format!("{}/v1/payments", server.url)).bearer_auth(&api_key);
-            request.header("Idempotency-Key", &key).json(&body).send()
+            let sent = request.header("Idempotency-Key", &key).json(&body).send();
+            async move { sent.await.unwrap().status().as_u16() }
         });
-        let statuses = statuses_of(sent).await;
+        let race = proxy.race(sent.collect()).await;
+        let statuses = &race.statuses;
         // On a loaded machine a step may run out of time, and the service fails closed (503);
         // what must never come is a 410 for a key still in flight.
-        assert!(statuses.iter().all(|status| [201, 409, 503].contains(status)), "round {round}: {statuses:?}");
+        assert!(statuses.iter().all(|status| [201, 409, 503].contains(status)), "round {round}: {race:?}");
+        // At most one charge went out, and the race itself was decided: a request answered while
+        // it was in flight found the key taken (`409`), or the one that took it made the payment.
+        assert!(race.calls <= 1, "round {round}: {race:?}");
+        let decided = race.while_held.contains(&409) || statuses.contains(&201);
+        assert!(decided, "round {round}: no answer came from the race itself, every one failed closed: {race:?}");
+        // A charge not made yet (its request failed closed before it) is let through when asked again.
+        proxy.release(1 - race.calls);
         // Asked again while it is in flight or failed closed, the key ends as one payment.
         let asked = || async {
             let request = http.post(format!("{}/v1/payments", first.url)).bearer_auth(&api_key);
@@ -358,8 +396,8 @@ async fn on_citus_one_new_key_sent_thirty_times_at_once_over_two_servers_is_neve
 }
 
 #[tokio::test]
-async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_them() {
-    let Some(_turn) = CitusDatabase::turn("serve_with_citus_workers").await else { return };
+async fn on_citus_serve_with_workers_starts_a_coordinator_and_workers_and_pays_on_them() {
+    let Some(_turn) = CitusDatabase::turn("on_citus_serve_with_workers").await else { return };
     let data = std::env::temp_dir().join(format!("payments-citus-serve-{}", uuid::Uuid::new_v4().simple()));
     let data_dir = data.to_str().unwrap();
     let server = Process::serve_with(&["serve", "--citus-workers", "2", "--data-dir", data_dir], &[]).await;
@@ -386,33 +424,32 @@ async fn serve_with_citus_workers_starts_a_coordinator_and_workers_and_pays_on_t
 /// Processes killed and paused, worker nodes crashed, crash points, gateway faults and
 /// misdelivered events, on Citus.
 #[tokio::test]
-async fn chaos_on_citus_kills_crashes_and_faults_and_every_invariant_holds() {
-    let Some(_turn) = CitusDatabase::turn("chaos_on_citus").await else { return };
+async fn on_citus_chaos_kills_crashes_and_faults_and_every_invariant_holds() {
+    let Some(_turn) = CitusDatabase::turn("on_citus_chaos").await else { return };
     let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
     command.args(["chaos", "--citus-workers", "2", "--keys", "50"]).env("RUST_BACKTRACE", "0");
     let output = command.output().await.unwrap();
     let table = String::from_utf8_lossy(&output.stdout);
     assert_eq!(output.status.code(), Some(0), "{table}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(table.ends_with("every invariant held\n"), "{table}");
-    assert!(!table.contains("BROKEN"), "{table}");
+    crate::chaos::every_invariant_held(&table);
     // The storm happened on the distributed database too, its workers crashed and started again.
     let rows =
         ["kills (SIGKILL)", "Citus workers crashed", "gateway faults", "captures and cancels (keys)", "refunds (keys)"];
     for row in rows {
-        let line = table.lines().find(|line| line.trim_start().starts_with(row)).unwrap_or_else(|| panic!("{row}"));
-        let count: u64 = line.trim_start()[row.len()..].split_whitespace().next().unwrap().parse().unwrap();
-        assert!(count > 0, "{row}: {table}");
+        assert!(crate::chaos::count(&table, row) > 0, "{row}: {table}");
     }
 }
 
 #[tokio::test]
 async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_money_rules() {
+    use crate::captures::{HELD_CHANGES_ENV, one_change_wins_while_it_is_in_flight};
     let Some(citus) = CitusDatabase::create("on_citus_captures_cancels_and_refunds_racing").await else { return };
     let gateway = Process::gateway().await;
-    let env = [("PAYMENTS_DISTRIBUTE", "1")];
+    let proxy = HeldProxy::holding(&gateway.url, HeldProxy::changes);
+    let env = [[("PAYMENTS_DISTRIBUTE", "1")].as_slice(), &HELD_CHANGES_ENV].concat();
     let servers = [
-        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await,
-        Process::serve(&citus.url, &gateway.url, &["--no-workers"], &[]).await,
+        Process::serve(&citus.url, &proxy.url, &["--no-workers"], &env).await,
+        Process::serve(&citus.url, &proxy.url, &["--no-workers"], &HELD_CHANGES_ENV).await,
     ];
     let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
     let (_, api_key) = payments_service::accounts::create(&mut conn, "racing money on citus").await.unwrap();
@@ -434,18 +471,18 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
             tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         }
     };
+    let control = GatewayControl::new(&gateway.url);
     for round in 0..3 {
-        // Twelve captures and cancels of one authorization at once: exactly one wins.
+        // Twelve captures and cancels of one authorization at once, the first to reach the gateway
+        // held there: exactly one wins.
         let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
         let authorized: Value = post(&servers[0], "/v1/payments".into(), body).await.unwrap().json().await.unwrap();
         let id = authorized["id"].as_str().unwrap().to_owned();
-        let racing = (0..12).map(|n| {
-            let action = if n % 2 == 0 { "capture" } else { "cancel" };
-            post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}))
-        });
-        let statuses = statuses_of(racing).await;
-        assert_eq!(statuses.iter().filter(|&&status| status == 200).count(), 1, "round {round}: {statuses:?}");
-        assert!(statuses.iter().all(|&status| status == 200 || status == 400), "round {round}: {statuses:?}");
+        let change = |n: usize, action: &str| {
+            let sent = post(&servers[n % 2], format!("/v1/payments/{id}/{action}"), json!({}));
+            async move { sent.await.unwrap().status().as_u16() }
+        };
+        one_change_wins_while_it_is_in_flight(&proxy, &control, round, change).await;
 
         // Eight refunds of 1,000 at once of a payment of 5,000: five fit, three are refused.
         let body = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa" });
@@ -456,7 +493,7 @@ async fn on_citus_captures_cancels_and_refunds_racing_over_two_servers_keep_the_
         assert_eq!(statuses.iter().filter(|&&status| status == 201).count(), 5, "round {round}: {statuses:?}");
         assert_eq!(statuses.iter().filter(|&&status| status == 400).count(), 3, "round {round}: {statuses:?}");
     }
-    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    let stats = control.all_stats().await;
     assert_eq!(stats["captures"].as_u64().unwrap() + stats["cancels"].as_u64().unwrap(), 3, "{stats}");
     assert_eq!(stats["refunds"], 15, "{stats}");
 }
@@ -631,4 +668,168 @@ async fn on_citus_a_refund_that_crashed_its_process_is_finished_by_the_completer
 async fn on_citus_the_same_gateway_event_fifty_times_at_once_over_two_servers_is_applied_once() {
     let Some((_turn, database)) = distributed("on_citus_the_same_gateway_event_fifty_times").await else { return };
     crate::gateway_events::fifty_times_at_once_over_two_servers(database).await;
+}
+
+/// `payments attention retry KEY_ID [--gateway ID]` on Citus, where a row lock is refused in a
+/// statement that spans shards: the command finds the key's account first, and then locks and
+/// writes by account and id, each statement on the account's shard. A payment stranded on a
+/// gateway that is gone is recorded at the one answering now and handed back, and the completer
+/// charges it there, once; a refund, with its payment, the same way; and a key a worker gave up
+/// on is handed back as it is.
+#[tokio::test]
+async fn on_citus_an_operator_hands_back_a_key_needing_attention_with_or_without_another_gateway() {
+    let Some((_turn, database)) = distributed("on_citus_attention_retry").await else { return };
+    let app = TestApp::builder()
+        .workers(|w| {
+            w.completer_backoff = std::time::Duration::ZERO;
+            w.completer_max_attempts = 1;
+        })
+        .spawn_on(database)
+        .await;
+    let attention_retry = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+        command.args(["attention", "retry"]).args(args).env_remove("DATABASE_URL");
+        command.env("DATABASE_URL", &app.database.url).output()
+    };
+    let needing_attention =
+        async || payments_service::idempotency::needing_attention(&mut app.db().await).await.unwrap();
+
+    // A payment left at `started` by a run that recorded a gateway that is gone: given up on.
+    let (key, body) = (new_key(), crate::helpers::payment_body());
+    let key_id = app.seed_key(&key, &body, "started", crate::helpers::Lock::Free).await;
+    let payment_id = app.seed_payment(key_id, &key, "pending", None).await;
+    app.run_sql(&format!(
+        "UPDATE payments SET gateway = 'acct_gone' WHERE account_id = '{}' AND id = '{payment_id}'",
+        app.account_id
+    ))
+    .await;
+    // No process reaches that gateway: once nobody has run the key for long, it is given up on.
+    stranded_long_ago(&app, key_id).await;
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(needing_attention().await.len(), 1);
+
+    let now_answering = app.gateway_id().await;
+    let mut conn = AsyncPgConnection::establish(&app.database.url).await.unwrap();
+    let before = executions(&mut conn).await;
+    let retried = attention_retry(&[&key_id.to_string(), "--gateway", &now_answering]).await.unwrap();
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    // One statement asked every shard: the look-up of the key's account, which locks nothing.
+    let after = executions(&mut conn).await;
+    assert_eq!(after.multi_shard - before.multi_shard, 1, "{before:?} then {after:?}");
+    assert!(needing_attention().await.is_empty());
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(app.post_payment(&key, &body).await.status(), StatusCode::CREATED);
+    assert_eq!(app.gateway.all_stats().await["charges"], 1, "charged once, where it is now recorded");
+
+    // A refund of a payment whose recorded gateway is wrong: the refund and its payment are
+    // recorded at the one answering now, and the refund is made there.
+    let paid = app.paid(1000, "tok_visa").await;
+    let id = paid["id"].as_str().unwrap();
+    app.run_sql(&format!(
+        "UPDATE payments SET gateway = 'acct_wrong' WHERE account_id = '{}' AND id = '{id}'",
+        app.account_id
+    ))
+    .await;
+    let (refund_key, refund) = (new_key(), json!({ "payment": id, "amount": 400 }));
+    assert_eq!(app.post_refund(&refund_key, &refund).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let refund_key_id = app.key_row(&refund_key).await.unwrap().id;
+    stranded_long_ago(&app, refund_key_id).await;
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(needing_attention().await.iter().map(|key| key.id).collect::<Vec<_>>(), [refund_key_id]);
+    let retried = attention_retry(&[&refund_key_id.to_string(), "--gateway", &now_answering]).await.unwrap();
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    let refunded: Value = app.post_refund(&refund_key, &refund).await.json().await.unwrap();
+    assert_eq!(refunded["status"], "succeeded", "{refunded}");
+    let changed = "SELECT count(*) = 3 FROM audit_records WHERE action LIKE '%.gateway_changed' AND actor = 'operator'";
+    assert!(app.database_says(changed).await, "the first payment, the refund and its payment");
+
+    // A key a worker gave up on, handed back as it is; once back, it is on the list no more.
+    let other = new_key();
+    let other_id = app.seed_key(&other, &body, "started", crate::helpers::Lock::Free).await;
+    app.run_sql(&format!(
+        "UPDATE idempotency_keys SET needs_attention_at = now(), attention_reason = 'the gateway keeps failing'
+         WHERE account_id = '{}' AND id = '{other_id}'",
+        app.account_id
+    ))
+    .await;
+    let retried = attention_retry(&[&other_id.to_string()]).await.unwrap();
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+    assert!(needing_attention().await.is_empty());
+    let again = attention_retry(&[&other_id.to_string()]).await.unwrap();
+    assert!(!again.status.success(), "nothing left to hand back");
+}
+
+/// Makes the key row `key_id` look as if nobody had run it for longer than a completer waits for a
+/// process that reaches its gateway (see `STRANDED_AFTER`).
+async fn stranded_long_ago(app: &TestApp, key_id: uuid::Uuid) {
+    let ago = payments_service::idempotency::STRANDED_AFTER.as_secs() + 60;
+    app.run_sql(&format!(
+        "UPDATE idempotency_keys SET last_run_at = now() - interval '{ago} seconds'
+         WHERE account_id = '{}' AND id = '{key_id}'",
+        app.account_id
+    ))
+    .await;
+}
+
+/// `payments <args>` with `env`, which must exit before it prints `ready`: its exit code and
+/// what it printed on stderr.
+async fn refused_at_start(args: &[&str], env: &[(&str, &str)], ready: &str) -> (Option<i32>, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = Command::new(env!("CARGO_BIN_EXE_payments"));
+    command.args(args).env_remove("DATABASE_URL").env_remove("GATEWAY_URL").envs(env.iter().copied());
+    command.env("RUST_BACKTRACE", "0").stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+    let mut child = command.kill_on_drop(true).spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        assert!(!line.starts_with(ready), "payments {args:?} started: {line}");
+    }
+    let output = child.wait_with_output().await.unwrap();
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// A role with every grant a service needs on one PostgreSQL, that does not own the tables,
+/// cannot write on Citus: `run_on_shard` takes each shard's metadata lock, which Citus lets a
+/// table's owner alone take. `serve` and `worker` refuse to start as it, with the reason and the
+/// fix (they started, and every POST was then `503 database-unavailable`); a process that started
+/// all the same (its database was down at the time) answers `500`, never calling a refused
+/// permission an unreachable database.
+#[tokio::test]
+async fn on_citus_a_role_that_does_not_own_the_tables_is_refused_at_start_and_never_called_unreachable() {
+    let Some((citus, database)) = distributed("on_citus_a_role_that_does_not_own_the_tables").await else { return };
+    let role = format!("dml_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    conn.batch_execute(&format!(
+        "CREATE ROLE {role} LOGIN;
+         GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role};
+         GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role}"
+    ))
+    .await
+    .unwrap();
+    let as_role = citus.url.replace("user=postgres", &format!("user={role}"));
+    assert_ne!(as_role, citus.url);
+
+    let env = [
+        ("DATABASE_URL", as_role.as_str()),
+        ("GATEWAY_URL", "http://127.0.0.1:1"),
+        ("PAYMENTS_BIND", "127.0.0.1:0"),
+        ("PAYMENTS_METRICS_BIND", "127.0.0.1:0"),
+    ];
+    let serve = ["serve", "--no-workers"];
+    for (args, ready) in
+        [(&serve[..], payments_service::startup::LISTENING), (&["worker"], payments_service::startup::WORKER_RUNNING)]
+    {
+        let (code, stderr) = refused_at_start(args, &env, ready).await;
+        assert_eq!(code, Some(1), "{args:?}: {stderr}");
+        let said = [role.as_str(), "does not own the distributed tables", "idempotency_keys", "GRANT postgres TO"];
+        assert!(said.iter().all(|words| stderr.contains(words)), "{args:?}: {stderr}");
+    }
+
+    let app = TestApp::builder().database_url(as_role).spawn_on(database).await;
+    let response = app.post_payment(&new_key(), &crate::helpers::payment_body()).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/internal-error");
+    assert_eq!(app.gateway.all_stats().await["charges"], 0);
 }

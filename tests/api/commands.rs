@@ -307,6 +307,9 @@ async fn model_check_holds_every_guarantee_and_finds_each_broken_rule() {
     for property in payments_model::SOMETIMES {
         assert!(out.contains(&format!("reached:     {property}\n")), "{out}");
     }
+    for property in payments_model::AUTHORIZATION_ALWAYS {
+        assert!(out.contains(&format!("holds:       {property}\n")), "{out}");
+    }
 
     let broken = payments(&["model", "check", "--broken", "no-look-up-before-charging"], &[]).await;
     let out = String::from_utf8(broken.stdout).unwrap();

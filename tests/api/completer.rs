@@ -141,7 +141,7 @@ async fn attempts_back_off_and_a_hopeless_key_ends_as_needing_attention_without_
     assert_eq!(charges, 4, "the client's attempt and three of the completer's, all under one key");
 
     // The operator fixes the cause and hands the key back.
-    assert!(retry_needing_attention(&mut app.db().await, row.id).await.unwrap());
+    assert!(retry_needing_attention(&mut app.db().await, app.account_id, row.id).await.unwrap());
     assert!(needing_attention(&mut app.db().await).await.unwrap().is_empty());
     gateway.reset().await;
     mount_no_charges_found(&gateway).await;
@@ -173,7 +173,9 @@ async fn two_completers_never_drive_one_key_at_once() {
     // stays locked as it is while a worker's take-over commits.
     let (run, state) = (RequestId::generate(), app.state_at_gateway(&gateway.uri()));
     let mut taking = OpenTransaction::begin(&app.database.url).await;
-    let first = claim_abandoned(taking.connection(), Duration::from_secs(60), Duration::ZERO, &run).await.unwrap();
+    // The key made nothing yet: a worker at any gateway can drive it.
+    let first =
+        claim_abandoned(taking.connection(), None, Duration::from_secs(60), Duration::ZERO, &run).await.unwrap();
     let first = first.expect("the first completer takes the key");
     // A second completer, as in another worker process, runs meanwhile. It answers at once, or
     // waits for the row (as a take-over without `FOR UPDATE SKIP LOCKED` would, to take the key

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use diesel_async::{RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, RunQueryDsl, SimpleAsyncConnection};
 
 use crate::helpers::{DbProxy, Lock, TestApp, TestDatabase, charge_requests, new_key, payment_body, wait_until};
 
@@ -103,6 +103,31 @@ async fn a_statement_the_server_kills_mid_way_is_a_503_not_a_500() {
     let ready = || async { app.http.get(format!("{}/readyz", app.address)).send().await.unwrap().status() };
     wait_until(Duration::from_secs(10), "the service is ready", || async { ready().await == StatusCode::OK }).await;
     assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::CREATED);
+}
+
+/// A permission the database refuses the service's role is no outage: the database answers
+/// (`/readyz` is `200`), and will refuse the same until someone changes the grants. Each request
+/// it refuses is an opaque `500` whose logged cause names the permission, never a `503` that calls
+/// the database unreachable and tells the client to retry.
+#[tokio::test]
+async fn a_permission_the_database_refuses_is_a_500_not_a_database_outage() {
+    let database = TestDatabase::create().await;
+    let role = format!("no_grants_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = diesel_async::AsyncPgConnection::establish(&database.url).await.unwrap();
+    conn.batch_execute(&format!("CREATE ROLE {role} LOGIN")).await.unwrap();
+    let as_role = database.url.replace("user=postgres", &format!("user={role}"));
+    assert_ne!(as_role, database.url);
+    let app = TestApp::builder().database_url(as_role).spawn_on(database).await;
+
+    let ready = app.http.get(format!("{}/readyz", app.address)).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::OK, "the database answers");
+    let response = app.post_payment(&new_key(), &payment_body()).await;
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!response.headers().contains_key("Retry-After"));
+    let problem: Value = response.json().await.unwrap();
+    assert_eq!(problem["type"], "https://payments.example/problems/internal-error");
+    assert!(!problem.to_string().contains("permission"), "the cause is logged, never sent: {problem}");
+    assert_eq!(app.gateway.stats().await.requests, 0);
 }
 
 /// Runs `request` while another transaction holds what `lock` takes, and once the request's

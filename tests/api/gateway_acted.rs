@@ -162,7 +162,7 @@ async fn an_authorization_captured_at_the_gateway_while_its_answer_was_lost_is_r
     assert_eq!((&payment["amount_captured"], &payment["amount_capturable"]), (&json!(600), &json!(0)));
     assert_eq!(payment["capture_method"], "manual");
     let id = payment["id"].as_str().unwrap();
-    assert_eq!(lost.events(id).await, ["payment.succeeded"], "the event says what was recorded");
+    assert_eq!(lost.events(id).await, ["payment.captured"], "the event says what was recorded");
     assert!(!lost.says(&format!("EXISTS (SELECT FROM open_authorizations WHERE payment_id = '{id}')")).await);
 
     // What the gateway holds can be refunded, and no more.
@@ -176,6 +176,8 @@ async fn an_authorization_captured_at_the_gateway_while_its_answer_was_lost_is_r
     };
     let beyond = refund(601).await.unwrap();
     assert_eq!(beyond.status(), StatusCode::BAD_REQUEST);
+    let beyond: Value = beyond.json().await.unwrap();
+    assert_eq!(beyond["type"], "https://payments.example/problems/refund-exceeds-payment", "{beyond}");
     assert_eq!(refund(600).await.unwrap().status(), StatusCode::CREATED);
 }
 
@@ -239,9 +241,9 @@ async fn an_authorization_the_gateway_captured_at_once_is_recorded_captured() {
     assert_eq!((&payment["amount_captured"], &payment["capture_method"]), (&json!(1000), &json!("manual")));
     let id = payment["id"].as_str().unwrap();
     let staged = format!(
-        "(SELECT array_agg(job_name) = '{{payment.succeeded}}' FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+        "(SELECT array_agg(job_name) = '{{payment.captured}}' FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
-    assert!(app.database_says(&staged).await, "its event: payment.succeeded");
+    assert!(app.database_says(&staged).await, "its event: payment.captured");
 }
 
 #[tokio::test]
@@ -265,4 +267,34 @@ async fn a_charge_the_gateway_only_authorized_is_recorded_as_the_authorization_i
         "(SELECT array_agg(job_name) = '{{payment.authorized}}' FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
     assert!(app.database_says(&staged).await, "its event: payment.authorized");
+}
+
+#[tokio::test]
+async fn a_charge_shown_succeeded_but_not_captured_is_an_authorization() {
+    // Stripe's charges show an authorization not captured yet so.
+    let charge = json!({ "id": "ch_uncaptured", "status": "succeeded", "captured": false, "amount": 1000,
+                         "amount_captured": 0 });
+    let gateway = gateway_answering(charge).await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+
+    let response = app.post_payment(&new_key(), &authorization(1000)).await;
+
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let payment: Value = response.json().await.unwrap();
+    assert_eq!(payment["status"], "requires_capture", "{payment}");
+    assert_eq!((&payment["amount_captured"], &payment["amount_capturable"]), (&json!(0), &json!(1000)));
+}
+
+#[tokio::test]
+async fn an_authorizations_bare_answer_that_says_not_whether_it_captured_records_nothing() {
+    let gateway = gateway_answering(json!({ "id": "ch_unclear" })).await;
+    let app = TestApp::builder().gateway_url(gateway.uri()).spawn().await;
+    let key = new_key();
+
+    let response = app.post_payment(&key, &authorization(1000)).await;
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "not known: the retry looks it up");
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!(row.recovery_point, "started");
+    assert!(app.database_says("(SELECT status = 'pending' FROM payments)").await);
 }

@@ -5,17 +5,20 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments_service::db::schema::payments as payments_table;
-use payments_service::idempotency::needing_attention;
+use payments_service::idempotency::{STRANDED_AFTER, needing_attention};
 use payments_service::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-use crate::helpers::{ChargesOnlyProxy, GatewayControl, Lock, Process, TestApp, new_key, payment_body};
+use crate::helpers::{
+    ChargesOnlyProxy, GatewayControl, Lock, Process, TestApp, TestDatabase, new_key, payment_body, wait_until,
+};
 
 /// The gateway that `key`'s payment records.
 async fn recorded_gateway(app: &TestApp, key: &str) -> String {
@@ -26,6 +29,22 @@ async fn recorded_gateway(app: &TestApp, key: &str) -> String {
         .await
         .unwrap()
         .unwrap()
+}
+
+/// Time passes for `key`: nobody has run it for longer than a worker that cannot drive it waits
+/// for one that can.
+async fn untaken_for_long(app: &TestApp, key: &str) {
+    let ago = STRANDED_AFTER.as_secs() + 60;
+    app.run_sql(&format!(
+        "UPDATE idempotency_keys SET last_run_at = now() - interval '{ago} seconds' WHERE idempotency_key = '{key}'"
+    ))
+    .await;
+}
+
+/// The identity the mock gateway at `gateway` names itself by.
+async fn identity_of(gateway: &Process) -> String {
+    let account: Value = reqwest::get(format!("{}/v1/account", gateway.url)).await.unwrap().json().await.unwrap();
+    account["id"].as_str().unwrap().to_owned()
 }
 
 /// Kills `gateway` and starts a new one, with an empty memory, on its address.
@@ -53,17 +72,24 @@ async fn a_worker_at_another_gateway_never_charges_a_payment_started_elsewhere()
     at_first.fault("error_after", 1).await;
     assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
 
-    // A worker whose gateway is the second one takes the key over, twice, and gives up on it.
+    // A worker whose gateway is the second one never takes the key: it could not drive it.
     let elsewhere = app.workers_at_gateway(&second.url);
     for _ in 0..2 {
-        assert_eq!(elsewhere.completer.run_once().await.unwrap(), Outcome::Worked);
+        assert_eq!(elsewhere.completer.run_once().await.unwrap(), Outcome::Idle);
     }
-
     let asked = at_second.stats().await;
-    assert_eq!((asked.requests, asked.look_ups), (0, 2), "a gateway that knows nothing of it is never asked to charge");
+    assert_eq!((asked.requests, asked.look_ups), (0, 0), "a gateway that knows nothing of it is never asked");
+    assert!(app.database_says("SELECT completer_attempts = 0 FROM idempotency_keys").await, "no attempt spent");
+
+    // No process that reaches the first gateway runs it for long: the worker gives up on it,
+    // naming both gateways.
+    untaken_for_long(&app, &key).await;
+    assert_eq!(elsewhere.completer.run_once().await.unwrap(), Outcome::Worked);
     let attention = needing_attention(&mut app.db().await).await.unwrap();
     assert_eq!(attention.len(), 1);
-    assert!(attention[0].attention_reason.contains(&*app.gateway_id().await), "{}", attention[0].attention_reason);
+    let reason = &attention[0].attention_reason;
+    assert!(reason.contains(&*app.gateway_id().await) && reason.contains(&identity_of(&second).await), "{reason}");
+    assert_eq!(at_second.stats().await.look_ups, 0);
     // A process with the right gateway finishes it, with the one charge that was made.
     let retry = app.post_payment(&key, &payment_body()).await;
     assert_eq!(retry.status(), StatusCode::CREATED);
@@ -85,6 +111,51 @@ async fn a_gateway_restarted_with_an_empty_memory_is_another_gateway() {
     assert_eq!(retry.status(), StatusCode::SERVICE_UNAVAILABLE, "it waits for the gateway it started at");
     let asked = GatewayControl::new(&restarted.url).stats().await;
     assert_eq!((asked.requests, asked.look_ups), (0, 1), "the new one is asked to look, and never to charge");
+}
+
+/// A worker whose process learned its gateway before the gateway was replaced at its address may
+/// still take a key made at the old one; the answer, named by the new one, tells it that it
+/// reaches another gateway. It hands the key back as it took it, for a process that reaches the
+/// old one: no attempt spent, its last run and its nudge as they were. Taken for an unknown
+/// outcome, that take counted an attempt and started the key's backoff over, for every process.
+#[tokio::test]
+async fn a_worker_that_finds_another_gateway_behind_its_address_hands_the_key_back_untouched() {
+    let mut gateway = Process::gateway().await;
+    let app =
+        TestApp::builder().gateway_url(&gateway.url).workers(|w| w.completer_backoff = Duration::ZERO).spawn().await;
+    // The app knows its gateway, whose answer to a charge is lost; the gateway's event nudged
+    // the key.
+    GatewayControl::new(&gateway.url).fault("error_after", 1).await;
+    let key = new_key();
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    app.run_sql("UPDATE idempotency_keys SET nudged_at = now() - interval '1 second'").await;
+    let as_left = run_state(&app, &key).await;
+    // The gateway is replaced at its address, unbeknown to the app.
+    let replaced = replace(&mut gateway).await;
+    let completer = app.workers().completer;
+
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Worked);
+
+    assert_eq!(run_state(&app, &key).await, as_left, "no attempt spent, its last run and nudge as they were");
+    let trail = app.audit_trail().await;
+    let by_completer: Vec<&str> =
+        trail.iter().filter(|(_, actor)| actor == "completer").map(|(action, _)| action.as_str()).collect();
+    assert_eq!(by_completer, ["idempotency_key.taken_over", "idempotency_key.handed_back"]);
+    // Knowing now which gateway answers, it leaves the key alone.
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Idle);
+    let asked = GatewayControl::new(&replaced.url).stats().await;
+    assert_eq!((asked.requests, asked.look_ups), (0, 1), "asked to look once, never to charge");
+}
+
+/// What decides when a worker takes `key` next: its last run, its nudge, and its attempts.
+async fn run_state(app: &TestApp, key: &str) -> (DateTime<Utc>, Option<DateTime<Utc>>, i32) {
+    use payments_service::db::schema::idempotency_keys as keys;
+    keys::table
+        .filter(keys::idempotency_key.eq(key))
+        .select((keys::last_run_at, keys::nudged_at, keys::completer_attempts))
+        .get_result(&mut app.db().await)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -363,7 +434,8 @@ async fn a_payment_recorded_before_any_gateway_named_itself_is_never_charged_by_
 }
 
 /// A payment that records a gateway gone for good (or one recorded wrongly) needs a person: the
-/// completer gives up, naming the recorded gateway and the one answering now. Once the person
+/// completer leaves it to a process that reaches that gateway, and, once none has run it for long,
+/// gives up on it, naming the recorded gateway and the one answering now. Once the person
 /// knows the recorded gateway holds nothing under the key, `payments attention retry KEY_ID
 /// --gateway <the one answering now>` records that one instead and hands the key back, and the
 /// worker charges there, once. A refund is put right the same way, with its payment.
@@ -388,6 +460,9 @@ async fn a_key_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operato
     let key_id = app.seed_key(&key, &payment_body(), "started", Lock::Free).await;
     let payment_id = app.seed_payment(key_id, &key, "pending", None).await;
     app.run_sql(&format!("UPDATE payments SET gateway = 'acct_gone' WHERE id = '{payment_id}'")).await;
+    // The completer leaves it to a process that reaches that gateway; none runs it for long.
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Idle);
+    untaken_for_long(&app, &key).await;
     assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
     let stuck = attention().await;
     assert_eq!(stuck.len(), 1);
@@ -412,6 +487,8 @@ async fn a_key_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operato
     let refund_key = new_key();
     let refund = json!({ "payment": id, "amount": 400 });
     assert_eq!(app.post_refund(&refund_key, &refund).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Idle);
+    untaken_for_long(&app, &refund_key).await;
     assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
     let refund_key_id = app.key_row(&refund_key).await.unwrap().id;
     assert_eq!(attention().await.iter().map(|key| key.id).collect::<Vec<_>>(), [refund_key_id]);
@@ -426,6 +503,88 @@ async fn a_key_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operato
     let refunded: Value = app.post_refund(&refund_key, &refund).await.json().await.unwrap();
     assert_eq!(refunded["status"], "succeeded", "{refunded}");
     assert!(app.database_says(&format!("SELECT gateway = '{now_answering}' FROM payments WHERE id = '{id}'")).await);
+}
+
+/// A `serve` whose completer looks for work every 100 ms and takes a key as soon as it is free
+/// (with the shortest lock timeout it accepts for this gateway timeout).
+const EAGER_SERVE: [(&str, &str); 4] = [
+    ("PAYMENTS_LOCK_TIMEOUT_MS", "13100"),
+    ("PAYMENTS_GATEWAY_TIMEOUT_MS", "1200"),
+    ("PAYMENTS_WORKER_INTERVAL_MS", "100"),
+    ("PAYMENTS_COMPLETER_BACKOFF_MS", "0"),
+];
+
+/// A capture whose payment records its gateway wrongly: the gateway that holds the charge
+/// answers, and is not believed (`503`). The capture stands as its authorization's one change, so
+/// every other capture or cancel is refused (the lapse's too), until a person records where the
+/// charge is: `attention retry KEY_ID --gateway` records it on the change and its payment, as on
+/// a payment or a refund, and the `serve`'s completer finishes the capture there, adopting what
+/// the gateway did. (Before, the command found no pending payment or refund under the key and
+/// refused: the authorization stayed blocked for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operator_and_finishes() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "stranded").await.unwrap();
+    let gateway = Process::gateway().await;
+    let serve = Process::serve(&database.url, &gateway.url, &[], &EAGER_SERVE).await;
+    let http = reqwest::Client::new();
+    let post = |path: String, key: &str, body: Value| {
+        let request = http.post(format!("{}{path}", serve.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
+        request.json(&body).send()
+    };
+    let says = |condition: String| {
+        let url = database.url.clone();
+        async move { TestApp::database_says_on(&mut AsyncPgConnection::establish(&url).await.unwrap(), &condition).await }
+    };
+    let authorization = json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
+    let authorized: Value = post("/v1/payments".into(), &new_key(), authorization).await.unwrap().json().await.unwrap();
+    let id = authorized["id"].as_str().unwrap();
+    assert_eq!(authorized["status"], "requires_capture");
+    diesel::sql_query(format!("UPDATE payments SET gateway = 'acct_gone' WHERE id = '{id}'"))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+
+    // The capture is made at the gateway, whose answer is not believed: it names another.
+    let capture = new_key();
+    let stranded = post(format!("/v1/payments/{id}/capture"), &capture, json!({})).await.unwrap();
+    assert_eq!(stranded.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let cancel = post(format!("/v1/payments/{id}/cancel"), &new_key(), json!({})).await.unwrap();
+    assert_eq!(cancel.status(), StatusCode::BAD_REQUEST, "the stranded capture holds the authorization");
+    // No process reaches `acct_gone`: once nobody has run the key for long, the completer gives up.
+    let ago = STRANDED_AFTER.as_secs() + 60;
+    let aged = format!(
+        "UPDATE idempotency_keys SET last_run_at = now() - interval '{ago} seconds' WHERE idempotency_key = '{capture}'"
+    );
+    diesel::sql_query(aged).execute(&mut conn).await.unwrap();
+    let of_capture = format!("FROM idempotency_keys WHERE idempotency_key = '{capture}'");
+    wait_until(Duration::from_secs(20), "the completer gives up on the stranded capture", || {
+        says(format!("SELECT needs_attention_at IS NOT NULL AND attention_reason LIKE '%acct_gone%' {of_capture}"))
+    })
+    .await;
+
+    let key_id = needing_attention(&mut conn).await.unwrap().remove(0).id;
+    let holder = identity_of(&gateway).await;
+    let env = [("DATABASE_URL", database.url.as_str())];
+    let retried = attention_retry(&key_id.to_string(), &holder, &env).await;
+    assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
+
+    wait_until(Duration::from_secs(20), "the completer finishes the capture", || {
+        says(format!("SELECT recovery_point = 'finished' {of_capture}"))
+    })
+    .await;
+    let replay = post(format!("/v1/payments/{id}/capture"), &capture, json!({})).await.unwrap();
+    assert_eq!(replay.status(), StatusCode::OK);
+    let captured: Value = replay.json().await.unwrap();
+    assert_eq!((&captured["status"], &captured["amount_captured"]), (&json!("succeeded"), &json!(5000)));
+    assert_eq!(GatewayControl::new(&gateway.url).all_stats().await["captures"], 1, "captured once, by the first call");
+    let recorded = format!(
+        "SELECT count(*) = 2 FROM audit_records
+         WHERE action IN ('payment_change.gateway_changed', 'payment.gateway_changed') AND actor = 'operator'
+           AND data->>'to' = '{holder}'"
+    );
+    assert!(says(recorded).await, "the change and its payment record the gateway, on the record");
 }
 
 async fn attention_retry(key_id: &str, gateway: &str, env: &[(&str, &str)]) -> std::process::Output {

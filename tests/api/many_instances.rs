@@ -1,6 +1,7 @@
 //! Two `serve` processes and a `worker` process on one database keep every guarantee: one
 //! charge per key, however the requests are spread; a request whose server dies is finished by
-//! the worker; and refunds with different keys never take more than the payment between them.
+//! the worker; refunds with different keys never take more than the payment between them; and,
+//! with a gateway each, a key is driven only by a process that reaches its gateway.
 
 use std::time::Duration;
 
@@ -179,4 +180,106 @@ async fn twenty_refunds_with_different_keys_over_two_servers_refund_the_payment_
         .await
         .unwrap();
     assert_eq!((now["amount_refunded"].as_i64(), now["refunded"].as_bool()), (Some(999), Some(true)));
+}
+
+/// The secret both gateways sign their events with, and every `serve` checks them by.
+const SECRET: &str = "whsec_blue_green";
+
+/// Whether `condition` holds in the database at `url` now.
+async fn says(url: &str, condition: String) -> bool {
+    TestApp::database_says_on(&mut AsyncPgConnection::establish(url).await.unwrap(), &condition).await
+}
+
+async fn pay(server: &str, api_key: &str, key: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{server}/v1/payments"))
+        .bearer_auth(api_key)
+        .header("Idempotency-Key", key)
+        .json(&payment_body())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Blue and green: two `serve`s on one database, each with a gateway of its own, as while moving
+/// from one gateway to another. A payment made through green whose answer was lost waits, made at
+/// green's gateway, which tells of the charge in an event; blue receives it, and it makes the key
+/// due at once for every completer. Blue's completer, as eager as one gets (no backoff), never
+/// takes the key: its gateway knows nothing of the charge, and each take spent one of the key's
+/// attempts and put it back to wait out its backoff, for every process. It finishes a key of its
+/// own, made after, so it had its chance. Then a worker at green's gateway, whose backoff would
+/// keep it waiting ten minutes but for the event's nudge, finishes the key at its first attempt.
+/// (Before, blue's completer took the key, found it "made at the gateway acct_A, and acct_B
+/// answers", and counted an attempt, again and again, until the key needed attention.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_made_at_one_gateway_is_finished_by_a_process_that_reaches_it_and_never_taken_by_another() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "blue-green").await.unwrap();
+    let with_secret: Vec<(&str, &str)> =
+        ENV.iter().copied().chain([("PAYMENTS_GATEWAY_WEBHOOK_SECRETS", SECRET)]).collect();
+    let blue_gateway = Process::gateway().await;
+    let blue = Process::serve(&database.url, &blue_gateway.url, &[], &with_secret).await;
+    let to_blue = format!("{}/webhooks/gateway", blue.url);
+    let green_gateway = Process::start(
+        &["gateway", "--bind", "127.0.0.1:0", "--control", "--events-url", &to_blue, "--webhook-secret", SECRET],
+        &[],
+        "payments gateway listening on",
+    )
+    .await;
+    let green = Process::serve(&database.url, &green_gateway.url, &["--no-workers"], &with_secret).await;
+    let (at_blue, at_green) = (GatewayControl::new(&blue_gateway.url), GatewayControl::new(&green_gateway.url));
+    let url = database.url.as_str();
+
+    // Green's payment: charged at green's gateway, its answer lost; the gateway's event about the
+    // charge reaches blue, and nudges the key.
+    at_green.fault("error_after", 1).await;
+    let green_key = new_key();
+    assert_eq!(pay(&green.url, &api_key, &green_key).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let green_row = format!("FROM idempotency_keys k WHERE k.idempotency_key = '{green_key}'");
+    wait_until(Duration::from_secs(20), "green's gateway's event reaches blue", || {
+        says(url, format!("SELECT EXISTS (SELECT FROM gateway_events e WHERE e.idempotency_key_id = k.id) {green_row}"))
+    })
+    .await;
+    // Blue's own payment, its answer lost too: blue's completer finishes it.
+    at_blue.fault("error_after", 1).await;
+    let blue_key = new_key();
+    assert_eq!(pay(&blue.url, &api_key, &blue_key).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    wait_until(Duration::from_secs(20), "blue's completer finishes blue's key", || {
+        says(
+            url,
+            format!("SELECT recovery_point = 'finished' FROM idempotency_keys WHERE idempotency_key = '{blue_key}'"),
+        )
+    })
+    .await;
+
+    // Green's key, due and waiting longer, was never taken: no attempt spent, its nudge kept.
+    let untouched = format!(
+        "SELECT completer_attempts = 0 AND nudged_at IS NOT NULL
+                AND NOT EXISTS (SELECT FROM audit_records a WHERE a.resource_id = k.id AND a.actor = 'completer')
+         {green_row}"
+    );
+    assert!(says(url, untouched).await, "blue's completer took green's key");
+    assert_eq!(at_blue.stats().await.look_ups, 1, "blue's gateway was asked about blue's key alone");
+
+    // A worker at green's gateway finishes it, at its first attempt: the nudge made it due.
+    let patient: Vec<(&str, &str)> =
+        with_secret.iter().copied().filter(|(var, _)| *var != "PAYMENTS_COMPLETER_BACKOFF_MS").collect();
+    let patient: Vec<(&str, &str)> = patient.into_iter().chain([("PAYMENTS_COMPLETER_BACKOFF_MS", "600000")]).collect();
+    let _green_worker = Process::worker(&database.url, &green_gateway.url, &patient).await;
+    wait_until(Duration::from_secs(20), "green's worker finishes green's key", || {
+        says(url, format!("SELECT recovery_point = 'finished' {green_row}"))
+    })
+    .await;
+    let taken_once = format!(
+        "SELECT completer_attempts = 1
+                AND (SELECT array_agg(a.action::text ORDER BY a.id) FROM audit_records a
+                     WHERE a.resource_id = k.id AND a.actor = 'completer') = ARRAY['idempotency_key.taken_over']
+         {green_row}"
+    );
+    assert!(says(url, taken_once).await, "taken once, by green's worker, and finished");
+    assert_eq!(at_green.stats().await.charges, 1);
+    let replay = pay(&green.url, &api_key, &green_key).await;
+    assert_eq!(replay.status(), StatusCode::CREATED);
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
 }

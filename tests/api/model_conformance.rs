@@ -1,9 +1,10 @@
-//! The model's paths, walked on the real service. Seeded random paths through the protocol's
-//! model (`payments-model`) are taken step by step by real `serve` processes (one per attempt of
-//! the client, each stopped at every point its request passes by `X-Fault-Inject: pause=every`,
-//! so that a step is one `SIGCONT`), the completer, a gateway process and a real PostgreSQL.
-//! After each step, what the database, the gateway and the client show is compared with what the
-//! model predicted.
+//! The model's paths, walked on the real service. Random paths through the protocol's model
+//! (`payments-model`), from a seed drawn afresh each run, are taken step by step by real `serve`
+//! processes (one per attempt of the client, each stopped at every point its request passes by
+//! `X-Fault-Inject: pause=every`, so that a step is one `SIGCONT`), the completer, a gateway
+//! process and a real PostgreSQL. After each step, what the database, the gateway and the client
+//! show is compared with what the model predicted. A failure names its seed, and
+//! `PAYMENTS_CONFORMANCE_SEED=<seed>` walks the same paths again.
 //!
 //! The model's faults become real ones: a crash is `SIGKILL`; a lease lapsing is the key row's
 //! `locked_until` put in the past (what time does to it); the gateway failing before or after
@@ -11,18 +12,28 @@
 //! endpoint. What a path here never takes: a pause that outlasts a lease (a process stops here
 //! only between steps; `fencing.rs` pauses one past its lease), the gateway's events, refunds and
 //! the reaper. The model checks those; their own tests drive them.
+//!
+//! With the look-up before re-charging switched off, in the model (its broken rule) and in the
+//! service (a switch only a test build has), the walk takes the shortest path to a double charge
+//! and the gateway makes two charges where the model says. And the rules the service states in
+//! SQL (the claim, the fence, a refund's fit, a change of an authorization) decide, in every
+//! situation the protocol's functions name, as those functions do.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::time::Duration;
 
 use chrono::Utc;
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use nix::sys::signal::Signal;
-use payments_model::{Action, Answer, Gateway, Pc, Point, Protocol, State};
+use payments_model::{Action, Answer, Gateway, Mutant, Pc, Point, Protocol, State};
+use payments_protocol::test_switches;
 use payments_protocol::{Claim, Found, Lease, Refusal};
+use payments_service::audit::Actor;
 use payments_service::db::schema::payments;
-use payments_service::idempotency::{Claim as Claimed, claim};
+use payments_service::idempotency::{
+    Claim as Claimed, PhaseError, Reason, RecoveryPoint, StoredResponse, Transition, atomic_phase, claim,
+};
 use payments_service::workers::{Outcome as Worked, Worker};
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -33,7 +44,8 @@ use stateright::Model;
 use tokio::task::JoinHandle;
 
 use crate::helpers::{
-    GatewayControl, KeyRowId, Lock as KeyLock, Process, TestApp, TestWrites, new_key, payment_body, wait_for,
+    GatewayControl, GatewayStats, KeyRowId, Lock as KeyLock, Process, TestApp, TestWrites, audited_phase, new_key,
+    payment_body, wait_for,
 };
 
 /// How long a gateway call may take: long enough for a slow machine's first answers, short enough
@@ -45,9 +57,18 @@ const GATEWAY_TIMEOUT: Duration = Duration::from_secs(2);
 const PATHS: u64 = 24;
 const MOST_STEPS: usize = 40;
 
-/// Where the paths start from: `MODEL_PATHS_SEED` picks other paths (the failure names it).
-fn first_seed() -> u64 {
-    std::env::var("MODEL_PATHS_SEED").ok().and_then(|seed| seed.parse().ok()).unwrap_or(0)
+/// The environment variable that replays a run: the seed its failure named.
+const SEED_VARIABLE: &str = "PAYMENTS_CONFORMANCE_SEED";
+
+/// Where this run's paths start from: a seed drawn afresh, so that each run walks other paths, or
+/// the one [`SEED_VARIABLE`] names, to replay a run. Printed, and named by every failure.
+fn run_seed() -> u64 {
+    let seed = match std::env::var(SEED_VARIABLE) {
+        Ok(seed) => seed.parse().unwrap_or_else(|_| panic!("{SEED_VARIABLE} is a number, not {seed:?}")),
+        Err(_) => rand::random(),
+    };
+    eprintln!("model conformance: {SEED_VARIABLE}={seed} walks these paths again");
+    seed
 }
 
 #[tokio::test]
@@ -75,20 +96,43 @@ async fn the_service_does_what_the_model_predicts_on_paths_drawn_from_it() {
     ];
     let gateway = Process::gateway().await;
     let mut taken = BTreeSet::new();
-    let first = first_seed();
-    for seed in first..first + 2 * PATHS {
-        if seed >= first + PATHS && kinds.iter().all(|kind| taken.contains(kind)) {
+    let first = run_seed();
+    for n in 0..2 * PATHS {
+        if n >= PATHS && kinds.iter().all(|kind| taken.contains(kind)) {
             break;
         }
-        let mut path = Path::start(seed, &gateway).await;
+        let seed = first.wrapping_add(n);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let harness = Harness { model: Protocol::new(2, 2), declines: rng.random_bool(0.25), completer: true };
+        let mut path = Path::start(harness, seed, rng, &gateway, &[]).await;
         for _ in 0..MOST_STEPS {
             let Some(step) = path.plan_step() else { break };
             taken.extend(path.take(&step).await);
         }
     }
     for expected in kinds {
-        assert!(taken.contains(expected), "no path took \"{expected}\": took {taken:?}");
+        assert!(taken.contains(expected), "no path took \"{expected}\" ({SEED_VARIABLE}={first}): took {taken:?}");
     }
+}
+
+#[tokio::test]
+async fn with_the_look_up_before_re_charging_switched_off_the_walk_charges_twice() {
+    // The model with the look-up broken, and the service with it switched off: the shortest path
+    // the harness can take to two charges for one payment, walked on the real service, which must
+    // charge twice exactly where the model says. The attempts' `serve` processes have the switch;
+    // the completer runs in this process, which has not, so the path takes none of its steps.
+    let harness =
+        Harness { model: Protocol::new(2, 2).with(Mutant::NoLookUpBeforeCharging), declines: false, completer: false };
+    let steps = harness.shortest_steps_to(|state| state.charges.len() == 2).expect("a path to a double charge");
+    let gateway = Process::gateway().await;
+    let seed = run_seed();
+    let switched_off = [test_switches::LOOK_UP_BEFORE_CHARGING];
+    let mut path = Path::start(harness, seed, StdRng::seed_from_u64(seed), &gateway, &switched_off).await;
+    for step in &steps {
+        path.take(step).await;
+    }
+    let made = path.observed().await.made;
+    assert_eq!(made, (2, 0), "the gateway charged twice for one payment:\n{}", path.explain());
 }
 
 /// The kind of an action, for the tally of what the paths took; a claim's by what it led to.
@@ -118,17 +162,141 @@ fn kind(action: &Action, after: &State) -> &'static str {
     }
 }
 
+/// Which of the model's steps a walk may take on the real system.
+struct Harness {
+    /// The model, with the service's rules (or, to walk to what a broken one does, a broken
+    /// variant's, the service's matching rule switched off).
+    model: Protocol,
+    /// The card is declined on this path (the gateway decides by the source).
+    declines: bool,
+    /// The completer's take-over may be taken (it runs in this process).
+    completer: bool,
+}
+
+impl Harness {
+    /// The actions the model offers in `state` that this harness can take (of driver `only`, and
+    /// no process fault, when it is mid-step).
+    fn offered(&self, state: &State, only: Option<usize>) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.model.actions(state, &mut actions);
+        actions.retain(|action| match action {
+            Action::Charge(_, Gateway::Declines) => self.declines,
+            Action::Charge(_, Gateway::Answers | Gateway::FailsAfter) => !self.declines,
+            Action::Pause(_) | Action::PauseInCall(_) | Action::Wake(_) | Action::Reap => false,
+            Action::TakeOver => self.completer,
+            Action::Crash(_) => only.is_none(),
+            _ => true,
+        });
+        if only.is_some() {
+            actions.retain(|action| self.driver_of(*action) == only);
+        }
+        actions
+    }
+
+    fn driver_of(&self, action: Action) -> Option<usize> {
+        match action {
+            Action::Claim(d)
+            | Action::Start(d)
+            | Action::LookUp(d)
+            | Action::Charge(d, _)
+            | Action::Record(d)
+            | Action::Finish(d)
+            | Action::Release(d)
+            | Action::Crash(d)
+            | Action::Pause(d)
+            | Action::Wake(d) => Some(d),
+            Action::TakeOver => Some(usize::from(self.model.attempts)),
+            _ => None,
+        }
+    }
+
+    /// Whether driver `d` is between two points where it could stop: the completer is until it
+    /// ends; an attempt is in the claim before `started`, between a look-up and its charge
+    /// request, and between an unknown outcome and its release.
+    fn mid_step(&self, state: &State, d: usize) -> bool {
+        let pc = state.drivers[d].pc;
+        if d == usize::from(self.model.attempts) {
+            return !matches!(pc, Pc::Idle | Pc::Done | Pc::Dead);
+        }
+        matches!(pc, Pc::Claimed | Pc::ToCharge | Pc::Unknown)
+    }
+
+    /// A step drawn at random from `state`: a fault, or one driver's actions from a point where a
+    /// real process can stop to the next such point (the completer's whole run, which stops
+    /// nowhere). `None`: nothing left to take.
+    fn random_step(&self, state: &State, rng: &mut StdRng) -> Option<Vec<Action>> {
+        let first = *self.offered(state, None).choose(rng)?;
+        let mut step = vec![first];
+        let mut state = self.model.next_state(state, first).expect("an action the model offers");
+        if let Some(d) = self.driver_of(first) {
+            while self.mid_step(&state, d) {
+                let next = *self.offered(&state, Some(d)).choose(rng).expect("a driver mid-step goes on");
+                state = self.model.next_state(&state, next).expect("an action the model offers");
+                step.push(next);
+            }
+        }
+        Some(step)
+    }
+
+    /// Every step the harness can take from `state`, with the state it leads to.
+    fn steps_from(&self, state: &State) -> Vec<(Vec<Action>, State)> {
+        let mut steps = Vec::new();
+        for first in self.offered(state, None) {
+            let next = self.model.next_state(state, first).expect("an action the model offers");
+            self.go_on(vec![first], next, self.driver_of(first), &mut steps);
+        }
+        steps
+    }
+
+    fn go_on(&self, step: Vec<Action>, state: State, driver: Option<usize>, steps: &mut Vec<(Vec<Action>, State)>) {
+        match driver {
+            Some(d) if self.mid_step(&state, d) => {
+                for action in self.offered(&state, Some(d)) {
+                    let next = self.model.next_state(&state, action).expect("an action the model offers");
+                    let mut longer = step.clone();
+                    longer.push(action);
+                    self.go_on(longer, next, driver, steps);
+                }
+            }
+            _ => steps.push((step, state)),
+        }
+    }
+
+    /// The fewest steps the harness can take from the model's start to a state that is `goal`.
+    fn shortest_steps_to(&self, goal: impl Fn(&State) -> bool) -> Option<Vec<Vec<Action>>> {
+        let start = self.model.init_states().remove(0);
+        let mut seen = HashSet::from([start.clone()]);
+        let mut queue = VecDeque::from([(start, Vec::new())]);
+        while let Some((state, steps)) = queue.pop_front() {
+            for (step, next) in self.steps_from(&state) {
+                if !seen.insert(next.clone()) {
+                    continue;
+                }
+                let mut steps: Vec<Vec<Action>> = steps.clone();
+                steps.push(step);
+                if goal(&next) {
+                    return Some(steps);
+                }
+                queue.push_back((next, steps));
+            }
+        }
+        None
+    }
+}
+
 /// One path: the model's state and the real system taking the same steps.
 struct Path<'g> {
     seed: u64,
-    model: Protocol,
+    harness: Harness,
     state: State,
-    /// The card is declined on this path (the gateway decides by the source).
-    declines: bool,
     rng: StdRng,
     app: TestApp,
     gateway: &'g Process,
     control: GatewayControl,
+    /// The gateway's counters when the path began: what it made meanwhile is the path's.
+    gateway_before: GatewayStats,
+    /// The protocol's rules switched off in the attempts' processes.
+    switched_off: Vec<&'static str>,
     key: String,
     body: Value,
     /// The client's attempts, by the model's driver.
@@ -195,6 +363,8 @@ struct Observed {
     payment: Option<Outcome>,
     /// The charges the gateway holds under the key's downstream key: succeeded, or declined.
     charges: Vec<bool>,
+    /// The charges the gateway made during the path, under any key at all: succeeded, declined.
+    made: (u64, u64),
     attempts: Vec<Where>,
     answers: Vec<Told>,
 }
@@ -203,13 +373,16 @@ struct Observed {
 const STOPS: [&str; 3] = ["after_charge_created", "after_charge", "after_started"];
 
 impl<'g> Path<'g> {
-    /// A path on a database of its own, whose attempts (at most two) charge at `gateway`; the
-    /// model's faults at most two, as the real system can take them.
-    async fn start(seed: u64, gateway: &'g Process) -> Path<'g> {
-        let model = Protocol::new(2, 2);
-        let state = model.init_states().remove(0);
-        let mut rng = StdRng::seed_from_u64(seed);
-        let declines = rng.random_bool(0.25);
+    /// A path on a database of its own, whose attempts (at most two) charge at `gateway`, with the
+    /// protocol's rules `switched_off` in their processes.
+    async fn start(
+        harness: Harness,
+        seed: u64,
+        rng: StdRng,
+        gateway: &'g Process,
+        switched_off: &[&'static str],
+    ) -> Path<'g> {
+        let state = harness.model.init_states().remove(0);
         let app = TestApp::builder()
             .gateway_url(&gateway.url)
             .lock_timeout(Duration::from_secs(60))
@@ -218,21 +391,23 @@ impl<'g> Path<'g> {
             .spawn()
             .await;
         let mut body = payment_body();
-        if declines {
+        if harness.declines {
             body["source"] = "tok_chargeDeclined".into();
         }
-        let attempts = (0..model.attempts).map(|_| None).collect();
+        let attempts = (0..harness.model.attempts).map(|_| None).collect();
         let control = GatewayControl::new(&gateway.url);
         control.clear_faults().await;
+        let gateway_before = control.stats().await;
         Path {
             seed,
-            model,
+            harness,
             state,
-            declines,
             rng,
             app,
             gateway,
             control,
+            gateway_before,
+            switched_off: switched_off.to_vec(),
             key: new_key(),
             body,
             attempts,
@@ -242,67 +417,9 @@ impl<'g> Path<'g> {
         }
     }
 
-    /// The model's next step, drawn at random from those the real system can take: a fault, or
-    /// one driver's actions from a point where a real process can stop to the next such point
-    /// (the completer's whole run, which stops nowhere). `None`: nothing left to take.
+    /// The model's next step, drawn at random from those the real system can take.
     fn plan_step(&mut self) -> Option<Vec<Action>> {
-        let first = *self.offered(&self.state, None).choose(&mut self.rng)?;
-        let mut step = vec![first];
-        let mut state = self.model.next_state(&self.state, first).expect("an action the model offers");
-        if let Some(d) = self.driver_of(first) {
-            while self.mid_step(&state, d) {
-                let next = *self.offered(&state, Some(d)).choose(&mut self.rng).expect("a driver mid-step goes on");
-                state = self.model.next_state(&state, next).expect("an action the model offers");
-                step.push(next);
-            }
-        }
-        Some(step)
-    }
-
-    /// The actions the model offers in `state` that this harness can take (of driver `only`, and
-    /// no process fault, when it is mid-step).
-    fn offered(&self, state: &State, only: Option<usize>) -> Vec<Action> {
-        let mut actions = Vec::new();
-        self.model.actions(state, &mut actions);
-        actions.retain(|action| match action {
-            Action::Charge(_, Gateway::Declines) => self.declines,
-            Action::Charge(_, Gateway::Answers | Gateway::FailsAfter) => !self.declines,
-            Action::Pause(_) | Action::PauseInCall(_) | Action::Wake(_) | Action::Reap => false,
-            Action::Crash(_) => only.is_none(),
-            _ => true,
-        });
-        if only.is_some() {
-            actions.retain(|action| self.driver_of(*action) == only);
-        }
-        actions
-    }
-
-    fn driver_of(&self, action: Action) -> Option<usize> {
-        match action {
-            Action::Claim(d)
-            | Action::Start(d)
-            | Action::LookUp(d)
-            | Action::Charge(d, _)
-            | Action::Record(d)
-            | Action::Finish(d)
-            | Action::Release(d)
-            | Action::Crash(d)
-            | Action::Pause(d)
-            | Action::Wake(d) => Some(d),
-            Action::TakeOver => Some(usize::from(self.model.attempts)),
-            _ => None,
-        }
-    }
-
-    /// Whether driver `d` is between two points where it could stop: the completer is until it
-    /// ends; an attempt is in the claim before `started`, between a look-up and its charge
-    /// request, and between an unknown outcome and its release.
-    fn mid_step(&self, state: &State, d: usize) -> bool {
-        let pc = state.drivers[d].pc;
-        if d == usize::from(self.model.attempts) {
-            return !matches!(pc, Pc::Idle | Pc::Done | Pc::Dead);
-        }
-        matches!(pc, Pc::Claimed | Pc::ToCharge | Pc::Unknown)
+        self.harness.random_step(&self.state, &mut self.rng)
     }
 
     /// Takes `step` on the real system and in the model, compares the two, and returns the
@@ -351,7 +468,7 @@ impl<'g> Path<'g> {
         }
         let mut kinds = Vec::new();
         for &action in step {
-            self.state = self.model.next_state(&self.state, action).expect("an action the model offers");
+            self.state = self.harness.model.next_state(&self.state, action).expect("an action the model offers");
             self.taken.push(action);
             kinds.push(kind(&action, &self.state));
         }
@@ -368,10 +485,11 @@ impl<'g> Path<'g> {
         assert_eq!(
             observed,
             predicted,
-            "path {} (MODEL_PATHS_SEED={}), declined card: {}; the service (left) and the model (right) part after:\n{}",
+            "path {SEED_VARIABLE}={} (declined card: {}, rules switched off: {:?}); the service (left) and the model \
+             (right) part after:\n{}",
             self.seed,
-            self.seed,
-            self.declines,
+            self.harness.declines,
+            self.switched_off,
             self.explain(),
         );
         kinds
@@ -379,18 +497,20 @@ impl<'g> Path<'g> {
 
     /// The steps taken so far, as the model explains them.
     fn explain(&self) -> String {
-        let init = self.model.init_states().remove(0);
-        let path = stateright::Path::from_actions(&self.model, init, &self.taken).expect("the steps taken");
-        self.model.explain(&path)
+        let model = &self.harness.model;
+        let path = stateright::Path::from_actions(model, model.init_states().remove(0), &self.taken);
+        model.explain(&path.expect("the steps taken"))
     }
 
     /// Attempt `d`: a process of its own sends the request, which runs to its first stop.
     async fn send(&mut self, d: usize) {
         let gateway_timeout = GATEWAY_TIMEOUT.as_millis().to_string();
+        let switched_off = self.switched_off.join(",");
         let env = [
             ("PAYMENTS_FAULT_INJECTION", "1"),
             ("PAYMENTS_GATEWAY_TIMEOUT_MS", &gateway_timeout),
             ("PAYMENTS_LOCK_TIMEOUT_MS", "60000"),
+            (test_switches::VARIABLE, &switched_off),
         ];
         let process = Process::serve(&self.app.database.url, &self.gateway.url, &["--no-workers"], &env).await;
         let request = self.app.http.post(format!("{}/v1/payments", process.url)).bearer_auth(&self.app.api_key);
@@ -445,7 +565,7 @@ impl<'g> Path<'g> {
             (Some(token), false) => Lock::Live(token),
             (Some(token), true) => Lock::Over(token),
         };
-        let attempts = state.drivers[..usize::from(self.model.attempts)].iter().map(|driver| match driver.pc {
+        let attempts = state.drivers[..usize::from(self.harness.model.attempts)].iter().map(|driver| match driver.pc {
             Pc::Idle => Where::NotSent,
             Pc::Started => Where::StoppedAt("after_started"),
             Pc::Answered(_) => Where::StoppedAt("after_charge"),
@@ -462,6 +582,7 @@ impl<'g> Path<'g> {
             Told::Payment(_, outcome) => outcome,
             _ => unreachable!(),
         };
+        let succeeded = state.charges.iter().filter(|charge| charge.succeeded).count() as u64;
         let answers = state.answers.iter().map(|answer| match *answer {
             Answer::Payment(charge) => payment(charge),
             Answer::InFlight => Told::InFlight,
@@ -473,6 +594,7 @@ impl<'g> Path<'g> {
             key: state.key.as_ref().map(|key| (key.point, lock(key.token, key.lease_over), key.answer.map(payment))),
             payment: state.payment.as_ref().map(|payment| payment.charge.map_or(Outcome::Pending, outcome)),
             charges: state.charges.iter().map(|charge| charge.succeeded).collect(),
+            made: (succeeded, state.charges.len() as u64 - succeeded),
             attempts: attempts.collect(),
             answers: answers.collect(),
         }
@@ -480,6 +602,7 @@ impl<'g> Path<'g> {
 
     /// What the database, the gateway and the client show.
     async fn observed(&self) -> Observed {
+        let now = self.control.stats().await;
         let row = self.app.key_row(&self.key).await;
         let charges = match &row {
             Some(row) => self.control.charges_for(&self.app.downstream_key(row.id)).await,
@@ -548,6 +671,7 @@ impl<'g> Path<'g> {
             key,
             payment: payment.as_ref().map(outcome),
             charges: charges.iter().map(|charge| charge["status"] == "succeeded").collect(),
+            made: (now.charges - self.gateway_before.charges, now.declined - self.gateway_before.declined),
             attempts: attempts.collect(),
             answers: answers.collect(),
         }
@@ -710,4 +834,149 @@ async fn the_refunds_statement_decides_as_the_protocols_rule_says() {
             }
         }
     }
+}
+
+/// The fence's rule lives in SQL (every phase's statement moves the key row only `WHERE ..
+/// lock_token = {key.token}`, `idempotency/phase.rs`; the release is fenced the same way): for a
+/// row that carries the driver's token, another driver's or none (let go, or finished), with the
+/// lease live or over, each transition of a phase, and the release, commit exactly when
+/// `payments_protocol::commits` says, which is what the model checks.
+#[tokio::test]
+async fn the_fence_decides_as_the_protocols_rule_says() {
+    // The model's tokens: the driver's is 1, another driver's 2.
+    let situations = [
+        ("the driver's token, its lease live", Some(1), "started", false),
+        ("the driver's token, its lease over", Some(1), "started", true),
+        ("another's token, its lease live", Some(2), "started", false),
+        ("another's token, its lease over", Some(2), "started", true),
+        ("no token: let go", None, "started", false),
+        ("no token: finished", None, "finished", false),
+    ];
+    let app = TestApp::spawn().await;
+    let mut conn = app.db().await;
+    for (situation, row_token, point, lease_over) in situations {
+        for step in ["stay", "advance", "finish", "release"] {
+            let request = app.key_request();
+            let mut lock = request.claim(&app).await;
+            let id = lock.key_id;
+            let until = if lease_over { "now() - interval '1 second'" } else { "now() + interval '1 minute'" };
+            let row = match row_token {
+                Some(1) => format!("locked_until = {until}"),
+                Some(_) => format!("lock_token = gen_random_uuid(), locked_until = {until}"),
+                None => "lock_token = NULL, locked_until = NULL".to_owned(),
+            };
+            app.run_sql(&format!("UPDATE idempotency_keys SET {row} WHERE id = '{id}'")).await;
+            if point == "finished" {
+                app.run_sql(&finish(id)).await;
+            }
+            let before = app.key_row(request.key.as_str()).await.expect("the key row");
+            let transition = match step {
+                "stay" => Some(Transition::Stay),
+                "advance" => Some(Transition::Advance(RecoveryPoint::ChargeCreated)),
+                "finish" => Some(Transition::Finish {
+                    response: StoredResponse { status: 201, body: b"{}".to_vec() },
+                    retention: Duration::from_secs(60),
+                }),
+                _ => None,
+            };
+            let committed = match transition {
+                Some(transition) => {
+                    let phase = atomic_phase::<TestWrites, KeyRowId>(
+                        &mut conn,
+                        app.routing(),
+                        &mut lock,
+                        transition,
+                        audited_phase("", ""),
+                    );
+                    match phase.await {
+                        Ok(_) => true,
+                        Err(PhaseError::LockLost) => false,
+                        Err(error) => panic!("{situation}: the phase failed otherwise: {error}"),
+                    }
+                }
+                None => {
+                    let reason = Reason { code: "internal", detail: "the fence's table" };
+                    lock.release(&mut conn, Actor::Api, reason, &request.request_id).await.expect("the release");
+                    let after = app.key_row(request.key.as_str()).await.expect("the key row");
+                    before.lock_token.is_some() && after.lock_token.is_none()
+                }
+            };
+            let after = app.key_row(request.key.as_str()).await.expect("the key row");
+            if !committed {
+                assert_eq!(
+                    (after.recovery_point.as_str(), after.lock_token, after.locked_until),
+                    (before.recovery_point.as_str(), before.lock_token, before.locked_until),
+                    "{situation}, {step}: a phase fenced out leaves the row as it was"
+                );
+            }
+            let rule = payments_protocol::commits(row_token, 1);
+            assert_eq!(committed, rule, "{situation}, {step}: the statement and the rule part");
+        }
+    }
+}
+
+/// The rule of a change of an authorization lives in SQL (`captures/writes.rs`: its `started`
+/// inserts the change only on a payment still `requires_capture`, and the unique index on the
+/// payment's changes that are not `failed` lets one stand): for an authorization open, captured
+/// or cancelled, with no other change, one pending, one that succeeded or one that failed, a
+/// capture and a cancel stand (and reach the gateway) exactly when
+/// `payments_protocol::change_stands` says, which is what the authorization's model checks.
+#[tokio::test]
+async fn a_changes_statement_decides_as_the_protocols_rule_says() {
+    let app = TestApp::spawn().await;
+    let ends = [
+        ("open", None),
+        ("captured", Some("status = 'succeeded', amount_captured = amount")),
+        ("cancelled", Some("status = 'canceled', canceled_at = now()")),
+    ];
+    for (end, ended) in ends {
+        for other in [None, Some("pending"), Some("succeeded"), Some("failed")] {
+            for kind in ["capture", "cancel"] {
+                let authorization =
+                    json!({ "amount": 5000, "currency": "usd", "source": "tok_visa", "capture": false });
+                let authorized = app.post_payment(&new_key(), &authorization).await;
+                assert_eq!(authorized.status(), StatusCode::CREATED);
+                let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+                if let Some(ended) = ended {
+                    app.run_sql(&format!("UPDATE payments SET {ended} WHERE id = '{id}'")).await;
+                }
+                if let Some(status) = other {
+                    let failure = if status == "failed" { "'charge_already_captured'" } else { "NULL" };
+                    app.run_sql(&format!(
+                        "INSERT INTO payment_changes (id, account_id, payment_id, idempotency_key_id, idempotency_key,
+                                                      kind, cancellation_reason, status, gateway, failure_code)
+                         SELECT gen_random_uuid(), account_id, id, gen_random_uuid(), '{}', 'cancel',
+                                'requested_by_customer', '{status}', gateway, {failure}
+                         FROM payments WHERE id = '{id}'",
+                        new_key()
+                    ))
+                    .await;
+                }
+                let requests_before = change_requests(&app).await;
+                let url = format!("{}/v1/payments/{id}/{kind}", app.address);
+                let request = app.http.post(url).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+                let answer = request.json(&json!({})).send().await.expect("answered");
+                let status = answer.status();
+                let problem: Value = answer.json().await.unwrap();
+                let stood = match (status, problem["type"].as_str().and_then(|t| t.rsplit('/').next())) {
+                    (StatusCode::OK, _) => true,
+                    (StatusCode::BAD_REQUEST, Some("payment-not-capturable" | "payment-not-cancelable")) => false,
+                    _ => panic!("an answer the rule has no name for: {status} {problem}"),
+                };
+                let asked = change_requests(&app).await - requests_before;
+                let situation = format!("a {kind} of an authorization {end}, another change {other:?}");
+                assert_eq!(asked, u64::from(stood), "{situation}: only a change that stands reaches the gateway");
+                let another_stands = matches!(other, Some("pending" | "succeeded"));
+                let rule = payments_protocol::change_stands(ended.is_none(), another_stands);
+                assert_eq!(stood, rule, "{situation}: the statement and the rule part");
+            }
+        }
+    }
+}
+
+/// The captures and cancels the gateway was asked for.
+async fn change_requests(app: &TestApp) -> u64 {
+    let stats = app.gateway.all_stats().await;
+    let count = |name: &str| stats[name].as_u64().unwrap_or_else(|| panic!("{name} in {stats}"));
+    count("capture_requests") + count("cancel_requests")
 }

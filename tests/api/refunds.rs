@@ -219,24 +219,19 @@ async fn an_expired_refund_key_answers_410_naming_its_refund_and_refunds_nothing
 }
 
 /// A refund of `body` sent while another transaction holds `update` of the payment's row, not
-/// committed yet; committed once the refund waits for that transaction's lock (or has answered
-/// without waiting, deciding on the row as it was before).
+/// committed yet; committed once the refund waits for that transaction's lock. A refund that
+/// answers without waiting (deciding on the row as it was before) fails the test with its answer.
 async fn refund_behind(app: &TestApp, update: &str, body: Value) -> reqwest::Response {
     let mut other = OpenTransaction::begin(&app.database.url).await;
     other.run(update).await;
     let key = new_key();
-    let refund = app.post_refund(&key, &body);
-    tokio::pin!(refund);
-    let waits = wait_until(Duration::from_secs(10), "the refund waits for the update's lock", || other.is_waited_for());
-    let answered_without_waiting = tokio::select! {
-        answered = &mut refund => Some(answered),
-        () = waits => None,
-    };
-    other.commit().await;
-    match answered_without_waiting {
-        Some(answered) => answered,
-        None => refund.await,
+    let (refund, committed) =
+        tokio::join!(app.post_refund(&key, &body), other.commit_once_waited_for(Duration::from_secs(10)));
+    if let Err(why) = committed {
+        let (status, answer) = (refund.status(), refund.text().await.unwrap_or_default());
+        panic!("the refund did not wait for the update's lock ({why}): {status} {answer}");
     }
+    refund
 }
 
 #[tokio::test]

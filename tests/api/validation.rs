@@ -248,6 +248,99 @@ async fn a_content_type_sent_twice_is_400_wherever_a_body_is_read() {
     assert_eq!(response.status(), StatusCode::OK);
 }
 
+/// Everything the service has written and asked the gateway, as a test compares it before and
+/// after requests that must change nothing: (keys, payments, audit records, staged jobs), refunds,
+/// captures and cancels, events recorded, and the gateway's requests.
+async fn everything_written(app: &TestApp) -> ((i64, i64, i64, i64), Vec<bool>, u64) {
+    let mut tables = Vec::new();
+    for table in ["refunds", "payment_changes", "gateway_events"] {
+        tables.push(app.database_says(&format!("SELECT count(*) = 0 FROM {table}")).await);
+    }
+    (app.row_counts().await, tables, app.gateway.stats().await.requests)
+}
+
+/// A body is a JSON object. serde's derived structs take an array too, read by position: `[]`
+/// captured all of an authorization, `[300]` captured 300, `[]` cancelled, `["<payment id>"]`
+/// refunded all of a payment and `[500, "usd", "tok_visa"]` charged. Each is `400 malformed-body`
+/// now, as any other body that is not an object, and changes nothing. A signed event that is an
+/// array, or whose parts are, is no event the gateway sent: kept for a person as any unreadable
+/// one, and never applied.
+#[tokio::test]
+async fn a_body_that_is_not_a_json_object_is_refused_on_every_post_and_changes_nothing() {
+    let secret = "whsec_objects";
+    let app = TestApp::builder().webhook_secrets(&[secret]).spawn().await;
+    let authorization = json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "capture": false });
+    let authorized: Value = app.post_payment(&new_key(), &authorization).await.json().await.unwrap();
+    let authorized = authorized["id"].as_str().unwrap().to_owned();
+    let paid_key = new_key();
+    let paid: Value = app.post_payment(&paid_key, &payment_body()).await.json().await.unwrap();
+    let paid_id = paid["id"].as_str().unwrap();
+    let before = everything_written(&app).await;
+
+    let capture = format!("/v1/payments/{authorized}/capture");
+    let cancel = format!("/v1/payments/{authorized}/cancel");
+    let positional = [
+        (capture.as_str(), "[]".to_owned()),
+        (capture.as_str(), "[300]".to_owned()),
+        (cancel.as_str(), "[]".to_owned()),
+        ("/v1/refunds", format!(r#"["{paid_id}"]"#)),
+        ("/v1/payments", r#"[500,"usd","tok_visa"]"#.to_owned()),
+    ];
+    let not_objects = ["[]", "500", r#""usd""#, "null", "true"];
+    let every_path = [capture.as_str(), cancel.as_str(), "/v1/refunds", "/v1/payments"];
+    let others = every_path.iter().flat_map(|path| not_objects.map(|body| (*path, body.to_owned())));
+    for (path, body) in positional.into_iter().chain(others) {
+        let response = app
+            .http
+            .post(format!("{}{path}", app.address))
+            .bearer_auth(&app.api_key)
+            .header("Idempotency-Key", new_key())
+            .header("Content-Type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path} {body}");
+        assert_eq!(response.headers()["content-type"], "application/problem+json");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], format!("{PROBLEMS}malformed-body"), "{path} {body}: {problem}");
+        assert!(problem["detail"].as_str().unwrap().contains("a JSON object"), "{path} {body}: {problem}");
+        assert_eq!(everything_written(&app).await, before, "{path} {body}: nothing written, the gateway not asked");
+    }
+    let still: Value = app.get(&format!("/v1/payments/{authorized}")).await.json().await.unwrap();
+    assert_eq!((&still["status"], &still["amount_captured"]), (&json!("requires_capture"), &json!(0)));
+
+    // An event about the paid payment's charge, as an array read by position, and with each of
+    // its parts as one: each verifies, and none is applied.
+    let downstream = app.downstream_key(app.key_row(&paid_key).await.unwrap().id);
+    let charge = &paid["gateway_charge_id"];
+    let now = chrono::Utc::now().timestamp();
+    let event = |data: Value, request: Value| {
+        json!({ "id": format!("evt_{}", uuid::Uuid::new_v4().simple()), "object": "event",
+                "type": "charge.succeeded", "created": now, "data": data, "request": request })
+    };
+    let events = [
+        json!(["evt_positional", "charge.succeeded", now, [[charge]], [downstream]]),
+        event(json!([{ "id": charge, "object": "charge" }]), json!({ "idempotency_key": downstream })),
+        event(json!({ "object": [charge] }), json!({ "idempotency_key": downstream })),
+        event(json!({ "object": { "id": charge, "object": "charge" } }), json!([downstream])),
+    ];
+    for event in events {
+        let body = event.to_string();
+        let signature = payments_service::gateway::signature::sign(
+            &[payments_service::gateway::signature::WebhookSecret::new(secret)],
+            now,
+            body.as_bytes(),
+        );
+        let response = app.post_event(body.as_bytes(), Some(&signature)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{body}");
+        assert_eq!(response.json::<Value>().await.unwrap()["outcome"], "unrecognized", "{body}");
+        let kept = format!("SELECT count(*) = 1 FROM unreadable_gateway_events WHERE body = '{body}'::bytea");
+        assert!(app.database_says(&kept).await, "kept for a person: {body}");
+        assert!(app.database_says("SELECT count(*) = 0 FROM gateway_events").await, "never applied: {body}");
+    }
+}
+
 #[tokio::test]
 async fn a_key_reused_with_another_payload_is_422_and_changes_nothing() {
     let app = TestApp::spawn().await;

@@ -4,7 +4,10 @@ use std::fmt::Write;
 
 use stateright::Path;
 
-use super::{Action, Answer, Gateway, Pc, Point, Protocol, REFUNDS_ASK, RefundPc, State};
+use payments_protocol::RefundStage;
+
+use super::state::{Action, Answer, Event, Gateway, Pc, Point, RefundPc, State};
+use super::{Protocol, REFUNDS_ASK};
 
 /// Who driver `d` of `drivers` is: one of the client's attempts, or the completer (the last).
 fn who(drivers: usize, d: usize) -> String {
@@ -48,13 +51,20 @@ impl Protocol {
             Action::Wake(d) => format!("{}'s process thaws", who(d)),
             Action::LeaseLapses => "the frozen or dead holder's lease runs out".to_string(),
             Action::Forget => "the gateway forgets its idempotency keys".to_string(),
-            Action::Deliver(event) => format!("the event about charge #{} reaches the service", event.charge),
-            Action::SendAgain(event) => format!("the gateway sends the event about charge #{} again", event.charge),
+            Action::Deliver(event) => format!("{} reaches the service", about(event)),
+            Action::SendAgain(event) => format!("the gateway sends {} again", about(event)),
             Action::Reap => "the reaper deletes the finished key's row".to_string(),
             Action::RefundStart(r) => format!("{} commits `started`: the money rule", refund(r)),
             Action::RefundReserve(r) => format!("{} reserves its amount", refund(r)),
-            Action::RefundCall(r) => format!("{} is made at the gateway", refund(r)),
-            Action::RefundRecord(r) => format!("{} commits `succeeded`", refund(r)),
+            Action::RefundCall(r, RefundStage::Pending) => {
+                format!("{} is made at the gateway, which answers pending", refund(r))
+            }
+            Action::RefundCall(r, _) => format!("{} is made at the gateway, which answers succeeded", refund(r)),
+            Action::RefundRecord(r) => format!("{} records the gateway's answer and finishes", refund(r)),
+            Action::GatewaySettles(r, stage) => format!("the gateway settles {}: {}", refund(r), stage_name(*stage)),
+            Action::SettlerLooksUp(r) => {
+                format!("the settler looks {} up and settles it as the gateway has it", refund(r))
+            }
         }
     }
 
@@ -149,10 +159,43 @@ pub fn summary(state: &State) -> String {
     if !running.is_empty() {
         let _ = write!(line, " | drivers: {}", running.join(", "));
     }
-    if state.refunds.iter().any(|refund| *refund != RefundPc::Idle) {
-        let _ = write!(line, " | refunds: {:?}", state.refunds);
+    if state.refunds.iter().any(|refund| refund.pc != RefundPc::Idle) {
+        let refunds: Vec<String> = state.refunds.iter().map(refund_text).collect();
+        let _ = write!(line, " | refunds: {}", refunds.join("; "));
     }
     line
+}
+
+/// What an event is about.
+fn about(event: &Event) -> String {
+    match event {
+        Event::Charge(charge) => format!("the event about charge #{charge}"),
+        Event::Refund(r, stage) => format!("the event about refund {}, {}", r + 1, stage_name(*stage)),
+    }
+}
+
+fn stage_name(stage: RefundStage) -> &'static str {
+    match stage {
+        RefundStage::Pending => "pending",
+        RefundStage::Succeeded => "succeeded",
+        RefundStage::Failed => "failed",
+    }
+}
+
+/// A refund, on the summary's line.
+fn refund_text(refund: &super::state::Refund) -> String {
+    let at_gateway = |text: String| match refund.at_gateway {
+        Some(stage) => format!("{text} (gateway: {})", stage_name(stage)),
+        None => text,
+    };
+    match refund.pc {
+        RefundPc::Idle => "not asked".to_string(),
+        RefundPc::Checked(amount) => format!("{amount} fits"),
+        RefundPc::Reserved(amount) => format!("{amount} reserved"),
+        RefundPc::Answered(amount, stage) => at_gateway(format!("{amount} answered {}", stage_name(stage))),
+        RefundPc::Recorded(amount, stage) => at_gateway(format!("{amount} recorded {}", stage_name(stage))),
+        RefundPc::Refused => "refused".to_string(),
+    }
 }
 
 fn told(answer: Answer) -> String {

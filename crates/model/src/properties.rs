@@ -3,7 +3,10 @@
 
 use stateright::{Model, Property};
 
-use super::{AMOUNT, Action, Answer, Charge, Gateway, Point, Protocol, RefundPc, State};
+use payments_protocol::RefundStage;
+
+use super::state::{Action, Answer, Charge, Gateway, Point, RefundPc, State};
+use super::{AMOUNT, Protocol};
 
 /// The guarantees: each holds in every state reached.
 pub const ALWAYS: [&str; 7] = [
@@ -17,7 +20,7 @@ pub const ALWAYS: [&str; 7] = [
 ];
 
 /// The paths: each is reached by some run.
-pub const SOMETIMES: [&str; 7] = [
+pub const SOMETIMES: [&str; 9] = [
     "a key is taken up again",
     "the completer finishes a key its client abandoned",
     "a refund is refused for lack of money",
@@ -25,12 +28,20 @@ pub const SOMETIMES: [&str; 7] = [
     "the client is told the payment succeeded",
     "the client is told the card was declined",
     "a late retry of a reaped key is told what the key made",
+    "a refund the gateway left pending is settled by its event",
+    "a refund that failed at the gateway gives its money back",
 ];
 
 impl Protocol {
-    /// Whether a path can happen in this model at all: a refund's, only with refunds.
+    /// Whether a path can happen in this model at all: a refund's, only with refunds (and an
+    /// event's, with events); a late retry, only with a second attempt.
     pub fn takes_part_in(&self, path: &str) -> bool {
-        self.refunds || path != SOMETIMES[2]
+        match path {
+            path if path == SOMETIMES[6] => self.attempts > 1,
+            path if path == SOMETIMES[7] => self.refunds && self.events,
+            path if path == SOMETIMES[2] || path == SOMETIMES[8] => self.refunds,
+            _ => true,
+        }
     }
 }
 
@@ -42,7 +53,7 @@ pub fn all() -> Vec<Property<Protocol>> {
             let there = state.charges.iter().all(|charge| charge.refunded <= AMOUNT);
             here && there
         }),
-        Property::always(ALWAYS[2], |_, state: &State| !state.seen.event_applied_twice),
+        Property::always(ALWAYS[2], |_, state: &State| each_refunds_money_moved_once(state)),
         Property::always(ALWAYS[3], |_, state: &State| !state.seen.finished_key_changed),
         Property::always(ALWAYS[4], |model, state: &State| !settled(model, state) || finished(state)),
         Property::always(ALWAYS[5], |_, state: &State| answers_are_what_happened(state)),
@@ -54,6 +65,10 @@ pub fn all() -> Vec<Property<Protocol>> {
         Property::sometimes(SOMETIMES[4], |_, state: &State| told(state).any(|charge| charge.succeeded)),
         Property::sometimes(SOMETIMES[5], |_, state: &State| told(state).any(|charge| !charge.succeeded)),
         Property::sometimes(SOMETIMES[6], |_, state: &State| state.answers.contains(&Answer::Expired)),
+        Property::sometimes(SOMETIMES[7], |_, state: &State| state.seen.settled_by_event),
+        Property::sometimes(SOMETIMES[8], |_, state: &State| {
+            state.refunds.iter().any(|refund| matches!(refund.pc, RefundPc::Recorded(_, RefundStage::Failed)))
+        }),
     ]
 }
 
@@ -75,12 +90,40 @@ fn settled(model: &Protocol, state: &State) -> bool {
     })
 }
 
-/// The key finished (or finished and reaped), and every refund ended.
+/// The key finished (or finished and reaped), and every refund ended: refused, or settled.
 fn finished(state: &State) -> bool {
     let key = state.key.as_ref().is_none_or(|key| key.point == Point::Finished);
-    let refunds =
-        state.refunds.iter().all(|refund| matches!(refund, RefundPc::Idle | RefundPc::Succeeded | RefundPc::Refused));
+    let refunds = state.refunds.iter().all(|refund| match refund.pc {
+        RefundPc::Idle | RefundPc::Refused => true,
+        RefundPc::Recorded(_, stage) => stage != RefundStage::Pending,
+        _ => false,
+    });
     state.payment.is_some() && key && refunds
+}
+
+/// Each refund's money moved once, and as the gateway moved it, however often and in whatever
+/// order its events came: what the payment records refunded is the amount of the refunds recorded
+/// succeeded, what it reserves the amount of those still pending, and each refund recorded as
+/// settled is settled so at the gateway.
+fn each_refunds_money_moved_once(state: &State) -> bool {
+    let Some(payment) = &state.payment else { return true };
+    let (mut refunded, mut reserved) = (0, 0);
+    for refund in &state.refunds {
+        match refund.pc {
+            RefundPc::Reserved(amount) | RefundPc::Answered(amount, _) => reserved += amount,
+            RefundPc::Recorded(amount, RefundStage::Pending) => reserved += amount,
+            RefundPc::Recorded(amount, stage) => {
+                if refund.at_gateway != Some(stage) {
+                    return false;
+                }
+                if stage == RefundStage::Succeeded {
+                    refunded += amount;
+                }
+            }
+            RefundPc::Idle | RefundPc::Checked(_) | RefundPc::Refused => {}
+        }
+    }
+    payment.refunded == refunded && payment.reserved == reserved
 }
 
 /// Every payment the client was told of is the one the key made, charged at the gateway, and

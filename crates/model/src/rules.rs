@@ -17,8 +17,12 @@ pub struct Rules {
     pub refund_in_one_statement: bool,
     /// The completer finishes keys nobody drives.
     pub completer: bool,
-    /// The inbox applies an event once, by its row.
+    /// The inbox finds an event that came before by its row, and applies it once.
     pub inbox: bool,
+    /// A refund is settled (by its gateway's event, or the settler) only out of `pending`: the
+    /// settlement's statement moves it only `WHERE status = 'pending'`, and an event about a refund
+    /// settled already is read against what was recorded.
+    pub settles_pending_only: bool,
 }
 
 impl Rules {
@@ -32,6 +36,7 @@ impl Rules {
             refund_in_one_statement: true,
             completer: true,
             inbox: true,
+            settles_pending_only: true,
         }
     }
 
@@ -50,7 +55,7 @@ impl Rules {
                 },
                 ..rules
             },
-            Mutant::NoInbox => Rules { inbox: false, ..rules },
+            Mutant::RefundSettledFromAnyStage => Rules { settles_pending_only: false, ..rules },
         }
     }
 }
@@ -70,8 +75,9 @@ pub enum Mutant {
     /// new one: only the retention stands between a late retry and a second charge, and a
     /// client's retries may outlast it.
     ReapedKeyTakenForNew,
-    /// An event applied each time it comes, with no inbox row to find.
-    NoInbox,
+    /// A refund is settled by what its event says, whatever the refund was recorded as: the
+    /// settlement not held to `pending`.
+    RefundSettledFromAnyStage,
 }
 
 impl Mutant {
@@ -81,7 +87,7 @@ impl Mutant {
         Mutant::RefundCheckedThenReserved,
         Mutant::NoCompleter,
         Mutant::ReapedKeyTakenForNew,
-        Mutant::NoInbox,
+        Mutant::RefundSettledFromAnyStage,
     ];
 
     /// Its name on the command line (`payments model check --broken NAME`).
@@ -92,7 +98,7 @@ impl Mutant {
             Mutant::RefundCheckedThenReserved => "refund-checked-then-reserved",
             Mutant::NoCompleter => "no-completer",
             Mutant::ReapedKeyTakenForNew => "reaped-key-taken-for-new",
-            Mutant::NoInbox => "no-inbox",
+            Mutant::RefundSettledFromAnyStage => "refund-settled-from-any-stage",
         }
     }
 

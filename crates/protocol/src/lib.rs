@@ -87,6 +87,10 @@ pub enum FirstCall {
 /// its downstream key first; this holds after the gateway has forgotten the key, when asking it to
 /// charge again would charge twice. A key this request made was never sent anywhere.
 pub fn first_call(resumed: bool) -> FirstCall {
+    #[cfg(feature = "test-switches")]
+    if test_switches::is_off(test_switches::LOOK_UP_BEFORE_CHARGING) {
+        return FirstCall::Request;
+    }
     match resumed {
         true => FirstCall::LookUp,
         false => FirstCall::Request,
@@ -202,6 +206,41 @@ pub fn read_refund_event(recorded: RefundStage, recorded_id: Option<&str>, repor
         std::cmp::Ordering::Equal => Reading::Agrees,
         std::cmp::Ordering::Less => Reading::Stale,
         std::cmp::Ordering::Greater => Reading::Disagrees,
+    }
+}
+
+/// Rules a test may switch off in a process it starts, to show what goes wrong without one. Only
+/// with the `test-switches` feature, which only the integration tests turn on (a dev-dependency's
+/// feature): `cargo build`, `cargo install` and the container image compile none of it, so no
+/// setting of a production build can reach a switch.
+#[cfg(feature = "test-switches")]
+#[doc(hidden)]
+pub mod test_switches {
+    use std::sync::OnceLock;
+
+    /// The environment variable naming the rules switched off, comma-separated.
+    pub const VARIABLE: &str = "PAYMENTS_TEST_RULES_OFF";
+
+    /// [`super::first_call`]'s look-up of a key taken up again: off, a resumed key asks the
+    /// gateway to charge at once.
+    pub const LOOK_UP_BEFORE_CHARGING: &str = "look-up-before-charging";
+
+    /// Whether `rule` is switched off in this process (read once).
+    pub fn is_off(rule: &str) -> bool {
+        static OFF: OnceLock<Vec<String>> = OnceLock::new();
+        let off = OFF.get_or_init(|| {
+            let off: Vec<String> = std::env::var(VARIABLE)
+                .unwrap_or_default()
+                .split(',')
+                .filter(|rule| !rule.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if !off.is_empty() {
+                eprintln!("{VARIABLE}: the protocol's rules switched off for a test: {}", off.join(", "));
+            }
+            off
+        });
+        off.iter().any(|off| off == rule)
     }
 }
 

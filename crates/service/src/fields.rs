@@ -1,5 +1,6 @@
 //! How the fields of a request body read, the same in every body (a payment's, a refund's): a
-//! field that may be left out but never sent `null`, an amount of minor units, metadata.
+//! body that is an object, a field that may be left out but never sent `null`, an amount of minor
+//! units, metadata.
 //!
 //! Where money moves, a body fails closed: a field the client meant to send and lost (a failed
 //! parse, a dropped form field) often reaches us as `null`, since many serialisers write an unset
@@ -8,9 +9,34 @@
 //! optional field is an [`Omittable`], whose `null` is a 400. A test holds the bodies to the spec.
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 
 use serde::Deserialize;
+use serde::de::value::MapAccessDeserializer;
 use serde::de::{Deserializer, Error as _, MapAccess, Unexpected, Visitor};
+
+/// A `T` read from a JSON object, and from nothing else. serde's derived structs take an array
+/// too, read by position: `[500, "usd", "tok_visa"]` was a payment and `[]` a capture of all of an
+/// authorization. A body is an object (openapi.yaml says so), so every body the service reads is
+/// read as an `Object` (see `http::extract::JsonBody`, and a gateway event's parts).
+#[derive(Debug)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for ObjectVisitor<T> {
+            type Value = T;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor(PhantomData)).map(Object)
+    }
+}
 
 /// A field a client may leave out, but not send as `null`: left out, it is [`Omittable::Absent`]
 /// (declare it `#[serde(default)]`); sent, it is read as a `T`, and `null` is refused whatever `T`
@@ -148,6 +174,18 @@ mod tests {
 
     fn body(json: &str) -> Result<Body, serde_json::Error> {
         serde_json::from_str(json)
+    }
+
+    #[test]
+    fn a_body_is_an_object_and_never_an_array_read_by_position() {
+        let object = |json: &str| serde_json::from_str::<Object<Body>>(json).map(|Object(body)| body);
+        assert_eq!(object(r#"{"amount": 5, "note": "x"}"#).unwrap().amount, Omittable::Sent(IntegralNumber(5)));
+        assert!(object(r#"{"amount": 5, "other": 1}"#).is_err(), "its own rules still hold");
+        assert!(body("[5]").is_ok(), "what a derived struct alone takes");
+        for json in ["[]", "[5]", r#"[5, "x"]"#, "5", r#""x""#, "null", "true"] {
+            let error = object(json).unwrap_err().to_string();
+            assert!(error.contains("expected a JSON object"), "{json}: {error}");
+        }
     }
 
     #[test]

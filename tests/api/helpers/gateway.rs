@@ -1,7 +1,9 @@
 //! Talking to the mock gateway's control endpoints (in-process or a process of its own).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
@@ -225,9 +227,10 @@ impl Drop for ChargesOnlyProxy {
     }
 }
 
-/// A proxy in front of a gateway that holds every request until the test lets one through: a
-/// test can tell that a gateway call is under way ([`HeldProxy::received`]) and choose when it is
-/// answered ([`HeldProxy::release`]), with what the gateway says then.
+/// A proxy in front of a gateway that holds every request (or every one [`HeldProxy::holding`]
+/// picks) until the test lets one through: a test can tell that a gateway call is under way
+/// ([`HeldProxy::received`]) and choose when it is answered ([`HeldProxy::release`]), with what the
+/// gateway says then.
 pub struct HeldProxy {
     pub url: String,
     received: Arc<AtomicUsize>,
@@ -237,20 +240,27 @@ pub struct HeldProxy {
 
 impl HeldProxy {
     pub fn start(upstream: &str) -> HeldProxy {
+        HeldProxy::holding(upstream, |_| true)
+    }
+
+    /// A proxy that holds the requests `held` picks, and passes the others on at once.
+    pub fn holding(upstream: &str, held: fn(&actix_web::HttpRequest) -> bool) -> HeldProxy {
         use actix_web::{App, HttpServer, web};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let upstream = upstream.trim_end_matches('/').to_owned();
         let (received, gate) = (Arc::new(AtomicUsize::new(0)), Arc::new(Semaphore::new(0)));
         let http = reqwest::Client::new();
-        let (counted, held) = (received.clone(), gate.clone());
+        let (counted, gated) = (received.clone(), gate.clone());
         let server = HttpServer::new(move || {
-            let (upstream, http, counted, held) = (upstream.clone(), http.clone(), counted.clone(), held.clone());
+            let (upstream, http, counted, gated) = (upstream.clone(), http.clone(), counted.clone(), gated.clone());
             App::new().default_service(web::to(move |request: actix_web::HttpRequest, body: web::Bytes| {
-                let (upstream, http, counted, held) = (upstream.clone(), http.clone(), counted.clone(), held.clone());
+                let (upstream, http, counted, gated) = (upstream.clone(), http.clone(), counted.clone(), gated.clone());
                 async move {
-                    counted.fetch_add(1, Ordering::SeqCst);
-                    held.acquire().await.unwrap().forget();
+                    if held(&request) {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        gated.acquire().await.unwrap().forget();
+                    }
                     forward(upstream, http, request, body).await
                 }
             }))
@@ -265,7 +275,19 @@ impl HeldProxy {
         HeldProxy { url, received, gate, server: handle }
     }
 
-    /// Requests that reached the proxy so far (held or let through).
+    /// Picks a capture's or a cancel's request: what [`HeldProxy::holding`] holds to keep a change
+    /// of a payment in flight.
+    pub fn changes(request: &actix_web::HttpRequest) -> bool {
+        request.method() == actix_web::http::Method::POST
+            && (request.path().ends_with("/capture") || request.path().ends_with("/cancel"))
+    }
+
+    /// Picks a charge request (not a look-up).
+    pub fn charges(request: &actix_web::HttpRequest) -> bool {
+        request.method() == actix_web::http::Method::POST && request.path() == "/v1/charges"
+    }
+
+    /// Requests held back that reached the proxy so far (held or let through).
     pub fn received(&self) -> usize {
         self.received.load(Ordering::SeqCst)
     }
@@ -274,6 +296,47 @@ impl HeldProxy {
     pub fn release(&self, requests: usize) {
         self.gate.add_permits(requests);
     }
+
+    /// Sends `requests` at once (each yielding its answer's status) and holds whatever gateway call
+    /// they make until every request has been answered or has its call held here: the calls
+    /// that reached the gateway then are the race's, all at once, and the answers given meanwhile
+    /// were decided while those calls were in flight. Then lets the held calls through, and waits
+    /// for the rest of the answers.
+    pub async fn race<F: Future<Output = u16>>(&self, requests: Vec<F>) -> HeldRace {
+        let (before, total) = (self.received(), requests.len());
+        let answers = std::sync::Mutex::new(vec![None; total]);
+        let racing = futures_util::future::join_all(requests.into_iter().enumerate().map(|(n, request)| {
+            let answers = &answers;
+            async move {
+                let status = request.await;
+                answers.lock().unwrap()[n] = Some(status);
+            }
+        }));
+        let held = || self.received() - before;
+        let answered = || answers.lock().unwrap().iter().flatten().count();
+        let hold = async {
+            let all_there = || async { answered() + held() == total };
+            super::wait_until(Duration::from_secs(60), "every request answered or its gateway call held", all_there)
+                .await;
+            let meanwhile = answers.lock().unwrap().clone();
+            self.release(held());
+            (held(), meanwhile)
+        };
+        let (_, (calls, meanwhile)) = tokio::join!(racing, hold);
+        let statuses = answers.into_inner().unwrap().into_iter().map(|status| status.unwrap()).collect();
+        HeldRace { calls, while_held: meanwhile.into_iter().flatten().collect(), statuses }
+    }
+}
+
+/// What a [`HeldProxy::race`] came to.
+#[derive(Debug)]
+pub struct HeldRace {
+    /// The gateway calls the race made, all held at once.
+    pub calls: usize,
+    /// The statuses answered while those calls were held, in no particular order.
+    pub while_held: Vec<u16>,
+    /// Every request's status, in the order sent.
+    pub statuses: Vec<u16>,
 }
 
 impl Drop for HeldProxy {

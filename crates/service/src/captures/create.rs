@@ -412,9 +412,10 @@ fn action(kind: ChangeKind, step: &str) -> &'static str {
     }
 }
 
-/// The answer, if the charge's own gateway gave it (see [`Answered::ours`]): another's is no answer.
+/// The answer, if the charge's own gateway gave it (see [`Answered::ours`]): another's is no answer
+/// (and one that names itself holds nothing of ours: see [`WrongGateway`](crate::gateway::WrongGateway)).
 fn ours<T>(answered: Answered<T>, gateway: &str) -> Result<T, DriveError> {
-    answered.ours(gateway).map_err(|wrong| DriveError::OutcomeUnknown(Box::new(wrong)))
+    answered.ours(gateway).map_err(DriveError::from)
 }
 
 fn indeterminate(error: GatewayError) -> DriveError {

@@ -11,6 +11,7 @@ pub mod delegate;
 pub mod distribute;
 pub mod embedded;
 pub mod migrate;
+pub mod ownership;
 pub mod schema;
 pub mod sql;
 pub mod statistics;
@@ -165,6 +166,12 @@ pub enum StoreError {
     /// transaction rolled back and may simply run again.
     #[error("transaction conflict: {0}")]
     Conflict(DieselError),
+    /// The database refused this process's role a permission (SQLSTATE 42501: `permission denied
+    /// for table ...`; on Citus, `must be owner of table ...`, see [`ownership`]). No outage: it
+    /// holds until someone changes the role's grants, so it is an opaque 500 whose cause, logged,
+    /// says so, never a 503 that calls the database unreachable.
+    #[error("the database refused this process's role a permission: {0}")]
+    Refused(String),
     /// Anything else: a bug or a broken invariant, answered with an opaque 500.
     #[error(transparent)]
     Query(DieselError),
@@ -187,6 +194,9 @@ impl From<DieselError> for StoreError {
             {
                 StoreError::Locked(info.message().to_owned())
             }
+            DieselError::DatabaseError(DatabaseErrorKind::Unknown, info) if is_refused_permission(info.message()) => {
+                StoreError::Refused(info.message().to_owned())
+            }
             // diesel names the errors our statements can cause (constraint violations: bugs, or
             // races we handle); what it does not name is the server failing to serve. Either way
             // nothing committed, so failing closed and letting the client retry is safe.
@@ -201,6 +211,13 @@ impl From<DieselError> for StoreError {
             _ => StoreError::Query(error),
         }
     }
+}
+
+/// Whether the server's `message` refuses a permission (SQLSTATE 42501, which diesel does not
+/// name): PostgreSQL words each such refusal one of these two ways, in the English messages our
+/// clusters run with (as [`StoreError`]'s deadlock and lock timeout are told by their messages).
+fn is_refused_permission(message: &str) -> bool {
+    message.starts_with("permission denied") || message.starts_with("must be owner of")
 }
 
 /// A row's account: what a worker reads first, without locks, so as to take its items one

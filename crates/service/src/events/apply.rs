@@ -64,6 +64,15 @@ struct Target {
 /// later; an event read in between would otherwise be acknowledged and lost.
 pub const UNSEEN_PATIENCE: chrono::TimeDelta = chrono::TimeDelta::minutes(10);
 
+/// How far ahead of this clock an event's `created` may be and still be waited for (see
+/// [`UNSEEN_PATIENCE`]): the default tolerance of the signature's own time
+/// (`PAYMENTS_GATEWAY_WEBHOOK_TOLERANCE_SECS`, 300 s, Stripe's too). An event is made before it
+/// is sent and signed, and a signature from a clock further ahead than that is refused, so no
+/// gateway's honest `created` is further ahead; one that is says nothing about how long to wait.
+/// Unbounded, an event stamped a year ahead was answered `503 event-not-seen-yet`, and sent
+/// again, for a year: beyond this it is taken for no request of ours, as an old one is.
+pub const CREATED_AHEAD_TOLERANCE: chrono::TimeDelta = chrono::TimeDelta::minutes(5);
+
 /// Receives `event` (verified), on the webhook request `request_id`: records it once and applies
 /// it, in one transaction.
 pub async fn receive(
@@ -77,7 +86,8 @@ pub async fn receive(
     }
     db::bounded(conn.transaction::<_, StoreError, _>(async |conn| {
         let Some(target) = target(conn, account_id, key_id).await? else {
-            let young = chrono::Utc::now() - event.created() < UNSEEN_PATIENCE;
+            let age = chrono::Utc::now() - event.created();
+            let young = (-CREATED_AHEAD_TOLERANCE..UNSEEN_PATIENCE).contains(&age);
             return Ok(if young { EventOutcome::NotSeenYet } else { EventOutcome::Unknown });
         };
         let about_refunds = matches!(event.kind(), EventKind::RefundSucceeded | EventKind::RefundFailed);

@@ -1,11 +1,13 @@
 //! A gateway event as it arrives: `{"id", "object": "event", "type", "created", "data":
 //! {"object": <a charge or a refund>}, "request": {"idempotency_key": <our downstream key>}}`.
-//! Read only once its signature holds.
+//! Read only once its signature holds, and only as objects, as it is sent: an array read by
+//! position (see [`Object`]) is no event the gateway sent.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer};
 use uuid::Uuid;
 
+use crate::fields::Object;
 use crate::gateway;
 use crate::metrics::EventKind;
 
@@ -18,15 +20,15 @@ pub struct GatewayEvent {
     /// Unix seconds, as the gateway stamped the event (see [`unix_seconds`]).
     #[serde(deserialize_with = "unix_seconds")]
     created: i64,
-    data: EventData,
+    data: Object<EventData>,
     /// Absent or null for an event no request of ours caused.
     #[serde(default)]
-    request: Option<EventRequest>,
+    request: Option<Object<EventRequest>>,
 }
 
 #[derive(Debug, Deserialize)]
 struct EventData {
-    object: EventObject,
+    object: Object<EventObject>,
 }
 
 /// The charge or refund the event is about, as the gateway shows it.
@@ -100,11 +102,11 @@ impl GatewayEvent {
     /// a length its columns hold, a time a timestamp holds).
     pub fn parse(body: &[u8]) -> Result<GatewayEvent, Unreadable> {
         let event: GatewayEvent = match serde_json::from_slice(body) {
-            Ok(event) => event,
+            Ok(Object(event)) => event,
             Err(e) => return Err(Unreadable::of(body, format!("not a gateway event the service can read: {e}"))),
         };
         let fits = |text: &str| (1..=255).contains(&text.chars().count()) && !text.chars().any(char::is_control);
-        if !fits(&event.id) || !fits(&event.data.object.id) {
+        if !fits(&event.id) || !fits(&event.object().id) {
             return Err(Unreadable::of(body, "an event or object id that is empty, too long or not text".into()));
         }
         if !CREATED.contains(&event.created) {
@@ -119,7 +121,7 @@ impl GatewayEvent {
     }
 
     pub fn object(&self) -> &EventObject {
-        &self.data.object
+        &self.data.0.object.0
     }
 
     /// When the gateway stamped the event (within [`CREATED`], checked by [`GatewayEvent::parse`]).
@@ -130,7 +132,7 @@ impl GatewayEvent {
     /// The key row whose request caused the event, if the request was ours: the account and key
     /// row our downstream key names.
     pub fn caused_by(&self) -> Option<(Uuid, Uuid)> {
-        gateway::parse_downstream_key(self.request.as_ref()?.idempotency_key.as_deref()?)
+        gateway::parse_downstream_key(self.request.as_ref()?.0.idempotency_key.as_deref()?)
     }
 }
 

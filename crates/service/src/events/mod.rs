@@ -7,5 +7,5 @@
 mod apply;
 mod event;
 
-pub use apply::{DISAGREEMENT, UNSEEN_PATIENCE, keep_unreadable, receive};
+pub use apply::{CREATED_AHEAD_TOLERANCE, DISAGREEMENT, UNSEEN_PATIENCE, keep_unreadable, receive};
 pub use event::{GatewayEvent, Unreadable};

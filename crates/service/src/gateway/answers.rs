@@ -29,9 +29,13 @@ struct ChargeObject {
     idempotency_key: Option<String>,
     amount: Option<i64>,
     currency: Option<String>,
-    /// `succeeded`, `requires_capture` (authorized only), `failed` (declined) or `pending`. Absent
-    /// in the shortest answers to a charge, where the 200 itself says it succeeded.
+    /// `succeeded`, `requires_capture` (authorized only), `canceled` (an authorization released),
+    /// `failed` (declined) or `pending`. Absent in the shortest answers to a charge, where the 200
+    /// itself says it was made as asked.
     status: Option<String>,
+    /// Whether it took the money: `false` for an authorization not captured yet (which Stripe's
+    /// charges show as `succeeded`).
+    captured: Option<bool>,
     failure_code: Option<String>,
     failure_message: Option<String>,
     /// What it captured (of an authorization: what its capture took).
@@ -39,39 +43,50 @@ struct ChargeObject {
 }
 
 impl ChargeObject {
-    /// Where the charge stands, as an authorization.
-    fn authorization(&self) -> Result<Authorization, GatewayError> {
-        match self.status.as_deref() {
-            Some("requires_capture") => Ok(Authorization::Open),
-            Some("succeeded") => match self.amount_captured.or(self.amount) {
+    /// Where the charge stands, as an authorization, by what it says of itself. A success that
+    /// says not how much it captured took `charged`, the amount asked for, where that is known.
+    fn authorization(&self, charged: Option<i64>) -> Result<Authorization, GatewayError> {
+        match (self.status.as_deref(), self.captured) {
+            (Some("requires_capture"), _) | (Some("succeeded"), Some(false)) => Ok(Authorization::Open),
+            (Some("succeeded"), _) => match self.amount_captured.or(self.amount).or(charged) {
                 Some(amount) => Ok(Authorization::Captured { amount }),
                 None => Err(GatewayError::Unavailable("a captured charge that says not how much".into())),
             },
-            Some("canceled") => Ok(Authorization::Canceled),
-            Some("failed") => Ok(Authorization::Failed),
-            status => Err(not_settled("charge", status.unwrap_or("without a status"))),
+            (Some("canceled"), _) => Ok(Authorization::Canceled),
+            (Some("failed"), _) => Ok(Authorization::Failed),
+            (status, _) => Err(not_settled("charge", status.unwrap_or("without a status"))),
         }
     }
 
-    /// What the charge means for the payment: where it stands (authorized, captured, cancelled),
-    /// a decline, or (pending, unknown, or an id it cannot store) an outcome not known yet. A
-    /// status is read for what it says, never for what was asked: `canceled` is an end, not
-    /// "not settled". `charged` is the amount asked for: what a success that says not how much
-    /// (the shortest answer to a charge has no status at all) captured.
-    fn outcome(self, charged: i64) -> Result<Charge, GatewayError> {
-        let state = match self.status.as_deref() {
-            // A success that says not how much captured all that was charged.
-            None | Some("succeeded") => ChargeState::Captured { amount: self.amount_captured.unwrap_or(charged) },
-            Some(_) => match self.authorization()? {
-                Authorization::Open => ChargeState::Authorized,
-                Authorization::Captured { amount } => ChargeState::Captured { amount },
-                Authorization::Canceled => ChargeState::Canceled,
-                Authorization::Failed => {
-                    let detail =
-                        ErrorDetail { code: self.failure_code, message: self.failure_message, ..Default::default() };
-                    return Err(detail.decline());
+    /// What the charge means for the payment that asked for `request` (none for a listed
+    /// charge, which always says how it went): where it stands (authorized, captured, cancelled),
+    /// a decline, or (pending, unknown, or an id it cannot store) an outcome not known yet. It is
+    /// read for what it says, never for what was asked: `canceled` is an end, not "not settled".
+    /// Only the shortest answer to a charge, a 200 with no status, says "made as asked"; asked to
+    /// authorize only, it must still say whether it captured.
+    fn outcome(self, request: Option<&ChargeRequest<'_>>) -> Result<Charge, GatewayError> {
+        let stands = match (self.status.as_deref(), request) {
+            (None, Some(request)) => match (self.captured, request.capture) {
+                (Some(false), _) => Authorization::Open,
+                (Some(true), _) | (None, true) => {
+                    Authorization::Captured { amount: self.amount_captured.unwrap_or(request.amount) }
+                }
+                (None, false) => {
+                    let unclear = "an authorization's answer that says neither how it went nor whether it captured";
+                    return Err(GatewayError::Unavailable(unclear.into()));
                 }
             },
+            _ => self.authorization(request.map(|request| request.amount))?,
+        };
+        let state = match stands {
+            Authorization::Open => ChargeState::Authorized,
+            Authorization::Captured { amount } => ChargeState::Captured { amount },
+            Authorization::Canceled => ChargeState::Canceled,
+            Authorization::Failed => {
+                let detail =
+                    ErrorDetail { code: self.failure_code, message: self.failure_message, ..Default::default() };
+                return Err(detail.decline());
+            }
         };
         Ok(Charge { id: recordable_id(self.id, "charge")?, state })
     }
@@ -229,7 +244,7 @@ fn parse<T: DeserializeOwned>(status: u16, body: &[u8], what: &str) -> Result<T,
 /// What the answer to a charge request means.
 pub(super) fn charge_outcome(status: u16, body: &[u8], request: &ChargeRequest<'_>) -> Result<Charge, GatewayError> {
     match read(status, body)? {
-        Reading::Made(body) => parse::<ChargeObject>(status, body, "charge")?.outcome(request.amount),
+        Reading::Made(body) => parse::<ChargeObject>(status, body, "charge")?.outcome(Some(request)),
         Reading::Declined(error) => Err(error.decline()),
         Reading::Refused { status, error } => match (status, error.code.as_deref(), error.param.as_deref()) {
             // Stripe's answer to a token it does not know: the client's mistake.
@@ -246,7 +261,7 @@ pub(super) fn charge_outcome(status: u16, body: &[u8], request: &ChargeRequest<'
 /// authorization expired, a failed or unknown charge) nothing done, definitively.
 pub(super) fn change_outcome(status: u16, body: &[u8]) -> Result<Changed, GatewayError> {
     match read(status, body)? {
-        Reading::Made(body) => parse::<ChargeObject>(status, body, "charge")?.authorization().map(Changed::Now),
+        Reading::Made(body) => parse::<ChargeObject>(status, body, "charge")?.authorization(None).map(Changed::Now),
         Reading::Refused { error, .. }
             if matches!(error.code.as_deref(), Some("charge_already_captured" | "charge_canceled")) =>
         {
@@ -265,7 +280,7 @@ pub(super) fn charge_read(status: u16, body: &[u8], id: &str) -> Result<Option<A
             if charge.id != id {
                 return Err(GatewayError::Unavailable("the gateway answered with another charge".into()));
             }
-            charge.authorization().map(Some)
+            charge.authorization(None).map(Some)
         }
         404 if ErrorDetail::of(body).code.as_deref() == Some("resource_missing") => Ok(None),
         _ => Err(GatewayError::Unavailable(format!("the charge's read answered {status}"))),
@@ -320,10 +335,8 @@ impl Listed for ChargeObject {
         self.status.is_some()
     }
 
-    // A listed charge is ours only if its amount is our request's (`is_for`).
     fn outcome(self) -> Result<Charge, GatewayError> {
-        let charged = self.amount.unwrap_or_default();
-        ChargeObject::outcome(self, charged)
+        ChargeObject::outcome(self, None)
     }
 
     // A cancelled authorization holds nothing, as a decline: another charge of ours that holds

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::idempotency::DriveError;
+
 /// The key we send the gateway for the request behind one of our key rows. Derived from our own
 /// row, never the client's header: unique across accounts (two accounts may use the same client
 /// key) and the same on every retry, resumption and worker run, so the gateway charges (or
@@ -100,10 +102,28 @@ pub enum GatewayError {
 pub struct WrongGateway {
     pub recorded: String,
     pub answered: String,
+    /// Whether the answer named the gateway that gave it: only then is it known to be another.
+    pub named: bool,
 }
 
 impl WrongGateway {
-    pub fn new(recorded: &str, answered: &str) -> WrongGateway {
-        WrongGateway { recorded: recorded.to_owned(), answered: answered.to_owned() }
+    /// `answered`, who answered instead of `recorded`, as the answer names it (`named`) or as
+    /// its address.
+    pub fn new(recorded: &str, answered: &str, named: bool) -> WrongGateway {
+        WrongGateway { recorded: recorded.to_owned(), answered: answered.to_owned(), named }
+    }
+}
+
+/// To a request, what another gateway's answer leaves: its outcome not known. A gateway that named
+/// itself is another than the one that holds what the request made, so this process reaches
+/// another: a worker gives the key back for a process that reaches that one
+/// ([`DriveError::HeldElsewhere`]). An answer that names none (a proxy's own, say) says no such
+/// thing, and is an unknown outcome like any.
+impl From<WrongGateway> for DriveError {
+    fn from(wrong: WrongGateway) -> DriveError {
+        match wrong.named {
+            true => DriveError::HeldElsewhere(Box::new(wrong)),
+            false => DriveError::OutcomeUnknown(Box::new(wrong)),
+        }
     }
 }

@@ -54,7 +54,7 @@ impl<T> Answered<T> {
     pub fn ours(self, recorded: &str) -> Result<T, WrongGateway> {
         match self.is_from(recorded) {
             true => Ok(self.answer),
-            false => Err(WrongGateway::new(recorded, self.by())),
+            false => Err(WrongGateway::new(recorded, self.by(), self.named.is_some())),
         }
     }
 

@@ -2,7 +2,8 @@
 //!
 //! Handlers return `Result<_, ApiError>`; the concerns' own errors (`DriveError`, `StoreError`,
 //! `KeyError`, actix's extractor errors) convert into it. Database outages are 503 (fail closed);
-//! anything unexpected is an opaque 500 whose cause is logged here, once, and never sent.
+//! anything unexpected, a permission the database refuses included, is an opaque 500 whose cause
+//! is logged here, once, and never sent.
 
 use actix_web::error::{JsonPayloadError, PathError, QueryPayloadError};
 use actix_web::http::StatusCode;
@@ -190,7 +191,7 @@ impl From<DriveError> for ApiError {
             DriveError::InFlight | DriveError::Phase(PhaseError::LockLost) => ApiError::InFlight,
             // The gateway was not asked, or gave no definitive answer, or the request waits for a
             // process that reaches its gateway: either way its outcome is not known yet.
-            DriveError::OutcomeUnknown(_) => ApiError::GatewayUnavailable,
+            DriveError::OutcomeUnknown(_) | DriveError::HeldElsewhere(_) => ApiError::GatewayUnavailable,
             DriveError::Phase(PhaseError::Store(error)) => error.into(),
             DriveError::Phase(error @ PhaseError::Inconsistent(_)) => ApiError::Internal(error.to_string()),
         }
@@ -210,6 +211,10 @@ impl From<StoreError> for ApiError {
             }
             // Already retried by the phase runner; still transient, so never a 500.
             StoreError::Conflict(_) => ApiError::TransactionConflict,
+            StoreError::Refused(cause) => ApiError::Internal(format!(
+                "the database refused this process's role a permission ({cause}): grant it, or run the service as \
+                 the role that owns the tables (see docs/operating.md, \"The database role\")"
+            )),
             StoreError::Query(error) => ApiError::Internal(error.to_string()),
         }
     }

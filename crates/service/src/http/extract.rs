@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::faults::{FAULT_HEADER, Fault};
+use crate::fields::Object;
 use crate::idempotency::{IdempotencyKey, KeyError};
 use crate::state::AppState;
 
@@ -164,22 +165,23 @@ impl<R: Named> FromRequest for PathId<R> {
 }
 
 /// A JSON body, read as actix's `web::Json` reads it (bounded, as [`extractor_configs`] says),
-/// once its type is known to be sent once.
+/// once its type is known to be sent once: a JSON object, and nothing else (see [`Object`]). Every
+/// body a client sends is read through here.
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
     type Error = actix_web::Error;
     type Future = Either<
         Ready<Result<Self, actix_web::Error>>,
-        MapOk<<web::Json<T> as FromRequest>::Future, fn(web::Json<T>) -> Self>,
+        MapOk<<web::Json<Object<T>> as FromRequest>::Future, fn(web::Json<Object<T>>) -> Self>,
     >;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
         match content_type_sent_once(req) {
             Err(error) => Either::Left(ready(Err(error.into()))),
             Ok(()) => Either::Right(
-                web::Json::<T>::from_request(req, payload)
-                    .map_ok((|json: web::Json<T>| JsonBody(json.into_inner())) as fn(_) -> _),
+                web::Json::<Object<T>>::from_request(req, payload)
+                    .map_ok((|json: web::Json<Object<T>>| JsonBody(json.into_inner().0)) as fn(_) -> _),
             ),
         }
     }

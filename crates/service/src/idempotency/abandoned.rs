@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use diesel::QueryableByName;
 use diesel::sql_types::{BigInt, Integer, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
+use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::clock::since_boot;
-use super::store::{Lease, Reason};
+use super::store::{Lease, Reason, Taken};
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
 use crate::db::{self, StoreError};
 use crate::request_id::RequestId;
@@ -49,6 +49,10 @@ struct AbandonedRow {
     request_params: serde_json::Value,
     #[diesel(sql_type = Integer)]
     completer_attempts: i32,
+    #[diesel(sql_type = Timestamptz)]
+    last_run_before: DateTime<Utc>,
+    #[diesel(sql_type = Nullable<Timestamptz>)]
+    nudged_before: Option<DateTime<Utc>>,
 }
 
 /// Which unfinished keys are due for a worker: unlocked or its lease over (by its owner's own
@@ -56,17 +60,55 @@ struct AbandonedRow {
 /// (`$2` doubled per earlier attempt, counted from the end of the last run, at most `$3`), or
 /// nudged by a gateway event about it since a worker last took it (then at once: the gateway has
 /// said what happened, and the look-up will find it).
-const DUE: &str = "finished_at IS NULL AND needs_attention_at IS NULL
-                   AND (locked_until IS NULL OR locked_until < now())
-                   AND (last_run_at < now() - least($2 * power(2, least(completer_attempts, 30)), $3)
-                                         * interval '1 millisecond'
-                        OR nudged_at IS NOT NULL)";
+const DUE: &str = "k.finished_at IS NULL AND k.needs_attention_at IS NULL
+                   AND (k.locked_until IS NULL OR k.locked_until < now())
+                   AND (k.last_run_at < now() - least($2 * power(2, least(k.completer_attempts, 30)), $3)
+                                           * interval '1 millisecond'
+                        OR k.nudged_at IS NOT NULL)";
+
+/// The gateway that holds what the key `k` made, as recorded on it: its payment, its refund, or
+/// its capture's or cancel's change (a key makes one, on its endpoint's table); none if it made
+/// nothing yet. `account` names the key's account: on Citus, a statement that locks rows runs only
+/// where every table it reads is bound to one account, and a correlation (`k.account_id`) does not
+/// bind them.
+fn made_at(account: &str) -> String {
+    format!(
+        "coalesce(
+            (SELECT gateway FROM payments WHERE account_id = {account} AND idempotency_key_id = k.id),
+            (SELECT gateway FROM refunds WHERE account_id = {account} AND idempotency_key_id = k.id),
+            (SELECT gateway FROM payment_changes WHERE account_id = {account} AND idempotency_key_id = k.id))"
+    )
+}
+
+/// Which keys a worker can drive, from the gateway its process reaches (the parameter `gateway`
+/// names; none if it does not know which): those past their gateway call, whose last phase needs
+/// no gateway, and those made at that gateway (see [`made_at`]), or at none yet. A key made at
+/// another gateway waits for a process that reaches it: taken here, its look-up would be answered
+/// by a gateway that knows nothing of it, and each such take would spend one of its attempts and
+/// add to its backoff.
+fn drivable(account: &str, gateway: &str) -> String {
+    let made_at = made_at(account);
+    format!("(k.recovery_point <> 'started' OR coalesce({made_at}, {gateway}) IS NOT DISTINCT FROM {gateway})")
+}
+
+/// Which unfinished keys nobody has run for `$2` milliseconds: not given up on, unlocked or its
+/// lease over, and neither taken by a worker nor retried by a client since.
+const UNTAKEN: &str = "k.finished_at IS NULL AND k.needs_attention_at IS NULL
+                       AND (k.locked_until IS NULL OR k.locked_until < now())
+                       AND k.last_run_at < now() - $2 * interval '1 millisecond'";
 
 /// The due keys whose accounts one run looks at, those that have waited longest.
 const KEYS_A_RUN: i64 = 8;
 
-/// Takes over the due key (see [`DUE`]) that has waited longest, if there is one, leasing it for
-/// `lease`. Two steps: the accounts with due keys, read without locks, then, account by account,
+/// How long a key that a worker cannot drive may go untaken before the worker gives up on it for
+/// a person (see [`give_up_on_stranded`]). A process that reaches the key's gateway takes it at
+/// least every `MAX_BACKOFF` (an hour), its longest wait between two attempts, until it gives up
+/// on the key itself: a key untaken for twice that has no such process running.
+pub const STRANDED_AFTER: Duration = Duration::from_secs(2 * MAX_BACKOFF.as_secs());
+
+/// Takes over the due key (see [`DUE`]) that has waited longest among those a worker whose
+/// process reaches `gateway` can drive (see [`drivable`]), if there is one, leasing it for
+/// `lease`. Two steps: the accounts with such keys, read without locks, then, account by account,
 /// the take itself, `FOR UPDATE SKIP LOCKED` within the account: concurrent workers take
 /// different keys, and none takes a key while a request is committing a phase on it. A row lock
 /// stays within one account's rows, as it must on Citus, where each account's rows are on one
@@ -74,51 +116,60 @@ const KEYS_A_RUN: i64 = 8;
 /// `run` is the id of the worker's run, which every record it writes about the key carries.
 pub async fn claim_abandoned(
     conn: &mut AsyncPgConnection,
+    gateway: Option<&str>,
     lease: Duration,
     backoff: Duration,
     run: &RequestId,
 ) -> Result<Option<Abandoned>, StoreError> {
-    let accounts =
-        diesel::sql_query(format!("SELECT account_id FROM idempotency_keys WHERE {DUE} ORDER BY last_run_at LIMIT $1"))
-            .bind::<BigInt, _>(KEYS_A_RUN)
-            .bind::<BigInt, _>(millis(backoff))
-            .bind::<BigInt, _>(millis(MAX_BACKOFF));
+    let drivable = drivable("k.account_id", "$4");
+    let accounts = diesel::sql_query(format!(
+        "SELECT account_id FROM idempotency_keys k WHERE {DUE} AND {drivable} ORDER BY last_run_at LIMIT $1"
+    ))
+    .bind::<BigInt, _>(KEYS_A_RUN)
+    .bind::<BigInt, _>(millis(backoff))
+    .bind::<BigInt, _>(millis(MAX_BACKOFF))
+    .bind::<Nullable<Text>, _>(gateway);
     for account_id in db::accounts_of(db::query(accounts.load(conn)).await?) {
-        if let Some(abandoned) = take_abandoned(conn, account_id, lease, backoff, run).await? {
+        if let Some(abandoned) = take_abandoned(conn, account_id, gateway, lease, backoff, run).await? {
             return Ok(Some(abandoned));
         }
     }
     Ok(None)
 }
 
-/// Takes over the account's due key that has waited longest, if another worker has not.
+/// Takes over the account's due key that has waited longest among those a worker at `gateway`
+/// can drive, if another worker has not. It returns what the take changed besides the lock (the
+/// key's last run and nudge, as they were), for a worker that must hand the key back.
 async fn take_abandoned(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,
+    gateway: Option<&str>,
     lease: Duration,
     backoff: Duration,
     run: &RequestId,
 ) -> Result<Option<Abandoned>, StoreError> {
     // The lock token is made here: Citus runs no volatile function in a distributed `UPDATE`.
     let token = Uuid::new_v4();
+    let drivable = drivable("$5", "$4");
     let claim = diesel::sql_query(format!(
         "WITH claimed AS (
-             UPDATE idempotency_keys k
+             UPDATE idempotency_keys taken
              SET locked_until = now() + $1 * interval '1 millisecond', lock_token = $6,
                  last_run_at = now(),
-                 completer_attempts = k.completer_attempts + 1, nudged_at = NULL
-             FROM (SELECT account_id, id FROM idempotency_keys
-                   WHERE account_id = $5 AND {DUE}
-                   ORDER BY last_run_at
+                 completer_attempts = taken.completer_attempts + 1, nudged_at = NULL
+             FROM (SELECT k.account_id, k.id, k.last_run_at, k.nudged_at FROM idempotency_keys k
+                   WHERE k.account_id = $5 AND {DUE} AND {drivable}
+                   ORDER BY k.last_run_at
                    LIMIT 1
                    FOR UPDATE SKIP LOCKED) due
-             WHERE k.account_id = $5 AND k.id = due.id
-             RETURNING k.account_id, k.id, k.idempotency_key, k.recovery_point, k.lock_token,
-                       k.request_path, k.request_params, k.completer_attempts
+             WHERE taken.account_id = $5 AND taken.id = due.id
+             RETURNING taken.account_id, taken.id, taken.idempotency_key, taken.recovery_point, taken.lock_token,
+                       taken.request_path, taken.request_params, taken.completer_attempts,
+                       due.last_run_at AS last_run_before, due.nudged_at AS nudged_before
          ), audited AS (
              INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT account_id, 'idempotency_key.taken_over', 'idempotency_key', id, 'completer',
-                    jsonb_build_object('attempt', completer_attempts, 'recovery_point', recovery_point), $4
+                    jsonb_build_object('attempt', completer_attempts, 'recovery_point', recovery_point), $7
              FROM claimed
          )
          SELECT * FROM claimed"
@@ -126,9 +177,10 @@ async fn take_abandoned(
     .bind::<BigInt, _>(millis(lease))
     .bind::<BigInt, _>(millis(backoff))
     .bind::<BigInt, _>(millis(MAX_BACKOFF))
-    .bind::<Text, _>(run.as_str())
+    .bind::<Nullable<Text>, _>(gateway)
     .bind::<SqlUuid, _>(account_id)
-    .bind::<SqlUuid, _>(token);
+    .bind::<SqlUuid, _>(token)
+    .bind::<Text, _>(run.as_str());
     let sent = since_boot();
     let row: Option<AbandonedRow> = db::query(db::first_row(claim.load(conn))).await?;
     Ok(row.map(|row| Abandoned {
@@ -138,7 +190,8 @@ async fn take_abandoned(
             row.recovery_point,
             true,
             Lease { token: row.lock_token, length: lease, sent },
-        ),
+        )
+        .taken_over(Taken { last_run_at: row.last_run_before, nudged_at: row.nudged_before }),
         key: IdempotencyKey::from_stored(row.idempotency_key),
         path: row.request_path,
         params: row.request_params,
@@ -172,6 +225,67 @@ pub async fn mark_needs_attention(
     .bind::<Text, _>(run.as_str())
     .bind::<Text, _>(reason.code);
     Ok(db::query(mark.execute(conn)).await? == 1)
+}
+
+/// Gives up on the keys made at another gateway than `gateway`, the one this worker's process
+/// reaches, that no worker has taken for [`STRANDED_AFTER`] (nor a client retried): they wait for
+/// a process that reaches their gateway (see [`drivable`]), and none is running. Each is put on
+/// the operator's list, its reason naming both gateways (and `code`), with an audit record, as a
+/// key the completer gave up on. Account by account, as [`claim_abandoned`]; the keys given up on.
+pub async fn give_up_on_stranded(
+    conn: &mut AsyncPgConnection,
+    gateway: &str,
+    code: &str,
+    run: &RequestId,
+) -> Result<Vec<Uuid>, StoreError> {
+    let accounts = diesel::sql_query(format!(
+        "SELECT account_id FROM idempotency_keys k WHERE {UNTAKEN} AND NOT {} ORDER BY last_run_at LIMIT $1",
+        drivable("k.account_id", "$3")
+    ))
+    .bind::<BigInt, _>(KEYS_A_RUN)
+    .bind::<BigInt, _>(millis(STRANDED_AFTER))
+    .bind::<Text, _>(gateway);
+    let mut given_up = Vec::new();
+    for account_id in db::accounts_of(db::query(accounts.load(conn)).await?) {
+        let (made_at, drivable) = (made_at("$1"), drivable("$1", "$3"));
+        let give_up = diesel::sql_query(format!(
+            "WITH stranded AS (
+                 SELECT k.account_id, k.id,
+                        format('the request was made at the gateway %s, and no process that reaches it has run '
+                               'the key since %s (this one reaches %s): only that gateway may settle it',
+                               {made_at}, k.last_run_at, $3::text) AS reason
+                 FROM idempotency_keys k
+                 WHERE k.account_id = $1 AND {UNTAKEN} AND NOT {drivable}
+                 FOR UPDATE SKIP LOCKED
+             ), marked AS (
+                 UPDATE idempotency_keys k SET needs_attention_at = now(), attention_reason = s.reason
+                 FROM stranded s
+                 WHERE k.account_id = $1 AND k.id = s.id
+                 RETURNING k.account_id, k.id, k.completer_attempts, k.attention_reason
+             ), audited AS (
+                 INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                 SELECT account_id, 'idempotency_key.needs_attention', 'idempotency_key', id, 'completer',
+                        jsonb_build_object('attempts', completer_attempts, 'reason_code', $4::text,
+                                           'reason', attention_reason), $5
+                 FROM marked
+             )
+             SELECT id FROM marked"
+        ))
+        .bind::<SqlUuid, _>(account_id)
+        .bind::<BigInt, _>(millis(STRANDED_AFTER))
+        .bind::<Text, _>(gateway)
+        .bind::<Text, _>(code)
+        .bind::<Text, _>(run.as_str());
+        let marked: Vec<KeyId> = db::query(give_up.load(conn)).await?;
+        given_up.extend(marked.into_iter().map(|key| key.id));
+    }
+    Ok(given_up)
+}
+
+#[derive(QueryableByName)]
+struct KeyId {
+    #[diesel(sql_type = SqlUuid)]
+    id: Uuid,
 }
 
 /// A key on the operator's list.
@@ -216,21 +330,38 @@ pub async fn needing_attention(conn: &mut AsyncPgConnection) -> Result<Vec<Needs
     .await
 }
 
+/// The account of the key row `key_id`, if it is on the list: what an operator's answer to it
+/// names first, since an operator names a key by its row's id alone. It locks nothing, so on Citus
+/// it may ask every shard (a row lock is refused in a statement that spans shards); every
+/// statement that then locks or writes names the account, and runs on its shard alone.
+pub async fn account_needing_attention(conn: &mut AsyncPgConnection, key_id: Uuid) -> Result<Option<Uuid>, StoreError> {
+    let account =
+        diesel::sql_query("SELECT account_id FROM idempotency_keys WHERE id = $1 AND needs_attention_at IS NOT NULL")
+            .bind::<SqlUuid, _>(key_id);
+    let account: Option<db::AccountRow> = db::query(async { account.get_result(conn).await.optional() }).await?;
+    Ok(account.map(|row| row.account_id))
+}
+
 /// An operator's answer to a key on the list, once its cause is fixed: let the workers try it
 /// again, from the start of their backoff. (Safe at any time: a resumed key reconciles with the
 /// gateway before it charges.)
-pub async fn retry_needing_attention(conn: &mut AsyncPgConnection, key_id: Uuid) -> Result<bool, StoreError> {
+pub async fn retry_needing_attention(
+    conn: &mut AsyncPgConnection,
+    account_id: Uuid,
+    key_id: Uuid,
+) -> Result<bool, StoreError> {
     let reset = diesel::sql_query(
         "WITH reset AS (
              UPDATE idempotency_keys
              SET needs_attention_at = NULL, attention_reason = NULL, completer_attempts = 0
-             WHERE id = $1 AND needs_attention_at IS NOT NULL
+             WHERE account_id = $1 AND id = $2 AND needs_attention_at IS NOT NULL
              RETURNING account_id, id
          )
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
          SELECT account_id, 'idempotency_key.retried', 'idempotency_key', id, 'operator', '{}'
          FROM reset",
     )
+    .bind::<SqlUuid, _>(account_id)
     .bind::<SqlUuid, _>(key_id);
     Ok(db::query(reset.execute(conn)).await? == 1)
 }

@@ -17,7 +17,7 @@ use super::clock::Deadline;
 use super::fingerprint::{Canonical, Fingerprint};
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Asked, Remembered, ReplayCache};
-use super::store::{Endpoint, KeyLock, NewKey, Reason, StoredResponse, Transition};
+use super::store::{Endpoint, KeyLock, NewKey, Reason, StoredResponse, Taken, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::delegate::Routing;
@@ -51,6 +51,12 @@ pub enum DriveError {
     /// the call was not made for fear of that); the key stays at its recovery point.
     #[error("the outcome is not known yet: {0}")]
     OutcomeUnknown(Box<dyn std::error::Error + Send + Sync>),
+    /// What the key's request made is held by another system than the one this process reaches
+    /// (a gateway other than its own, which named itself): only a process that reaches it may
+    /// settle the key. To its client, an unknown outcome; a worker that took the key over hands
+    /// it back as it found it (see [`Run::drive`]).
+    #[error("the outcome is not known here: {0}")]
+    HeldElsewhere(Box<dyn std::error::Error + Send + Sync>),
     #[error(transparent)]
     Phase(#[from] PhaseError),
 }
@@ -65,7 +71,7 @@ impl DriveError {
     /// Why a request that held its key stopped short of `finished`.
     pub fn unfinished(&self) -> Unfinished {
         match self {
-            DriveError::OutcomeUnknown(_) => Unfinished::UnknownOutcome,
+            DriveError::OutcomeUnknown(_) | DriveError::HeldElsewhere(_) => Unfinished::UnknownOutcome,
             DriveError::Phase(PhaseError::LockLost) | DriveError::InFlight => Unfinished::LockLost,
             DriveError::Phase(PhaseError::Store(_)) => Unfinished::Database,
             DriveError::Phase(PhaseError::Inconsistent(_)) | DriveError::KeyReused => Unfinished::Internal,
@@ -322,7 +328,10 @@ impl<'a> Run<'a> {
 
     /// Drives the key to `finished` through `phases`, and keeps the answer for replays. If it
     /// stops short, the key is unlocked where it stands, so a retry resumes at once (unless another
-    /// request took the key over: then it is theirs).
+    /// request took the key over: then it is theirs). A worker's run that finds the key held
+    /// elsewhere ([`DriveError::HeldElsewhere`]) hands it back as it took it: the take spent none
+    /// of the key's attempts and adds nothing to its backoff, so a process that reaches what the
+    /// key made takes it as soon as it would have.
     pub async fn drive(
         mut self,
         mut phases: impl Phases,
@@ -447,7 +456,12 @@ impl<'a> Run<'a> {
         }
         self.conn = None;
         let reason = Reason { code: error.unfinished().as_str(), detail: &error.to_string() };
-        release(self.ctx, &self.lock, self.actor, reason, &self.request_id).await;
+        match (error, self.lock.taken()) {
+            (DriveError::HeldElsewhere(_), Some(taken)) => {
+                hand_back(self.ctx, &self.lock, taken, reason, &self.request_id).await;
+            }
+            _ => release(self.ctx, &self.lock, self.actor, reason, &self.request_id).await,
+        }
     }
 }
 
@@ -461,5 +475,18 @@ pub async fn release(ctx: Context<'_>, lock: &KeyLock, actor: Actor, reason: Rea
     .await;
     if let Err(error) = result {
         tracing::warn!(%error, "could not unlock the key; it unlocks when its lock goes stale");
+    }
+}
+
+/// Unlocks a key a worker took over as its take found it (see [`KeyLock::hand_back`]); best
+/// effort, as [`release`].
+async fn hand_back(ctx: Context<'_>, lock: &KeyLock, taken: Taken, reason: Reason<'_>, request_id: &RequestId) {
+    let result = async {
+        let mut conn = db::connect(ctx.db).await?;
+        lock.hand_back(&mut conn, taken, reason, request_id).await
+    }
+    .await;
+    if let Err(error) = result {
+        tracing::warn!(%error, "could not hand the key back; it unlocks when its lock goes stale");
     }
 }

@@ -38,7 +38,8 @@ mod store;
 mod story;
 
 pub use abandoned::{
-    Abandoned, NeedsAttention, claim_abandoned, mark_needs_attention, needing_attention, retry_needing_attention,
+    Abandoned, NeedsAttention, STRANDED_AFTER, account_needing_attention, claim_abandoned, give_up_on_stranded,
+    mark_needs_attention, needing_attention, retry_needing_attention,
 };
 pub use claim::{Claim, claim};
 pub use clock::Deadline;

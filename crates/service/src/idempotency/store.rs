@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use diesel::prelude::*;
-use diesel::sql_types::{Text, Uuid as SqlUuid};
+use diesel::sql_types::{Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
@@ -79,6 +80,17 @@ pub struct KeyLock {
     lease: Duration,
     /// When the lease ends at the earliest, on [`since_boot`].
     expires: Duration,
+    /// What a worker's take changed that it gives back with the key (see [`KeyLock::hand_back`]);
+    /// none for a request's claim.
+    taken: Option<Taken>,
+}
+
+/// What a worker's take of a key changed on its row, besides the lock: its last run, from which
+/// its backoff counts, and the nudge that made it due at once.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Taken {
+    pub last_run_at: DateTime<Utc>,
+    pub nudged_at: Option<DateTime<Utc>>,
 }
 
 /// How a phase leaves the key row, applied in the phase's own transaction.
@@ -119,7 +131,26 @@ impl KeyLock {
         lease: Lease,
     ) -> Self {
         let Lease { token, length, sent } = lease;
-        KeyLock { account_id, key_id, token, recovery_point, resumed, lease: length, expires: sent + length }
+        KeyLock {
+            account_id,
+            key_id,
+            token,
+            recovery_point,
+            resumed,
+            lease: length,
+            expires: sent + length,
+            taken: None,
+        }
+    }
+
+    /// The lock of a key a worker took over, and what its take changed.
+    pub(super) fn taken_over(self, taken: Taken) -> Self {
+        KeyLock { taken: Some(taken), ..self }
+    }
+
+    /// What a worker's take of the key changed; none if a request claimed it.
+    pub(super) fn taken(&self) -> Option<Taken> {
+        self.taken
     }
 
     /// How long the lease surely lasts still. A driver about to do what it cannot take back (a
@@ -203,6 +234,45 @@ impl KeyLock {
         .bind::<Text, _>(request_id.as_str())
         .bind::<Text, _>(reason.code);
         db::query(release.execute(conn)).await?;
+        Ok(())
+    }
+
+    /// Unlocks a key a worker took over and could not drive, as its take (`taken`) found it: the
+    /// attempt it counted uncounted, its last run and its nudge as they were (a nudge since is
+    /// kept), with an audit record of why, in one statement. So a worker that takes a key held
+    /// where its process does not reach (see [`super::DriveError::HeldElsewhere`]) neither spends
+    /// one of the key's attempts nor delays the process that does reach it. Fenced, as
+    /// [`KeyLock::release`].
+    pub(super) async fn hand_back(
+        &self,
+        conn: &mut AsyncPgConnection,
+        taken: Taken,
+        reason: Reason<'_>,
+        request_id: &RequestId,
+    ) -> Result<(), StoreError> {
+        let hand_back = diesel::sql_query(
+            "WITH handed_back AS (
+                 UPDATE idempotency_keys
+                 SET locked_until = NULL, lock_token = NULL, completer_attempts = greatest(completer_attempts - 1, 0),
+                     last_run_at = $4, nudged_at = coalesce(nudged_at, $5)
+                 WHERE account_id = $1 AND id = $2 AND lock_token = $3
+                 RETURNING account_id, id, recovery_point
+             )
+             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT account_id, 'idempotency_key.handed_back', 'idempotency_key', id, 'completer',
+                    jsonb_build_object('recovery_point', recovery_point, 'reason_code', $6::text,
+                                       'reason', $7::text), $8
+             FROM handed_back",
+        )
+        .bind::<SqlUuid, _>(self.account_id)
+        .bind::<SqlUuid, _>(self.key_id)
+        .bind::<SqlUuid, _>(self.token)
+        .bind::<Timestamptz, _>(taken.last_run_at)
+        .bind::<Nullable<Timestamptz>, _>(taken.nudged_at)
+        .bind::<Text, _>(reason.code)
+        .bind::<Text, _>(reason.detail.chars().take(1000).collect::<String>())
+        .bind::<Text, _>(request_id.as_str());
+        db::query(hand_back.execute(conn)).await?;
         Ok(())
     }
 }

@@ -140,8 +140,12 @@ label! {
         Finished = "finished",
         /// Not yet; tried again after its backoff.
         RetryLater = "retry_later",
-        /// Its last attempt failed: the key now needs a person.
+        /// Its last attempt failed, or it waited too long for a process that reaches its gateway:
+        /// the key now needs a person.
         GaveUp = "gave_up",
+        /// Another gateway than this process's holds what it made: handed back untouched, for a
+        /// process that reaches that gateway.
+        HandedBack = "handed_back",
     }
 }
 

@@ -260,12 +260,12 @@ impl<'a> PaymentPhases<'a> {
                 run.check_lease_outlasts(call)?;
                 let looked_up = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
                 let from_recorded = looked_up.is_from(recorded);
-                let by = looked_up.by().to_owned();
+                let (by, named) = (looked_up.by().to_owned(), looked_up.named.is_some());
                 match protocol::after_look_up(looked_up.found(), made_now, from_recorded) {
                     AfterLookUp::Adopt(found) => Some(found),
                     AfterLookUp::Request => None,
                     AfterLookUp::WrongGateway => {
-                        return Err(DriveError::OutcomeUnknown(Box::new(WrongGateway::new(recorded, &by))));
+                        return Err(WrongGateway::new(recorded, &by, named).into());
                     }
                 }
             }
@@ -353,13 +353,16 @@ impl<'a> PaymentPhases<'a> {
         let response = final_response(&payment, &request_id)?;
         // The event says what `charge_created` recorded. An authorization (the one outcome that
         // sets `capture_before`) says it was authorized, whatever became of it since (captured,
-        // cancelled or lapsed before the key finished: that change stages its own event).
-        let event = match (payment.status, payment.capture_before.is_some()) {
-            (PaymentStatus::Failed, _) => "payment.failed",
-            (_, true) => "payment.authorized",
-            (PaymentStatus::Succeeded, false) => "payment.succeeded",
-            (PaymentStatus::Canceled, false) => "payment.canceled",
-            (status @ (PaymentStatus::Pending | PaymentStatus::RequiresCapture), false) => {
+        // cancelled or lapsed before the key finished: that change stages its own event); one the
+        // gateway captured or cancelled before its answer was recorded says so, as its own
+        // capture or cancel would have.
+        let event = match (payment.status, payment.capture_before.is_some(), payment.capture_method) {
+            (PaymentStatus::Failed, _, _) => "payment.failed",
+            (_, true, _) => "payment.authorized",
+            (PaymentStatus::Succeeded, false, CaptureMethod::Automatic) => "payment.succeeded",
+            (PaymentStatus::Succeeded, false, CaptureMethod::Manual) => "payment.captured",
+            (PaymentStatus::Canceled, false, _) => "payment.canceled",
+            (status @ (PaymentStatus::Pending | PaymentStatus::RequiresCapture), false, _) => {
                 return Err(DriveError::inconsistent(format!("payment {} is {status} at `finished`", payment.id)));
             }
         };

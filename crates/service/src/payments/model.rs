@@ -136,7 +136,7 @@ impl ChargeOutcome {
     /// The payment's columns once this outcome is recorded, for a payment of `amount` that asked
     /// to be captured the `asked` way.
     pub fn changes(&self, asked: CaptureMethod, amount: i64) -> ChargeChanges<'_> {
-        let charge = |status, charge_id, capture_method, amount_captured| ChargeChanges {
+        let made = |status, charge_id, capture_method, amount_captured| ChargeChanges {
             status,
             gateway_charge_id: Some(charge_id),
             failure_code: None,
@@ -152,16 +152,22 @@ impl ChargeOutcome {
             capture_method: asked,
             amount_captured: (asked == CaptureMethod::Manual).then_some(0),
         };
-        use {CaptureMethod::*, PaymentStatus::*};
         match self {
-            ChargeOutcome::Captured { charge_id, amount: captured } if asked == Automatic && *captured == amount => {
-                charge(Succeeded, charge_id, Automatic, None)
+            // All of it at once, as asked: the one charge that is no authorization.
+            ChargeOutcome::Captured { charge_id, amount: captured }
+                if asked == CaptureMethod::Automatic && *captured == amount =>
+            {
+                made(PaymentStatus::Succeeded, charge_id, CaptureMethod::Automatic, None)
             }
             ChargeOutcome::Captured { charge_id, amount: captured } => {
-                charge(Succeeded, charge_id, Manual, Some(*captured))
+                made(PaymentStatus::Succeeded, charge_id, CaptureMethod::Manual, Some(*captured))
             }
-            ChargeOutcome::Authorized { charge_id } => charge(RequiresCapture, charge_id, Manual, Some(0)),
-            ChargeOutcome::Canceled { charge_id } => charge(Canceled, charge_id, Manual, Some(0)),
+            ChargeOutcome::Authorized { charge_id } => {
+                made(PaymentStatus::RequiresCapture, charge_id, CaptureMethod::Manual, Some(0))
+            }
+            ChargeOutcome::Canceled { charge_id } => {
+                made(PaymentStatus::Canceled, charge_id, CaptureMethod::Manual, Some(0))
+            }
             ChargeOutcome::Declined { code, message } => failed(code, message),
             ChargeOutcome::UnknownSource { message } => failed(UNKNOWN_SOURCE, message),
             ChargeOutcome::Rejected { message } => failed(GATEWAY_REJECTED, message),
