@@ -395,6 +395,35 @@ async fn key_point(url: &str, key: &str) -> String {
     diesel_async::RunQueryDsl::get_result(point, &mut conn).await.unwrap()
 }
 
+#[tokio::test]
+async fn a_capture_whose_charge_the_gateway_captured_for_another_amount_is_refused_and_the_payment_records_it() {
+    let app = TestApp::spawn().await;
+    let id = app.authorized(5000).await;
+    let payment: Value = app.get(&format!("/v1/payments/{id}")).await.json().await.unwrap();
+    // Someone captures 2000 at the gateway's dashboard; the capture asked for all of it.
+    app.gateway.capture_charge(payment["gateway_charge_id"].as_str().unwrap(), 2000).await;
+
+    let refused = app.change(&id, "capture", &new_key(), &json!({})).await;
+
+    // Not this capture's doing: refused, and the payment records what the gateway captured.
+    assert_eq!(refused.status(), StatusCode::BAD_GATEWAY);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(
+        (&refused["payment"]["status"], &refused["payment"]["amount_captured"]),
+        (&json!("succeeded"), &json!(2000)),
+        "{refused}"
+    );
+    let staged = format!(
+        "EXISTS (SELECT FROM staged_jobs WHERE job_name = 'payment.captured' \
+         AND job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+    );
+    assert!(app.database_says(&staged).await, "its event: payment.captured");
+    assert!(
+        app.database_says(&format!("(SELECT status = 'failed' FROM payment_changes WHERE payment_id = '{id}')")).await
+    );
+    assert_eq!(app.gateway.all_stats().await["captures"], 1, "the dashboard's alone");
+}
+
 /// Ends the lease of every held key now, as time would for a dead process's.
 async fn end_the_leases(url: &str) {
     let mut conn = AsyncPgConnection::establish(url).await.unwrap();

@@ -264,7 +264,7 @@ impl<'a> ChangePhases<'a> {
             let read = ours(gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?, &made.gateway)?;
             match read {
                 Some(Authorization::Open) => {}
-                read => return Ok(self.settled_by(read)),
+                read => return Ok(self.settled_by(made, read)),
             }
         }
         run.check_lease_outlasts(call)?;
@@ -277,13 +277,13 @@ impl<'a> ChangePhases<'a> {
             ChangeKind::Cancel => gateway.cancel(&key, &made.charge_id).await,
         };
         match ours(answered.map_err(indeterminate)?, &made.gateway)? {
-            Ok(Changed::Now(authorization)) => Ok(self.settled_by(Some(authorization))),
+            Ok(Changed::Now(authorization)) => Ok(self.settled_by(made, Some(authorization))),
             // Captured or cancelled before (by this key, under a key the gateway forgot, or by
             // the other change): the charge says which.
             Ok(Changed::Before) => {
                 run.check_lease_outlasts(call)?;
                 let read = ours(gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?, &made.gateway)?;
-                Ok(self.settled_by(read))
+                Ok(self.settled_by(made, read))
             }
             Err(error @ (GatewayError::Rejected { .. } | GatewayError::Declined { .. })) => {
                 tracing::error!(%error, "the gateway refused a {}", self.kind().as_str());
@@ -293,10 +293,10 @@ impl<'a> ChangePhases<'a> {
         }
     }
 
-    /// What the charge's state says of this change: done if it is what the change does; refused
+    /// What the charge's state says of this change `made`: done if it is what the change does; refused
     /// for good if the charge ended otherwise (and the payment ends as it did). A charge still open
     /// after the change's answer, or unknown to its own gateway, is refused, the payment left open.
-    fn settled_by(&self, charge: Option<Authorization>) -> Outcome {
+    fn settled_by(&self, made: &Made, charge: Option<Authorization>) -> Outcome {
         let ends = match charge {
             Some(Authorization::Captured { amount }) => Some(PaymentEnd::Captured(amount)),
             Some(Authorization::Canceled) => Some(PaymentEnd::Canceled),
@@ -304,7 +304,10 @@ impl<'a> ChangePhases<'a> {
         };
         let refused = |code, message: &str| Outcome::Refused { code, message: message.to_owned(), ends };
         match (self.kind(), charge) {
-            (ChangeKind::Capture, Some(Authorization::Captured { amount })) => {
+            // Captured for what this capture asked: its own (or one no gateway could tell from
+            // it). Captured for another amount, someone else captured it (the gateway's
+            // dashboard, say): refused, the payment recording what the gateway captured.
+            (ChangeKind::Capture, Some(Authorization::Captured { amount })) if made.amount == Some(amount) => {
                 Outcome::Done(PaymentEnd::Captured(amount))
             }
             (ChangeKind::Cancel, Some(Authorization::Canceled)) => Outcome::Done(PaymentEnd::Canceled),
