@@ -158,7 +158,7 @@ impl Stored {
             .load(&mut conn)
             .await?;
         // The lapse's keys are none of the run's, but the gateway's events about what they did are.
-        key_ids.extend(change_rows.iter().filter(|row| !keys.contains(&row.4)).map(|row| row.1));
+        key_ids.extend(change_rows.iter().filter(|row| !keys.contains(&row.3)).map(|row| row.1));
         type RefundRow = (String, Uuid, Uuid, Uuid, Uuid, i64, String, Option<String>);
         let refund_rows: Vec<RefundRow> = refunds::table
             .filter(refunds::idempotency_key.eq_any(keys))
