@@ -12,6 +12,7 @@ mod conflicts;
 mod crash_recovery;
 mod create_payment;
 mod database_outage;
+mod docs;
 mod embedded;
 mod fencing;
 mod first_phase;
