@@ -915,7 +915,7 @@ async fn the_fence_decides_as_the_protocols_rule_says() {
     }
 }
 
-/// The rule of a change of an authorization lives in SQL (`captures/writes.rs`: its `started`
+/// The rule of a change of an authorization lives in SQL (`authorizations/writes.rs`: its `started`
 /// inserts the change only on a payment still `requires_capture`, and the unique index on the
 /// payment's changes that are not `failed` lets one stand): for an authorization open, captured
 /// or cancelled, with no other change, one pending, one that succeeded or one that failed, a

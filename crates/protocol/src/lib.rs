@@ -121,7 +121,7 @@ pub fn after_look_up<T>(found: Option<T>, made_now: bool, from_recorded: bool) -
 }
 
 /// The rule of a capture's, a cancel's or the lapse's first phase, which its one statement
-/// (`captures/writes.rs`) states in SQL with a unique index: a change of an authorization stands
+/// (`authorizations/writes.rs`) states in SQL with a unique index: a change of an authorization stands
 /// only on one still open, and only if no other change of it stands (a change the gateway refused
 /// for good no longer does). Of changes racing under different keys, one stands: the others are
 /// refused, and never reach the gateway.

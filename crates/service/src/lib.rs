@@ -2,7 +2,7 @@
 
 pub mod accounts;
 pub mod audit;
-pub mod captures;
+pub mod authorizations;
 pub mod config;
 pub mod db;
 pub mod events;

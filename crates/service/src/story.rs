@@ -8,7 +8,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::audit::{self, AuditEntry};
-use crate::captures;
+use crate::authorizations;
 use crate::db::{self, StoreError};
 use crate::idempotency::{IdempotencyKey, KeyRecord, RecoveryPoint};
 use crate::payments::{Payment, PaymentView};
@@ -125,7 +125,8 @@ impl KeyStory {
         // A capture's or a cancel's key made a change of a payment, which the story shows.
         let change = match (&payment, &refund) {
             (None, None) => {
-                db::query(captures::made_by_key(conn, account_id, record.as_ref().map(|r| r.id), key.as_str())).await?
+                db::query(authorizations::made_by_key(conn, account_id, record.as_ref().map(|r| r.id), key.as_str()))
+                    .await?
             }
             _ => None,
         };

@@ -91,6 +91,17 @@ pub enum GatewayError {
     Timeout,
 }
 
+impl GatewayError {
+    /// Whether it says for certain that nothing was charged (or refunded): a decline, an unknown
+    /// source, a refusal. Every other error leaves the outcome unknown.
+    pub fn is_definitive(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::Declined { .. } | GatewayError::UnknownSource { .. } | GatewayError::Rejected { .. }
+        )
+    }
+}
+
 /// What a resumed request asked a gateway about (a charge or a refund) was asked of the gateway it
 /// records, and another gateway answers at its address now, knowing nothing of it: only the
 /// recorded gateway can say whether it was done, and asking another to do it could do it twice.

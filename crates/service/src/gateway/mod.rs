@@ -6,6 +6,7 @@ mod answers;
 mod authorization;
 mod charge;
 mod client;
+mod reconcile;
 mod refund;
 pub mod reports;
 
@@ -15,4 +16,5 @@ pub use charge::{
 };
 pub use client::{Answered, GatewayClient, recordable_identity};
 pub use payments_wire::{IDENTITY_HEADER, signature};
+pub use reconcile::{Settles, adoptable, settles};
 pub use refund::{Refund, RefundRequest, RefundStatus};

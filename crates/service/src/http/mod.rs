@@ -37,12 +37,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint {
         method: Method::POST,
         path: "/v1/payments/{id}/capture",
-        route: || web::post().to(payments::change_payment::<crate::captures::CaptureBody>),
+        route: || web::post().to(payments::change_payment::<crate::authorizations::CaptureBody>),
     },
     Endpoint {
         method: Method::POST,
         path: "/v1/payments/{id}/cancel",
-        route: || web::post().to(payments::change_payment::<crate::captures::CancelBody>),
+        route: || web::post().to(payments::change_payment::<crate::authorizations::CancelBody>),
     },
     Endpoint { method: Method::POST, path: "/v1/refunds", route: || web::post().to(refunds::create_refund) },
     Endpoint { method: Method::GET, path: "/v1/refunds", route: || web::get().to(refunds::list_refunds) },

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::error::ApiError;
 use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, Named, PathId};
 use super::{idempotent, page};
-use crate::captures::{self, ChangeBody};
+use crate::authorizations::{self, ChangeBody};
 use crate::db;
 use crate::idempotency::KeyedRequest;
 use crate::payments::{self, CreatePaymentBody, Payment, PaymentList, PaymentView};
@@ -32,7 +32,7 @@ pub async fn create_payment(
 }
 
 /// `POST /v1/payments/{id}/capture` and `/cancel`: `B` is the body, [`CaptureBody`] or
-/// [`CancelBody`](captures::CancelBody), which says which.
+/// [`CancelBody`](authorizations::CancelBody), which says which.
 pub async fn change_payment<B: ChangeBody>(
     state: web::Data<AppState>,
     request_id: RequestId,
@@ -45,7 +45,7 @@ pub async fn change_payment<B: ChangeBody>(
 ) -> Result<HttpResponse, ApiError> {
     let request = KeyedRequest::new(account, key.0, B::ENDPOINT, body.0.validate(id)?);
     idempotent::answer(state, request, move |state, request| async move {
-        captures::change_payment(&state, request, fault.0, &request_id).await
+        authorizations::change_payment(&state, request, fault.0, &request_id).await
     })
     .await
 }

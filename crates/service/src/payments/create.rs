@@ -35,7 +35,7 @@
 
 use std::sync::Arc;
 
-use payments_protocol::{self as protocol, AfterLookUp, FirstCall};
+use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -47,7 +47,7 @@ use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
-use crate::gateway::{self, Charge, ChargeRequest, ChargeState, GatewayError, WrongGateway};
+use crate::gateway::{self, Charge, ChargeRequest, ChargeState, GatewayError, Settles};
 use crate::idempotency::{
     Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
     Run, StoredResponse, Transition,
@@ -225,21 +225,11 @@ impl<'a> PaymentPhases<'a> {
 
     /// The gateway call: the one foreign side effect. No transaction is open and no pooled
     /// connection is held while the gateway takes its time, and no call is made that could
-    /// outlast the lease.
-    ///
-    /// Every answer comes with the identity of the gateway that gave it (see
-    /// [`gateway::GatewayClient`]), which is not always the one the payment records: the address
-    /// may lead to another gateway since. What an answer may settle:
-    /// - a resumed key may have been charged by an earlier run: it is looked up first, and what the
-    ///   look-up finds is adopted, wherever it is (a charge under our downstream key was made by one
-    ///   of our runs, and only one gateway can hold it). Finding nothing settles a payment an
-    ///   earlier run made only at the gateway the payment records: another gateway knows nothing of
-    ///   the charges made before it came, and asking it to charge could charge twice
-    ///   ([`WrongGateway`]). A payment this run made was never charged anywhere;
-    /// - a charge request is answered by the gateway that holds the charge, if any, so its answer
-    ///   is recorded together with that gateway. An answer that leaves the outcome unknown from
-    ///   another gateway than the recorded one moves the payment there first, so that the retry
-    ///   looks it up where the charge may be.
+    /// outlast the lease. A resumed key may have been charged by an earlier run: it is looked up
+    /// first, and what is found is adopted. Who answered decides what an answer may settle
+    /// ([`gateway::adoptable`], [`gateway::settles`]); an unknown outcome from another gateway than
+    /// the recorded one moves the payment there first, so that the retry looks it up where the
+    /// charge may be.
     async fn charge(&mut self, run: &mut Run<'_>, started: &Started) -> Result<Charged, DriveError> {
         run.let_go_of_connection();
         let &Started { ref payment, made_now } = started;
@@ -259,43 +249,24 @@ impl<'a> PaymentPhases<'a> {
             FirstCall::LookUp => {
                 run.check_lease_outlasts(call)?;
                 let looked_up = gateway.find_charge(&key, &request).await.map_err(indeterminate)?;
-                let from_recorded = looked_up.is_from(recorded);
-                let (by, named) = (looked_up.by().to_owned(), looked_up.named.is_some());
-                match protocol::after_look_up(looked_up.found(), made_now, from_recorded) {
-                    AfterLookUp::Adopt(found) => Some(found),
-                    AfterLookUp::Request => None,
-                    AfterLookUp::WrongGateway => {
-                        return Err(WrongGateway::new(recorded, &by, named).into());
-                    }
-                }
+                gateway::adoptable(looked_up, recorded, made_now)?
             }
         };
         let (answered, answered_by) = match found {
-            Some(found) => {
-                tracing::info!(gateway.account = %found.by(), "adopting what an earlier run's charge request did");
-                (found, AnsweredBy::LookUp)
-            }
+            Some(found) => (found, AnsweredBy::LookUp),
             None => {
                 run.check_lease_outlasts(call)?;
                 (gateway.charge(&key, &request).await.map_err(indeterminate)?, AnsweredBy::Charge)
             }
         };
-        let gateway = answered.holder(payment.gateway.as_deref());
-        // A charge request's answer that names no gateway, for a payment whose gateway names
-        // itself, is a proxy's (its own 403 or 404, say): it says nothing of the charge. (A
-        // charge of ours that a look-up lists is ours wherever it is.)
-        let said_by_a_gateway = answered.named.is_some() || answered.is_from(recorded);
-        match outcome_of(answered.answer, self.request.amount) {
-            Ok(outcome) if said_by_a_gateway || answered_by == AnsweredBy::LookUp => {
-                Ok(Charged { outcome, answered_by, gateway })
+        match gateway::settles(answered, payment.gateway.as_deref(), answered_by == AnsweredBy::LookUp) {
+            Settles::Answer { answer, holder } => {
+                let outcome = outcome_of(answer, self.request.amount).map_err(indeterminate)?;
+                Ok(Charged { outcome, answered_by, gateway: holder })
             }
-            Ok(_) => Err(indeterminate(GatewayError::Unavailable(
-                "an answer that names no gateway, for a payment whose gateway names itself".into(),
-            ))),
-            Err(error) => {
-                // Only a gateway that names itself moves the payment (see `Answered::is_from`).
-                if answered.named.is_some() && &*gateway != recorded {
-                    self.follow_charge_to(run, payment, &gateway).await?;
+            Settles::Unknown { error, moved_to } => {
+                if let Some(moved_to) = moved_to {
+                    self.follow_charge_to(run, payment, &moved_to).await?;
                 }
                 Err(indeterminate(error))
             }

@@ -16,7 +16,7 @@ use crate::idempotency::{
 use crate::metrics::{CompleterOutcome, Unfinished};
 use crate::request_id::RequestId;
 use crate::state::AppState;
-use crate::{captures, payments, refunds};
+use crate::{authorizations, payments, refunds};
 
 /// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
 /// between attempts; after `max_attempts` it gives up, and the key needs attention. It takes only
@@ -138,8 +138,8 @@ async fn complete(state: &AppState, abandoned: Abandoned, run: &RequestId) -> Re
     match abandoned.path.as_str() {
         path if path == payments::ENDPOINT.path => payments::complete_abandoned(state, abandoned, run).await,
         path if path == refunds::ENDPOINT.path => refunds::complete_abandoned(state, abandoned, run).await,
-        path if path == captures::CAPTURE.path || path == captures::CANCEL.path => {
-            captures::complete_abandoned(state, abandoned, run).await
+        path if path == authorizations::CAPTURE.path || path == authorizations::CANCEL.path => {
+            authorizations::complete_abandoned(state, abandoned, run).await
         }
         other => {
             let error = DriveError::inconsistent(format!("a key used on {other}, which no phases drive"));

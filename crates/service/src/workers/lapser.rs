@@ -11,7 +11,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::{Outcome, Worker};
-use crate::captures;
+use crate::authorizations;
 use crate::config::WorkerSettings;
 use crate::db;
 use crate::request_id::RequestId;
@@ -21,7 +21,7 @@ use crate::state::AppState;
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 
 /// Cancels one lapsed authorization per run, the soonest lapsed first, through a cancel of its own
-/// (see [`captures::lapse`]): at the gateway too, and racing captures and cancels under their
+/// (see [`authorizations::lapse`]): at the gateway too, and racing captures and cancels under their
 /// rule. An authorization a change already stands on (a capture or a cancel under way) is left to
 /// it. A lapse the gateway refused for good (its cancel failed, the authorization still open) is
 /// tried again after the completer's backoff, doubled with each refusal, up to an hour: never
@@ -75,7 +75,7 @@ impl Worker for Lapser {
         drop(conn);
         let Some(Lapsed { account_id, payment_id }) = lapsed else { return Ok(Outcome::Idle) };
         let span = tracing::info_span!("lapser.run", request_id = %run);
-        let reply = captures::lapse(&self.state, account_id, payment_id, &run).instrument(span).await?;
+        let reply = authorizations::lapse(&self.state, account_id, payment_id, &run).instrument(span).await?;
         tracing::info!(%payment_id, status = reply.response.status, "an authorization lapsed");
         Ok(Outcome::Worked)
     }

@@ -10,7 +10,7 @@ use super::stored::{Stored, StoredPayment};
 use super::{Invariant, Outside, answers_problem, each_key, name_some};
 use crate::chaos::run::KeyRun;
 
-/// The lapse's keys begin so (see `payments_service::captures::lapse`).
+/// The lapse's keys begin so (see `payments_service::authorizations::lapse`).
 const LAPSE_KEY: &str = "lapse:";
 
 /// A change the gateway made to an authorization on its own (as its dashboard or another system
