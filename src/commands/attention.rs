@@ -156,6 +156,17 @@ enum Resource {
     Payment,
 }
 
+impl Resource {
+    /// Its table, and its name in audit records.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Resource::Refund => ("refunds", "refund"),
+            Resource::PaymentChange => ("payment_changes", "payment_change"),
+            Resource::Payment => ("payments", "payment"),
+        }
+    }
+}
+
 /// Records `gateway` on the `resource` row `row` holds, with an operator's audit record that says
 /// what it was.
 async fn record_gateway_on(
@@ -165,38 +176,17 @@ async fn record_gateway_on(
     row: &Held,
     gateway: &str,
 ) -> diesel::QueryResult<()> {
-    let sql = match resource {
-        Resource::Refund => {
-            "WITH moved AS (
-                 UPDATE refunds SET gateway = $3, updated_at = now() WHERE account_id = $1 AND id = $2
-                 RETURNING account_id, id
-             )
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-             SELECT account_id, 'refund.gateway_changed', 'refund', id, 'operator',
-                    jsonb_build_object('from', $4::text, 'to', $3::text)
-             FROM moved"
-        }
-        Resource::PaymentChange => {
-            "WITH moved AS (
-                 UPDATE payment_changes SET gateway = $3, updated_at = now() WHERE account_id = $1 AND id = $2
-                 RETURNING account_id, id
-             )
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-             SELECT account_id, 'payment_change.gateway_changed', 'payment_change', id, 'operator',
-                    jsonb_build_object('from', $4::text, 'to', $3::text)
-             FROM moved"
-        }
-        Resource::Payment => {
-            "WITH moved AS (
-                 UPDATE payments SET gateway = $3, updated_at = now() WHERE account_id = $1 AND id = $2
-                 RETURNING account_id, id
-             )
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-             SELECT account_id, 'payment.gateway_changed', 'payment', id, 'operator',
-                    jsonb_build_object('from', $4::text, 'to', $3::text)
-             FROM moved"
-        }
-    };
+    let (table, name) = resource.names();
+    let sql = format!(
+        "WITH moved AS (
+             UPDATE {table} SET gateway = $3, updated_at = now() WHERE account_id = $1 AND id = $2
+             RETURNING account_id, id
+         )
+         INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
+         SELECT account_id, '{name}.gateway_changed', '{name}', id, 'operator',
+                jsonb_build_object('from', $4::text, 'to', $3::text)
+         FROM moved"
+    );
     diesel::sql_query(sql)
         .bind::<SqlUuid, _>(account_id)
         .bind::<SqlUuid, _>(row.id)
