@@ -4,7 +4,7 @@ use anyhow::{Context, bail};
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use payments_service::accounts;
 use payments_service::config::CreateAccountArgs;
-use payments_service::db::embedded::Sharing;
+use payments_service::postgres::embedded::Sharing;
 
 use super::open_database;
 

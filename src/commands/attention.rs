@@ -5,10 +5,10 @@ use diesel::sql_types::{Nullable, Text, Uuid as SqlUuid};
 use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use payments_service::config::DatabaseArgs;
-use payments_service::db::embedded::Sharing;
 use payments_service::db::wake::Wake;
 use payments_service::gateway::recordable_identity;
 use payments_service::idempotency::{account_needing_attention, needing_attention, retry_needing_attention};
+use payments_service::postgres::embedded::Sharing;
 use uuid::Uuid;
 
 use super::open_database;

@@ -24,7 +24,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use reqwest::Url;
 
 use payments_service::config::DatabaseArgs;
-use payments_service::db::embedded::{EmbeddedDatabase, Sharing};
+use payments_service::postgres::embedded::{EmbeddedDatabase, Sharing};
 use payments_service::startup::{METRICS_AT, MetricsServer, bind_usual_or_free};
 use payments_service::state::AppState;
 

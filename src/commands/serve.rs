@@ -11,10 +11,10 @@ use payments_service::accounts::DEMO_API_KEY;
 use payments_service::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, DatabaseArgs, ServeArgs, Settings};
 use payments_service::db;
 use payments_service::db::delegate::Routing;
-use payments_service::db::embedded::{EmbeddedDatabase, Sharing};
 use payments_service::gateway::GatewayClient;
 use payments_service::gateway::signature::WebhookSecret;
 use payments_service::metrics;
+use payments_service::postgres::embedded::{EmbeddedDatabase, Sharing};
 use payments_service::startup::{Application, LISTENING, bind_usual_or_free, exit_on_second_signal, shutdown_signal};
 use payments_service::state::AppState;
 use payments_service::workers::Workers;
@@ -253,7 +253,7 @@ async fn open_citus(database: &DatabaseArgs, workers: u16) -> anyhow::Result<(St
     if database.database_url.is_some() {
         anyhow::bail!("--citus-workers starts a Citus cluster of its own: it cannot be used with DATABASE_URL");
     }
-    payments_service::db::citus::installed().map_err(anyhow::Error::msg)?;
+    payments_service::postgres::citus::installed().map_err(anyhow::Error::msg)?;
     let embedded = EmbeddedDatabase::open_citus(&database.data_dir, workers.into()).await?;
     let mut conn = <diesel_async::AsyncPgConnection as diesel_async::AsyncConnection>::establish(&embedded.url).await?;
     payments_service::accounts::ensure_demo(&mut conn).await?;

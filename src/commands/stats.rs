@@ -2,8 +2,8 @@
 
 use diesel_async::{AsyncConnection, AsyncPgConnection};
 use payments_service::config::StatsArgs;
-use payments_service::db::embedded::Sharing;
 use payments_service::metrics::{AccountRequests, per_account};
+use payments_service::postgres::embedded::Sharing;
 
 use super::open_database;
 

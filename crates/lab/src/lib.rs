@@ -15,8 +15,8 @@ use anyhow::Context;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use child::payments;
-use payments_service::db::citus::CitusCluster;
-use payments_service::db::cluster::{Cluster, Durability};
+use payments_service::postgres::citus::CitusCluster;
+use payments_service::postgres::cluster::{Cluster, Durability};
 
 /// The service's database in a cluster of our own.
 const DATABASE: &str = "payments";
@@ -92,7 +92,7 @@ pub async fn execute(url: &str, sql: &str) -> anyhow::Result<()> {
 }
 
 /// A run's directory under the system's temporary directory, removed when dropped. A run that was
-/// killed leaves its directory behind (its cluster stops by itself: see [`payments_service::db::cluster`]),
+/// killed leaves its directory behind (its cluster stops by itself: see [`payments_service::postgres::cluster`]),
 /// and the next run with the same prefix removes it.
 pub struct Scratch(PathBuf);
 

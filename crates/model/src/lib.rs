@@ -2,6 +2,7 @@
 
 mod authorization;
 mod explain;
+mod faults;
 mod properties;
 mod refunds;
 mod rules;

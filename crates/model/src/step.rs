@@ -1,4 +1,5 @@
-//! The model's steps: which actions each state offers, and what each does.
+//! The model's steps: which actions each state offers, and what each does. The faults that may
+//! strike between them are [`super::faults`]'s, the refunds' steps [`super::refunds`]'s.
 
 use stateright::Model;
 
@@ -31,7 +32,7 @@ impl Model for Protocol {
     }
 
     fn actions(&self, state: &State, actions: &mut Vec<Action>) {
-        let faults_left = state.faults < self.faults;
+        let faults_left = self.faults_left(state);
         // The client's next attempt, until an answer settles what the key did: after the last
         // one ended, or while it still runs (the client stopped waiting, or sent it twice), and
         // so to another process.
@@ -57,71 +58,19 @@ impl Model for Protocol {
             actions.push(Action::TakeOver);
         }
         for (d, driver) in state.drivers.iter().enumerate() {
-            if driver.paused {
-                actions.push(Action::Wake(d));
-                continue;
+            if driver.runs() {
+                self.driver_steps(driver, d, faults_left, actions);
             }
-            if !driver.runs() {
-                continue;
-            }
-            let charges_next = self.charges_next(driver);
-            match driver.pc {
-                // Its own clock says its lease ran out while it was frozen: it makes no call (but
-                // one frozen after its check sends the request it had on its way).
-                Pc::Started | Pc::ToCharge if driver.lease_lost && !driver.in_call => actions.push(Action::Release(d)),
-                Pc::Claimed => actions.push(Action::Start(d)),
-                Pc::Started if (self.rules.first_call)(driver.resumed) == payments_protocol::FirstCall::LookUp => {
-                    actions.push(Action::LookUp(d))
-                }
-                Pc::Started | Pc::ToCharge => {
-                    actions.push(Action::Charge(d, Gateway::Answers));
-                    actions.push(Action::Charge(d, Gateway::Declines));
-                    if faults_left {
-                        actions.push(Action::Charge(d, Gateway::FailsBefore));
-                        actions.push(Action::Charge(d, Gateway::FailsAfter));
-                    }
-                }
-                Pc::Answered(_) => actions.push(Action::Record(d)),
-                Pc::Recorded => actions.push(Action::Finish(d)),
-                Pc::Unknown => actions.push(Action::Release(d)),
-                _ => {}
-            }
-            if faults_left {
-                actions.push(Action::Crash(d));
-                actions.push(Action::Pause(d));
-                if charges_next && !driver.lease_lost {
-                    actions.push(Action::PauseInCall(d));
-                }
-            }
+            self.driver_faults(state, driver, d, actions);
         }
-        // A dead or frozen driver's lease runs out, in time.
-        if let Some(key) = &state.key
-            && let Some(token) = key.token
-            && !key.lease_over
-            && state.drivers.iter().any(|driver| driver.token == token && (driver.pc == Pc::Dead || driver.paused))
-        {
-            actions.push(Action::LeaseLapses);
-        }
-        // The gateway forgets its keys, but (unless told otherwise) not while a driver is on its
-        // way to charge: it keeps them far longer than that takes.
-        let on_its_way = state.drivers.iter().any(|driver| {
-            !matches!(driver.pc, Pc::Dead | Pc::Done)
-                && (driver.in_call || (!driver.lease_lost && self.charges_next(driver)))
-        });
-        if faults_left && !state.remembered.is_empty() && (self.gateway_forgets_quickly || !on_its_way) {
-            actions.push(Action::Forget);
-        }
+        self.lapse_and_forgetting(state, actions);
         if self.events {
             let mut events = state.in_flight.clone();
             events.dedup();
             for event in events {
                 actions.push(Action::Deliver(event));
             }
-            if faults_left {
-                for event in state.inbox.iter().filter(|event| !state.in_flight.contains(event)) {
-                    actions.push(Action::SendAgain(*event));
-                }
-            }
+            self.events_sent_again(state, actions);
         }
         // The reaper: a finished key, at any time; even while its client may still retry with it
         // (a retention shorter than the client's retries, which `serve` refuses to be set to):
@@ -279,38 +228,13 @@ impl Model for Protocol {
                 }
             }
             Action::Release(d) => return Some(state.released(d, rules)),
-            Action::Crash(d) => {
-                state.faults += 1;
-                state.drivers[d].pc = Pc::Dead;
-                if d < self.completer() {
-                    state.answers.push(Answer::Nothing);
-                }
-            }
-            Action::Pause(d) => {
-                state.faults += 1;
-                state.drivers[d].paused = true;
-            }
-            Action::PauseInCall(d) => {
-                state.faults += 1;
-                state.drivers[d].paused = true;
-                state.drivers[d].in_call = true;
-            }
-            Action::Wake(d) => state.drivers[d].paused = false,
-            Action::LeaseLapses => {
-                let key = state.key.as_mut()?;
-                key.lease_over = true;
-                let token = key.token;
-                for driver in &mut state.drivers {
-                    if Some(driver.token) == token && driver.paused {
-                        driver.lease_lost = true;
-                    }
-                }
-            }
-            Action::Forget => {
-                state.faults += 1;
-                state.remembered.clear();
-                state.seen.forgot = true;
-            }
+            Action::Crash(_)
+            | Action::Pause(_)
+            | Action::PauseInCall(_)
+            | Action::Wake(_)
+            | Action::LeaseLapses
+            | Action::Forget
+            | Action::SendAgain(_) => state.strike(action, self.completer())?,
             Action::Deliver(event) => {
                 let at = state.in_flight.iter().position(|e| *e == event)?;
                 state.in_flight.remove(at);
@@ -331,11 +255,6 @@ impl Model for Protocol {
                     Event::Charge(charge) => state.apply_charge_event(charge),
                     Event::Refund(r, stage) => state.apply_refund_event(r, stage, rules),
                 }
-            }
-            Action::SendAgain(event) => {
-                state.faults += 1;
-                state.in_flight.push(event);
-                state.in_flight.sort();
             }
             // What the key made stays: its claim finds it (but in a broken variant).
             Action::Reap => state.key = None,
@@ -359,6 +278,34 @@ impl Model for Protocol {
 
     fn format_step(&self, last: &State, action: Action) -> Option<String> {
         self.next_state(last, action).map(|next| summary(&next).replace(" | ", "\n"))
+    }
+}
+
+impl Protocol {
+    /// What running driver `d` does next: its phase, its gateway call (which may fail, a fault
+    /// while `faults_left`), or its release.
+    fn driver_steps(&self, driver: &Driver, d: usize, faults_left: bool, actions: &mut Vec<Action>) {
+        match driver.pc {
+            // Its own clock says its lease ran out while it was frozen: it makes no call (but
+            // one frozen after its check sends the request it had on its way).
+            Pc::Started | Pc::ToCharge if driver.lease_lost && !driver.in_call => actions.push(Action::Release(d)),
+            Pc::Claimed => actions.push(Action::Start(d)),
+            Pc::Started if (self.rules.first_call)(driver.resumed) == payments_protocol::FirstCall::LookUp => {
+                actions.push(Action::LookUp(d))
+            }
+            Pc::Started | Pc::ToCharge => {
+                actions.push(Action::Charge(d, Gateway::Answers));
+                actions.push(Action::Charge(d, Gateway::Declines));
+                if faults_left {
+                    actions.push(Action::Charge(d, Gateway::FailsBefore));
+                    actions.push(Action::Charge(d, Gateway::FailsAfter));
+                }
+            }
+            Pc::Answered(_) => actions.push(Action::Record(d)),
+            Pc::Recorded => actions.push(Action::Finish(d)),
+            Pc::Unknown => actions.push(Action::Release(d)),
+            _ => {}
+        }
     }
 }
 

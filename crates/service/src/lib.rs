@@ -14,6 +14,7 @@ pub mod idempotency;
 pub mod metrics;
 pub mod outbox;
 pub mod payments;
+pub mod postgres;
 pub mod refunds;
 pub mod request_id;
 pub mod runtime;

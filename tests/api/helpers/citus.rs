@@ -1,5 +1,5 @@
 //! A throwaway Citus cluster per test run, started by the first test that needs it, like the
-//! single-node one: a coordinator and two workers (see `payments_service::db::citus`). Each test
+//! single-node one: a coordinator and two workers (see `payments_service::postgres::citus`). Each test
 //! gets a database of its own on every node, the coordinator told of the workers. Where Citus is
 //! not installed, or its cluster does not start, there is none: the test says it was skipped, and
 //! why, and passes, so that `cargo test` runs on a machine without Citus. The tests on Citus take
@@ -18,8 +18,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::LazyLock;
 
-use payments_service::db::citus::{self, CitusCluster};
-use payments_service::db::cluster::Durability;
+use payments_service::postgres::citus::{self, CitusCluster};
+use payments_service::postgres::cluster::Durability;
 use uuid::Uuid;
 
 /// Set (to `1`), a test on Citus that cannot have its cluster fails rather than pass as skipped.

@@ -5,14 +5,14 @@ use std::path::PathBuf;
 use std::sync::LazyLock;
 
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use payments_service::db::cluster::{Cluster, Durability};
 use payments_service::db::migrate;
+use payments_service::postgres::cluster::{Cluster, Durability};
 use uuid::Uuid;
 
 const TEMPLATE: &str = "payments_template";
 
 /// The run's cluster, started by the first test that needs it. It is never dropped: it stops when
-/// this test process exits, however it exits (see `payments_service::db::cluster`).
+/// this test process exits, however it exits (see `payments_service::postgres::cluster`).
 static CLUSTER: LazyLock<Cluster> = LazyLock::new(|| {
     sweep_leftovers();
     let root = cluster_root(std::process::id());
@@ -107,7 +107,7 @@ impl TestDatabase {
 
     /// The cluster's socket directory (for a TCP proxy in front of it).
     pub fn socket_path() -> PathBuf {
-        payments_service::db::cluster::socket_dir(&cluster_root(std::process::id())).join(".s.PGSQL.5432")
+        payments_service::postgres::cluster::socket_dir(&cluster_root(std::process::id())).join(".s.PGSQL.5432")
     }
 }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
-use payments_service::db::cluster::server_binaries;
+use payments_service::postgres::cluster::server_binaries;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 

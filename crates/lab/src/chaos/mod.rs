@@ -41,8 +41,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use payments_client::Client;
-use payments_service::db::citus::CitusCluster;
 use payments_service::gateway::downstream_key;
+use payments_service::postgres::citus::CitusCluster;
 use rand::Rng;
 use reqwest::Url;
 use tokio::sync::watch;

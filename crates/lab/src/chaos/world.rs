@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use nix::sys::signal::Signal;
 use payments_mock_gateway::new_webhook_secret;
-use payments_service::db::citus::CitusCluster;
+use payments_service::postgres::citus::CitusCluster;
 use payments_service::startup::{LISTENING, WORKER_RUNNING};
 use rand::seq::IteratorRandom;
 use reqwest::Url;

@@ -1,15 +1,17 @@
-//! Our own store: the connection pool, the errors it can fail with, and the cluster it may run.
+//! Our own store, as the request path and the workers use it: the connection pool and the errors
+//! it can fail with, statements written whole and how they run on Citus, the workers' wake-ups;
+//! and the schema those statements run against, migrated and spread over Citus.
 //!
 //! Every request path checks connections out of one bb8 pool. The pool is tuned to fail closed:
 //! a checkout waits at most [`CHECKOUT_TIMEOUT`], so a request that cannot reach the database
 //! answers 503 promptly instead of queueing behind a dead server, and new connections are made
 //! again as soon as the database is back.
+//!
+//! All of it works on a database named by its URL, whoever started it: an operator, or this
+//! binary (`crate::postgres`, which uses this module and is never used by it).
 
-pub mod citus;
-pub mod cluster;
 pub mod delegate;
 pub mod distribute;
-pub mod embedded;
 pub mod migrate;
 pub mod ownership;
 pub mod schema;

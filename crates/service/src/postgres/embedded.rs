@@ -7,7 +7,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 
 use super::citus::CitusCluster;
 use super::cluster::{Cluster, Durability, is_running, socket_dir, url};
-use super::{distribute, migrate};
+use crate::db::{distribute, migrate};
 
 /// The database the service uses inside the embedded cluster.
 const DATABASE: &str = "payments";
