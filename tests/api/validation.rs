@@ -451,3 +451,50 @@ async fn an_unversioned_path_is_404_naming_its_versioned_twin_for_any_method() {
         assert!(!problem["detail"].as_str().unwrap().contains("/v1"), "{path}: {problem}");
     }
 }
+
+/// The same against the real binary and the real mock gateway, each a process of its own: an
+/// array read by position captures, cancels, refunds and charges nothing, and writes nothing.
+#[tokio::test]
+async fn a_real_serve_refuses_a_body_read_by_position_and_the_gateway_hears_nothing() {
+    use diesel_async::{AsyncConnection, AsyncPgConnection};
+
+    use crate::helpers::{GatewayControl, Process, TestDatabase};
+
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "positional").await.unwrap();
+    let gateway = Process::gateway().await;
+    let serve = Process::serve(&database.url, &gateway.url, &["--no-workers"], &[]).await;
+    let http = reqwest::Client::new();
+    let post = |path: String, body: String| {
+        http.post(format!("{}{path}", serve.url))
+            .bearer_auth(&api_key)
+            .header("Idempotency-Key", new_key())
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+    };
+    let authorization = json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "capture": false });
+    let authorized: Value = post("/v1/payments".into(), authorization.to_string()).await.unwrap().json().await.unwrap();
+    let id = authorized["id"].as_str().unwrap();
+    let control = GatewayControl::new(&gateway.url);
+    let before = control.all_stats().await;
+
+    for (path, body) in [
+        (format!("/v1/payments/{id}/capture"), "[]".to_owned()),
+        (format!("/v1/payments/{id}/capture"), "[300]".to_owned()),
+        (format!("/v1/payments/{id}/cancel"), "[]".to_owned()),
+        ("/v1/refunds".to_owned(), format!(r#"["{id}"]"#)),
+        ("/v1/payments".to_owned(), r#"[500,"usd","tok_visa"]"#.to_owned()),
+    ] {
+        let response = post(path.clone(), body.clone()).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path} {body}");
+        let problem: Value = response.json().await.unwrap();
+        assert_eq!(problem["type"], "https://payments.example/problems/malformed-body", "{path} {body}: {problem}");
+    }
+
+    assert_eq!(control.all_stats().await, before, "the gateway heard nothing");
+    let nothing_new = "(SELECT count(*) FROM payments) = 1 AND (SELECT count(*) FROM idempotency_keys) = 1 \
+                       AND NOT EXISTS (SELECT FROM refunds) AND NOT EXISTS (SELECT FROM payment_changes)";
+    assert!(TestApp::database_says_on(&mut conn, nothing_new).await, "nothing written");
+}
