@@ -113,20 +113,8 @@ async fn record_gateway(
     if key.bind::<SqlUuid, _>(account_id).bind::<SqlUuid, _>(key_id).execute(conn).await? == 0 {
         return Ok(false);
     }
-    let refund = diesel::sql_query(
-        "SELECT id, payment_id, gateway FROM refunds
-         WHERE account_id = $1 AND idempotency_key_id = $2 AND status = 'pending'
-         FOR UPDATE",
-    );
-    let refund: Option<Held> =
-        refund.bind::<SqlUuid, _>(account_id).bind::<SqlUuid, _>(key_id).get_result(conn).await.optional()?;
-    let change = diesel::sql_query(
-        "SELECT id, payment_id, gateway FROM payment_changes
-         WHERE account_id = $1 AND idempotency_key_id = $2 AND status = 'pending'
-         FOR UPDATE",
-    );
-    let change: Option<Held> =
-        change.bind::<SqlUuid, _>(account_id).bind::<SqlUuid, _>(key_id).get_result(conn).await.optional()?;
+    let refund = pending_made_by(conn, Resource::Refund, account_id, key_id).await?;
+    let change = pending_made_by(conn, Resource::PaymentChange, account_id, key_id).await?;
     let payment = diesel::sql_query(
         "SELECT id, NULL::uuid AS payment_id, gateway FROM payments
          WHERE account_id = $1 AND (idempotency_key_id = $2 AND status = 'pending' OR id = $3)
@@ -165,6 +153,22 @@ impl Resource {
             Resource::Payment => ("payments", "payment"),
         }
     }
+}
+
+/// The pending refund or change (a `resource`) the key row `key_id` made, locked.
+async fn pending_made_by(
+    conn: &mut AsyncPgConnection,
+    resource: Resource,
+    account_id: Uuid,
+    key_id: Uuid,
+) -> diesel::QueryResult<Option<Held>> {
+    let (table, _) = resource.names();
+    let sql = format!(
+        "SELECT id, payment_id, gateway FROM {table}
+         WHERE account_id = $1 AND idempotency_key_id = $2 AND status = 'pending'
+         FOR UPDATE"
+    );
+    diesel::sql_query(sql).bind::<SqlUuid, _>(account_id).bind::<SqlUuid, _>(key_id).get_result(conn).await.optional()
 }
 
 /// Records `gateway` on the `resource` row `row` holds, with an operator's audit record that says

@@ -18,8 +18,32 @@ use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_bod
 
 /// Short enough that a crashed request's lock goes stale quickly: the shortest the service accepts
 /// for this gateway timeout (three calls, 7.5 s of phase attempts, a 1 s checkout, 1 s to spare).
-const LOCK_TIMEOUT_MS: &str = "11000";
-const GATEWAY_TIMEOUT_MS: &str = "500";
+pub const LOCK_TIMEOUT_MS: &str = "11000";
+pub const GATEWAY_TIMEOUT_MS: &str = "500";
+
+/// An account of its own on a database, a gateway process, and a `serve` (no workers) whose
+/// requests abort it at the crash point they name, with a lock short enough to go stale soon.
+pub struct Doomed {
+    pub account_id: Uuid,
+    pub api_key: String,
+    pub gateway: Process,
+    pub doomed: Process,
+}
+
+impl Doomed {
+    pub async fn start(database: &TestDatabase, account: &str) -> Doomed {
+        let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+        let (account, api_key) = payments_service::accounts::create(&mut conn, account).await.unwrap();
+        let gateway = Process::gateway().await;
+        let env = [
+            ("PAYMENTS_FAULT_INJECTION", "1"),
+            ("PAYMENTS_GATEWAY_TIMEOUT_MS", GATEWAY_TIMEOUT_MS),
+            ("PAYMENTS_LOCK_TIMEOUT_MS", LOCK_TIMEOUT_MS),
+        ];
+        let doomed = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        Doomed { account_id: account.id, api_key, gateway, doomed }
+    }
+}
 
 /// A request that crashed the process at `point`, and what is left of it.
 pub struct Crashed {
@@ -57,18 +81,10 @@ impl Crashed {
 
     /// [`Crashed::of`], on `database` (migrated).
     pub async fn of_in(database: TestDatabase, path: &'static str, point: &str, after_a_payment: bool) -> Crashed {
-        let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-        let (account, api_key) = payments_service::accounts::create(&mut conn, "crash").await.unwrap();
-        let gateway = Process::gateway().await;
-        let env = [
-            ("PAYMENTS_FAULT_INJECTION", "1"),
-            ("PAYMENTS_GATEWAY_TIMEOUT_MS", GATEWAY_TIMEOUT_MS),
-            ("PAYMENTS_LOCK_TIMEOUT_MS", LOCK_TIMEOUT_MS),
-        ];
-        let mut doomed = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        let Doomed { account_id, api_key, gateway, mut doomed } = Doomed::start(&database, "crash").await;
         let mut crashed = Crashed {
             database,
-            account_id: account.id,
+            account_id,
             api_key,
             gateway,
             key: new_key(),

@@ -18,14 +18,10 @@ use uuid::Uuid;
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+use crate::crash_recovery::{Doomed, GATEWAY_TIMEOUT_MS, LOCK_TIMEOUT_MS};
 use crate::helpers::{
     GatewayControl, Process, TestApp, TestDatabase, mount_no_charges_found, new_key, wait_for, wait_until,
 };
-
-/// The shortest lock the service accepts for this gateway timeout: the crashed request's lock goes
-/// stale soon.
-const LOCK_TIMEOUT_MS: &str = "11000";
-const GATEWAY_TIMEOUT_MS: &str = "500";
 
 fn authorization(amount: i64) -> Value {
     json!({ "amount": amount, "currency": "usd", "source": "tok_visa", "capture": false })
@@ -46,25 +42,10 @@ struct Lost {
 impl Lost {
     async fn authorization() -> Lost {
         let database = TestDatabase::create().await;
-        let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-        let (account, api_key) = payments_service::accounts::create(&mut conn, "lost").await.unwrap();
-        let gateway = Process::gateway().await;
-        let env = [
-            ("PAYMENTS_FAULT_INJECTION", "1"),
-            ("PAYMENTS_GATEWAY_TIMEOUT_MS", GATEWAY_TIMEOUT_MS),
-            ("PAYMENTS_LOCK_TIMEOUT_MS", LOCK_TIMEOUT_MS),
-        ];
-        let mut doomed = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        let Doomed { account_id, api_key, gateway, mut doomed } = Doomed::start(&database, "lost").await;
         let control = GatewayControl::new(&gateway.url);
-        let lost = Lost {
-            database,
-            account_id: account.id,
-            api_key,
-            gateway,
-            control,
-            key: new_key(),
-            http: reqwest::Client::new(),
-        };
+        let lost =
+            Lost { database, account_id, api_key, gateway, control, key: new_key(), http: reqwest::Client::new() };
         let answer = lost.post(&doomed.url, Some("after_charge")).await;
         assert!(answer.is_err(), "the connection dies with the process");
         let status = doomed.exited().await;
