@@ -6,6 +6,7 @@ use diesel::{OptionalExtension, QueryableByName};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 use payments_service::config::DatabaseArgs;
 use payments_service::db::wake::Wake;
+use payments_service::endpoints;
 use payments_service::gateway::recordable_identity;
 use payments_service::idempotency::{account_needing_attention, needing_attention, retry_needing_attention};
 use payments_service::postgres::embedded::Sharing;
@@ -16,7 +17,7 @@ use super::open_database;
 /// Prints the keys that need attention, oldest first.
 pub async fn list(database: DatabaseArgs) -> anyhow::Result<()> {
     let (url, embedded) = open_database(&database, Sharing::JoinRunning).await?;
-    let keys = needing_attention(&mut AsyncPgConnection::establish(&url).await?).await?;
+    let keys = needing_attention(&mut AsyncPgConnection::establish(&url).await?, &endpoints::all()).await?;
     if keys.is_empty() {
         println!("no key needs attention");
     }

@@ -691,8 +691,11 @@ async fn on_citus_an_operator_hands_back_a_key_needing_attention_with_or_without
         command.args(["attention", "retry"]).args(args).env_remove("DATABASE_URL");
         command.env("DATABASE_URL", &app.database.url).output()
     };
-    let needing_attention =
-        async || payments_service::idempotency::needing_attention(&mut app.db().await).await.unwrap();
+    let needing_attention = async || {
+        payments_service::idempotency::needing_attention(&mut app.db().await, &payments_service::endpoints::all())
+            .await
+            .unwrap()
+    };
 
     // A payment left at `started` by a run that recorded a gateway that is gone: given up on.
     let (key, body) = (new_key(), crate::helpers::payment_body());

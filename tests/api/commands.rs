@@ -57,7 +57,7 @@ async fn an_operator_lists_keys_needing_attention_and_hands_them_back() {
 
     let retried = payments(&["attention", "retry", &key_id.to_string()], &env).await;
     assert!(retried.status.success(), "{}", String::from_utf8_lossy(&retried.stderr));
-    assert!(needing_attention(&mut app.db().await).await.unwrap().is_empty());
+    assert!(needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap().is_empty());
     let again = payments(&["attention", "retry", &key_id.to_string()], &env).await;
     assert!(!again.status.success(), "nothing left to retry");
     let empty = payments(&["attention", "list"], &env).await;

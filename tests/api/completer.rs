@@ -130,7 +130,7 @@ async fn attempts_back_off_and_a_hopeless_key_ends_as_needing_attention_without_
 
     let row = app.key_row(&key).await.unwrap();
     assert_eq!((row.recovery_point.as_str(), row.locked_until), ("started", None), "unfinished, and unlocked");
-    let list = needing_attention(&mut app.db().await).await.unwrap();
+    let list = needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap();
     assert_eq!(list.len(), 1);
     assert_eq!((list[0].id, list[0].completer_attempts), (row.id, 3));
     assert!(list[0].attention_reason.contains("gateway"), "{}", list[0].attention_reason);
@@ -142,7 +142,7 @@ async fn attempts_back_off_and_a_hopeless_key_ends_as_needing_attention_without_
 
     // The operator fixes the cause and hands the key back.
     assert!(retry_needing_attention(&mut app.db().await, app.account_id, row.id).await.unwrap());
-    assert!(needing_attention(&mut app.db().await).await.unwrap().is_empty());
+    assert!(needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap().is_empty());
     gateway.reset().await;
     mount_no_charges_found(&gateway).await;
     Mock::given(method("POST"))
@@ -174,8 +174,16 @@ async fn two_completers_never_drive_one_key_at_once() {
     let (run, state) = (RequestId::generate(), app.state_at_gateway(&gateway.uri()));
     let mut taking = OpenTransaction::begin(&app.database.url).await;
     // The key made nothing yet: a worker at any gateway can drive it.
-    let first =
-        claim_abandoned(taking.connection(), None, Duration::from_secs(60), Duration::ZERO, &run).await.unwrap();
+    let first = claim_abandoned(
+        taking.connection(),
+        &payments_service::endpoints::all(),
+        None,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        &run,
+    )
+    .await
+    .unwrap();
     let first = first.expect("the first completer takes the key");
     // A second completer, as in another worker process, runs meanwhile. It answers at once, or
     // waits for the row (as a take-over without `FOR UPDATE SKIP LOCKED` would, to take the key
@@ -190,8 +198,9 @@ async fn two_completers_never_drive_one_key_at_once() {
     assert_eq!(second.await.unwrap(), Outcome::Idle, "the key is the first completer's");
 
     // The first drives the key and waits on the slow gateway...
-    let driving =
-        tokio::spawn(async move { payments_service::payments::complete_abandoned(&state, first, &run).await });
+    let driving = tokio::spawn(async move {
+        payments_service::keyed::complete::<payments_service::payments::Create>(&state, first, &run).await
+    });
     wait_until(Duration::from_secs(10), "the first completer is charging", || async {
         charge_requests(&gateway).await.iter().any(|r| r.method.as_str() == "POST")
     })

@@ -4,7 +4,7 @@ use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use payments_service::db::StoreError;
 use payments_service::db::schema::audit_records;
-use payments_service::idempotency::{KeyLock, PhaseError, RecoveryPoint, Transition, atomic_phase};
+use payments_service::idempotency::{KeyLock, PhaseError, Transition, atomic_phase};
 
 use crate::helpers::{KeyRowId, TestApp, audited_phase};
 
@@ -38,7 +38,7 @@ async fn phase_failing(
     .await;
     // Raised after the audit record is written, so that a failed run has something to roll back.
     let writes = audited_phase(", raised AS (SELECT raise_on_first_runs() FROM audited)", ", raised");
-    let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
+    let transition = Transition::Advance(payments_service::payments::CHARGE_CREATED);
     let result = atomic_phase(&mut app.db().await, app.routing(), lock, transition, writes).await;
     let runs: i64 = diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>("last_value FROM phase_runs"))
         .get_result(&mut app.db().await)
@@ -60,7 +60,7 @@ async fn a_phase_that_conflicts_once_runs_again_and_commits_once() {
         assert_eq!(runs, 2);
         let audits: i64 = audit_records::table.count().get_result(&mut app.db().await).await.unwrap();
         assert_eq!(audits, 2, "the claim's record and the phase's, once: the failed run's writes rolled back");
-        assert_eq!(lock.recovery_point(), RecoveryPoint::ChargeCreated);
+        assert_eq!(lock.recovery_point(), payments_service::payments::CHARGE_CREATED);
         let row = app.key_row(request.key.as_str()).await.unwrap();
         assert_eq!(row.recovery_point, "charge_created", "committed once, by the run that succeeded");
     }

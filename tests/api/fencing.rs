@@ -11,7 +11,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use nix::sys::signal::Signal;
 use payments_service::audit::Actor;
 use payments_service::db::schema::audit_records;
-use payments_service::idempotency::{PhaseError, Reason, RecoveryPoint, Transition, atomic_phase};
+use payments_service::idempotency::{PhaseError, Reason, Transition, atomic_phase};
 use payments_service::workers::{Outcome, Worker};
 use reqwest::{RequestBuilder, StatusCode};
 use serde_json::{Value, json};
@@ -36,7 +36,7 @@ async fn a_request_whose_lock_was_taken_over_commits_nothing() {
     let held_by_second = app.key_row(key.as_str()).await.unwrap();
 
     // The first holder wakes up and tries to commit a phase: an audit record and a new point.
-    let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
+    let transition = Transition::Advance(payments_service::payments::CHARGE_CREATED);
     let result: Result<KeyRowId, _> =
         atomic_phase(&mut conn, app.routing(), &mut first, transition, audited_phase("", "")).await;
 
@@ -229,7 +229,7 @@ async fn each_phase_renews_the_lease_for_the_owners_lock_timeout() {
     // The lease is nearly over when the phase commits.
     app.run_sql("UPDATE idempotency_keys SET locked_until = now() + interval '1 second'").await;
 
-    let transition = Transition::Advance(RecoveryPoint::ChargeCreated);
+    let transition = Transition::Advance(payments_service::payments::CHARGE_CREATED);
     let _: KeyRowId =
         atomic_phase(&mut conn, app.routing(), &mut lock, transition, audited_phase("", "")).await.unwrap();
 

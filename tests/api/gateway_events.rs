@@ -221,7 +221,7 @@ async fn a_verified_event_that_cannot_be_read_is_kept_for_a_person_and_acknowled
 
     // The key it names needs a person, with a reason that says why, in its story too; the
     // client's retry finishes it, and it stays flagged.
-    let attention = needing_attention(&mut app.db().await).await.unwrap();
+    let attention = needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap();
     assert_eq!(attention.len(), 1);
     assert!(
         attention[0].attention_reason.starts_with("gateway_unreadable_event: "),
@@ -555,7 +555,7 @@ async fn a_refund_failing_after_it_succeeded_is_a_disagreement() {
         (Some(true), Some("gateway_disagreement"))
     );
     // The operator's list names the refund the key made.
-    let listed = needing_attention(&mut app.db().await).await.unwrap();
+    let listed = needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap();
     let flagged: Vec<_> = listed.iter().map(|key| (key.request_path.as_str(), key.made_id)).collect();
     assert_eq!(flagged, [("/v1/refunds", Some(refund["id"].as_str().unwrap().parse().unwrap()))]);
 }

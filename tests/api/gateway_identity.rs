@@ -85,7 +85,7 @@ async fn a_worker_at_another_gateway_never_charges_a_payment_started_elsewhere()
     // naming both gateways.
     untaken_for_long(&app, &key).await;
     assert_eq!(elsewhere.completer.run_once().await.unwrap(), Outcome::Worked);
-    let attention = needing_attention(&mut app.db().await).await.unwrap();
+    let attention = needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap();
     assert_eq!(attention.len(), 1);
     let reason = &attention[0].attention_reason;
     assert!(reason.contains(&*app.gateway_id().await) && reason.contains(&identity_of(&second).await), "{reason}");
@@ -453,7 +453,8 @@ async fn a_key_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_operato
         .await;
     let now_answering = app.gateway_id().await;
     let env = [("DATABASE_URL", app.database.url.as_str())];
-    let attention = || async { needing_attention(&mut app.db().await).await.unwrap() };
+    let attention =
+        || async { needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap() };
 
     // A payment left at `started` by a run that recorded a gateway that is gone.
     let key = new_key();
@@ -564,7 +565,7 @@ async fn a_capture_stranded_on_a_gateway_recorded_wrongly_is_put_right_by_an_ope
     })
     .await;
 
-    let key_id = needing_attention(&mut conn).await.unwrap().remove(0).id;
+    let key_id = needing_attention(&mut conn, &payments_service::endpoints::all()).await.unwrap().remove(0).id;
     let holder = identity_of(&gateway).await;
     let env = [("DATABASE_URL", database.url.as_str())];
     let retried = attention_retry(&key_id.to_string(), &holder, &env).await;

@@ -512,6 +512,51 @@ async fn the_000011_backfill_gives_a_payment_the_key_row_that_made_it() {
     assert_eq!(keys, expected);
 }
 
+#[derive(QueryableByName, Debug, PartialEq)]
+struct Made {
+    #[diesel(sql_type = Text)]
+    request_path: String,
+    #[diesel(sql_type = BigInt)]
+    keys: i64,
+}
+
+/// 000032 moves what each key made from the view that named every endpoint's table into
+/// `key_resources`: every payment, refund and change, under its key and its endpoint, as the view
+/// showed it, so that a late retry of a key reaped before the upgrade is answered as before.
+#[tokio::test]
+async fn the_000032_backfill_records_what_every_key_made_under_its_endpoint() {
+    let database = TestDatabase::empty().await;
+    let (before, _): (Vec<_>, Vec<_>) = names().into_iter().partition(|name| name.as_str() < "2026-12-07-000032");
+    migrate(&database.url, before).await;
+    populate_empty_tables(&database.url).await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let by_endpoint = "SELECT request_path::text, count(*) AS keys FROM {table} GROUP BY 1 ORDER BY 1";
+    let view: Vec<Made> =
+        diesel::sql_query(by_endpoint.replace("{table}", "made_by_keys")).load(&mut conn).await.unwrap();
+    assert_eq!(view.len(), 3, "the view shows keys of payments, refunds and changes: {view:?}");
+
+    migrate(&database.url, vec!["2026-12-07-000032_key_resources".to_owned()]).await;
+
+    let table: Vec<Made> =
+        diesel::sql_query(by_endpoint.replace("{table}", "key_resources")).load(&mut conn).await.unwrap();
+    assert_eq!(table, view);
+    let astray: Vec<Made> = diesel::sql_query(
+        "SELECT k.request_path::text, count(*) AS keys FROM key_resources k
+         WHERE NOT EXISTS (SELECT FROM payments p WHERE p.account_id = k.account_id AND p.id = k.resource_id
+                               AND p.idempotency_key = k.idempotency_key AND k.request_path = '/v1/payments')
+           AND NOT EXISTS (SELECT FROM refunds r WHERE r.account_id = k.account_id AND r.id = k.resource_id
+                               AND r.idempotency_key = k.idempotency_key AND k.request_path = '/v1/refunds')
+           AND NOT EXISTS (SELECT FROM payment_changes c WHERE c.account_id = k.account_id AND c.id = k.resource_id
+                               AND c.idempotency_key = k.idempotency_key
+                               AND k.request_path = '/v1/payments/{id}/' || c.kind)
+         GROUP BY 1",
+    )
+    .load(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(astray, [], "each row names what its key made, on its endpoint");
+}
+
 /// The guide's advice (docs/operating.md) for a migration that needs a lock for a moment: with
 /// `lock_timeout` in `DATABASE_URL`, one that cannot get its lock (a long transaction holds the
 /// table) gives up instead of waiting, with every request on that table queued behind it; run

@@ -32,7 +32,7 @@ use payments_protocol::{Claim, Found, Lease, Refusal};
 use payments_service::audit::Actor;
 use payments_service::db::schema::payments;
 use payments_service::idempotency::{
-    Claim as Claimed, PhaseError, Reason, RecoveryPoint, StoredResponse, Transition, atomic_phase, claim,
+    Claim as Claimed, PhaseError, Reason, StoredResponse, Transition, atomic_phase, claim,
 };
 use payments_service::workers::{Outcome as Worked, Worker};
 use rand::rngs::StdRng;
@@ -872,10 +872,11 @@ async fn the_fence_decides_as_the_protocols_rule_says() {
             let before = app.key_row(request.key.as_str()).await.expect("the key row");
             let transition = match step {
                 "stay" => Some(Transition::Stay),
-                "advance" => Some(Transition::Advance(RecoveryPoint::ChargeCreated)),
+                "advance" => Some(Transition::Advance(payments_service::payments::CHARGE_CREATED)),
                 "finish" => Some(Transition::Finish {
                     response: StoredResponse { status: 201, body: b"{}".to_vec() },
                     retention: Duration::from_secs(60),
+                    made: None,
                 }),
                 _ => None,
             };

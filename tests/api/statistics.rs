@@ -81,15 +81,12 @@ async fn a_fresh_database_is_analyzed_as_it_grows_and_each_probe_then_uses_its_o
     assert_eq!(payment_by_id, ["payments_pkey"], "a phase's look-up of its payment");
     let payment_by_key = index_of_generic_plan(
         &app,
-        "SELECT id FROM made_by_keys WHERE account_id = $1 AND idempotency_key = $2",
+        "SELECT resource_id FROM key_resources WHERE account_id = $1 AND idempotency_key = $2",
         "text",
         "key-1",
     )
     .await;
-    assert_eq!(
-        payment_by_key[0], "payments_account_id_idempotency_key_key",
-        "the claim's look-up of what a key made: {payment_by_key:?}"
-    );
+    assert_eq!(payment_by_key[0], "key_resources_pkey", "the claim's look-up of what a key made: {payment_by_key:?}");
     let key_by_id = index_of_generic_plan(
         &app,
         "SELECT 1 FROM idempotency_keys WHERE account_id = $1 AND id = $2",

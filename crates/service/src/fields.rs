@@ -229,3 +229,8 @@ mod tests {
         }
     }
 }
+
+/// A body that parsed as JSON but breaks a rule; the message says which, for the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ValidationError(pub String);

@@ -9,8 +9,8 @@ use actix_web::dev::{Server, ServerHandle};
 use actix_web::middleware::from_fn;
 use actix_web::{App, HttpServer, web};
 
-use crate::http;
 use crate::state::AppState;
+use crate::{endpoints, http};
 
 /// The line `serve` prints once it accepts connections; tests, scripts and the benchmark read the
 /// address off it.
@@ -37,9 +37,13 @@ impl Application {
     /// Builds the server on an already-bound listener, with `workers` threads.
     pub fn build(state: Arc<AppState>, listener: TcpListener, workers: usize) -> std::io::Result<Application> {
         let addr = listener.local_addr()?;
+        for entry in endpoints::KEYED {
+            state.metrics.count_endpoint(entry.endpoint.label);
+        }
         let state = web::Data::from(state);
+        let configure = |cfg: &mut web::ServiceConfig| http::configure(cfg, endpoints::KEYED);
         let server = HttpServer::new(move || {
-            App::new().app_data(state.clone()).wrap(from_fn(http::observe)).configure(http::configure)
+            App::new().app_data(state.clone()).wrap(from_fn(http::observe)).configure(configure)
         })
         .listen(listener)?
         .workers(workers)

@@ -60,7 +60,7 @@ pub struct KeyStory {
     key: String,
     /// The key row's id, as audit records name it.
     id: Uuid,
-    recovery_point: RecoveryPoint,
+    recovery_point: String,
     /// Whether a driver holds the key now, by the database's clock (a lease that ran out holds
     /// nothing: the next request or the completer takes the key over).
     locked: bool,
@@ -172,7 +172,7 @@ impl KeyStory {
             object: "idempotency_key",
             key: key.as_str().to_owned(),
             id,
-            recovery_point: RecoveryPoint::Finished,
+            recovery_point: RecoveryPoint::FINISHED.as_str().to_owned(),
             locked: false,
             locked_until: None,
             completer_attempts: 0,

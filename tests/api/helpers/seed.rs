@@ -164,6 +164,18 @@ impl TestApp {
             .execute(&mut self.db().await)
             .await
             .unwrap();
+        // A payment that ended, as the phase that finished its key would have left it: what the
+        // key made, for a retry after the key is reaped.
+        if status != "pending" {
+            let made = diesel::sql_query(
+                "INSERT INTO key_resources (account_id, idempotency_key, request_method, request_path, resource_id)
+                 VALUES ($1, $2, 'POST', '/v1/payments', $3) ON CONFLICT DO NOTHING",
+            )
+            .bind::<diesel::sql_types::Uuid, _>(self.account_id)
+            .bind::<diesel::sql_types::Text, _>(key)
+            .bind::<diesel::sql_types::Uuid, _>(id);
+            made.execute(&mut self.db().await).await.unwrap();
+        }
         id
     }
 

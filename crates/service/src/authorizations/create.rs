@@ -25,13 +25,16 @@
 //! - `finished` stores the answer (`200` with the payment, or `502`), stages `payment.captured` or
 //!   `payment.canceled` if the authorization ended, and unlocks.
 
+use std::future::Future;
+use std::marker::PhantomData;
+
 use diesel::prelude::*;
 use diesel_async::RunQueryDsl;
 use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::request::{CancellationReason, ChangeKind, ChangeRequest};
+use super::request::{CancelBody, CancellationReason, CaptureBody, ChangeBody, ChangeKind, ChangeRequest};
 use super::view::{Refusal, done_response, rejected_response};
 use super::writes::{self, PaymentEnd, Started};
 use crate::audit::{Actor, AuditRecord};
@@ -39,23 +42,75 @@ use crate::db;
 use crate::db::schema::payment_changes;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
+use crate::fields::ValidationError;
 use crate::gateway::{self, Answered, Authorization, Changed, GatewayError};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
-    Run, StoredResponse, Transition,
+    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply, Run,
+    StoredResponse, Transition,
 };
-use crate::metrics::KeyEndpoint;
+use crate::keyed::Keyed;
 use crate::outbox::StagedEvent;
 use crate::payments::{Payment, PaymentStatus, PaymentView};
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
+/// `capture_created`, `cancel_created`: the gateway's answer to a capture or a cancel is recorded
+/// on the change and the payment.
+pub const CAPTURE_CREATED: RecoveryPoint = RecoveryPoint::new("capture_created");
+pub const CANCEL_CREATED: RecoveryPoint = RecoveryPoint::new("cancel_created");
+
 /// The endpoints: a key is bound to one (used on another, it is a mismatch); the payment, from
-/// the path, is part of the request, so the same key on another payment is one too.
-pub static CAPTURE: Endpoint =
-    Endpoint { method: "POST", path: "/v1/payments/{id}/capture", label: KeyEndpoint::Captures };
-pub static CANCEL: Endpoint =
-    Endpoint { method: "POST", path: "/v1/payments/{id}/cancel", label: KeyEndpoint::Cancels };
+/// the path, is part of the request, so the same key on another payment is one too. A key of
+/// either makes a change, in `payment_changes`.
+pub static CAPTURE: Endpoint = Endpoint {
+    method: "POST",
+    path: "/v1/payments/{id}/capture",
+    label: "captures",
+    points: &[CAPTURE_CREATED],
+    made_in: "payment_changes",
+};
+pub static CANCEL: Endpoint = Endpoint {
+    method: "POST",
+    path: "/v1/payments/{id}/cancel",
+    label: "cancels",
+    points: &[CANCEL_CREATED],
+    made_in: "payment_changes",
+};
+
+/// `POST /v1/payments/{id}/capture` and `/cancel`, as the registry lists them: `B` is the body,
+/// which says which.
+pub struct Change<B>(PhantomData<B>);
+
+/// `POST /v1/payments/{id}/capture`.
+pub type Capture = Change<CaptureBody>;
+
+/// `POST /v1/payments/{id}/cancel`.
+pub type Cancel = Change<CancelBody>;
+
+impl<B: ChangeBody> Keyed for Change<B> {
+    const ENDPOINT: &'static Endpoint = B::ENDPOINT;
+    type On = Payment;
+    type Body = B;
+    type Request = ChangeRequest;
+
+    fn validate(body: B, on: Option<Uuid>) -> Result<ChangeRequest, ValidationError> {
+        let payment = on.ok_or_else(|| ValidationError("the path names no payment".into()))?;
+        body.validate(payment)
+    }
+
+    fn phases(state: &AppState, request: ChangeRequest, fault: Option<Fault>) -> impl Phases + '_ {
+        ChangePhases::new(state, request, fault)
+    }
+
+    fn answer<'a>(
+        state: &'a AppState,
+        create: CreateRequest,
+        fault: Option<Fault>,
+        request_id: &'a RequestId,
+    ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
+        change_payment(state, create, fault, request_id)
+    }
+}
 
 /// A capture or a cancel as its key judges it (see [`KeyedRequest`]).
 pub type CreateRequest = KeyedRequest<ChangeRequest>;
@@ -69,17 +124,6 @@ pub async fn change_payment(
     request_id: &RequestId,
 ) -> Result<Reply, DriveError> {
     create.answer(state.keys(), request_id, |request| ChangePhases::new(state, request, fault)).await
-}
-
-/// Finishes a capture or a cancel that a worker took over from its vanished client.
-#[tracing::instrument(name = "payments.change_complete", skip_all, fields(idempotency_key.id = %abandoned.lock.key_id, attempt = abandoned.attempts))]
-pub async fn complete_abandoned(
-    state: &AppState,
-    abandoned: Abandoned,
-    run: &RequestId,
-) -> Result<StoredResponse, DriveError> {
-    let (run, request) = Run::of_abandoned::<ChangeRequest>(state.keys(), abandoned, run).await?;
-    run.drive(ChangePhases::new(state, request, None), None).await
 }
 
 /// Cancels the account's authorization `payment_id`, past its `capture_before`, at the gateway too
@@ -151,7 +195,7 @@ impl Phases for ChangePhases<'_> {
     /// The recovery-point loop's body: each arm runs from the recorded point to the next.
     async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         match run.recovery_point() {
-            RecoveryPoint::Started => match self.start(run).await? {
+            RecoveryPoint::STARTED => match self.start(run).await? {
                 Start::Refused(refusal) => self.refuse(run, refusal).await,
                 Start::Made(made) => {
                     fault_at(self.fault, FaultPoint::AfterStarted);
@@ -160,7 +204,7 @@ impl Phases for ChangePhases<'_> {
                     self.record(run, &made, outcome).await
                 }
             },
-            RecoveryPoint::CaptureCreated | RecoveryPoint::CancelCreated => {
+            CAPTURE_CREATED | CANCEL_CREATED => {
                 fault_at(self.fault, FaultPoint::AfterChangeCreated);
                 self.finish(run).await
             }
@@ -226,7 +270,7 @@ impl<'a> ChangePhases<'a> {
     ) -> writes::Start<'w> {
         let change_id = Uuid::now_v7();
         let kind = self.kind().as_str();
-        let data = json!({ "recovery_point": RecoveryPoint::Started, "kind": kind, "payment": self.request.payment,
+        let data = json!({ "recovery_point": RecoveryPoint::STARTED, "kind": kind, "payment": self.request.payment,
                            "amount": self.request.amount });
         writes::Start {
             change_id,
@@ -246,10 +290,10 @@ impl<'a> ChangePhases<'a> {
         let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
         let payment = db::query(Payment::find(run.connection().await?, account_id, self.request.payment)).await?;
         let response = refusal.response(self.kind(), self.request.payment, payment.as_ref(), &request_id);
-        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status,
+        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status,
                            "refusal": refusal.code(self.kind()) });
         let audit = audit(account_id, KEY, key_id, run.actor(), action(self.kind(), "refused"), data, &request_id);
-        let _: writes::Finished = run.finish(response, writes::Finish { event: None, audit }).await?;
+        let _: writes::Finished = run.finish(response, None, writes::Finish { event: None, audit }).await?;
         Ok(())
     }
 
@@ -333,8 +377,8 @@ impl<'a> ChangePhases<'a> {
         };
         let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
         let point = match self.kind() {
-            ChangeKind::Capture => RecoveryPoint::CaptureCreated,
-            ChangeKind::Cancel => RecoveryPoint::CancelCreated,
+            ChangeKind::Capture => CAPTURE_CREATED,
+            ChangeKind::Cancel => CANCEL_CREATED,
         };
         let data = json!({ "recovery_point": point, "status": status, "captured": captured,
                            "failure_code": failure_code });
@@ -390,10 +434,11 @@ impl<'a> ChangePhases<'a> {
             _ => None,
         };
         let event = name.map(|name| StagedEvent::new(account_id, name, PaymentView::from(&payment)));
-        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
+        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
         let audit =
             audit(account_id, CHANGE, change_id, run.actor(), action(self.kind(), "finished"), data, &request_id);
-        let _: writes::Finished = run.finish(response, writes::Finish { event: event.as_ref(), audit }).await?;
+        let _: writes::Finished =
+            run.finish(response, Some(change_id), writes::Finish { event: event.as_ref(), audit }).await?;
         if event.is_some() {
             self.state.wake.wake(Wake::Outbox);
         }

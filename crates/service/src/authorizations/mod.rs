@@ -7,5 +7,8 @@ mod request;
 mod view;
 mod writes;
 
-pub use create::{CANCEL, CAPTURE, CreateRequest, MadeChange, change_payment, complete_abandoned, lapse, made_by_key};
+pub use create::{
+    CANCEL, CANCEL_CREATED, CAPTURE, CAPTURE_CREATED, Cancel, Capture, Change, CreateRequest, MadeChange,
+    change_payment, lapse, made_by_key,
+};
 pub use request::{CancelBody, CancellationReason, CaptureBody, ChangeBody, ChangeKind, ChangeRequest};

@@ -4,9 +4,10 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::fields::ValidationError;
 use crate::fields::{IntegralNumber, Omittable};
 use crate::idempotency::{Canonical, Endpoint};
-use crate::payments::{MAX_AMOUNT, ValidationError};
+use crate::payments::MAX_AMOUNT;
 
 /// What a change does to an authorization: capture it (all or part; the rest is released), or
 /// cancel it (release all of it).

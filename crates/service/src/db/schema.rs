@@ -76,6 +76,16 @@ diesel::table! {
 }
 
 diesel::table! {
+    key_resources (account_id, idempotency_key) {
+        account_id -> Uuid,
+        idempotency_key -> Text,
+        request_method -> Text,
+        request_path -> Text,
+        resource_id -> Uuid,
+    }
+}
+
+diesel::table! {
     open_authorizations (account_id, payment_id) {
         account_id -> Uuid,
         payment_id -> Uuid,
@@ -197,6 +207,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     gateway_events,
     idempotency_keys,
     key_request_counts,
+    key_resources,
     open_authorizations,
     payment_changes,
     payments,

@@ -53,7 +53,7 @@ struct Target {
     change_kind: Option<String>,
     /// The key's recovery point; none once it is reaped (only finished keys are).
     #[diesel(sql_type = Nullable<Text>)]
-    key_point: Option<RecoveryPoint>,
+    key_point: Option<String>,
 }
 
 /// How long an event that names a key of ours, with nothing the database shows made under it, is
@@ -100,26 +100,23 @@ pub async fn receive(
         if !record(conn, account_id, gateway, event, key_id).await? {
             return Ok(EventOutcome::Duplicate);
         }
-        let outcome = match target.key_point {
+        let (started, finished) = (RecoveryPoint::STARTED.as_str(), RecoveryPoint::FINISHED.as_str());
+        let outcome = match target.key_point.as_deref() {
             // Before the gateway's answer is recorded: only the key's driver may record it.
-            Some(RecoveryPoint::Started) => nudge(conn, account_id, key_id).await?,
-            // A capture's or a cancel's: held to what was recorded, the key woken to finish if it
-            // has not.
-            Some(RecoveryPoint::CaptureCreated | RecoveryPoint::CancelCreated) => {
+            Some(point) if point == started => nudge(conn, account_id, key_id).await?,
+            // The answer is recorded (the key is past `started`), the key not finished yet: held to
+            // what was recorded, and the key woken to finish. A refund the gateway left pending is
+            // the settler's, later.
+            Some(point) if point != finished => {
                 nudge(conn, account_id, key_id).await?;
-                compare_change(&target, event)
-            }
-            _ if about_changes => compare_change(&target, event),
-            // The answer is recorded, the key not finished yet: held to what was recorded, and
-            // the key woken to finish. A refund the gateway left pending is the settler's, later.
-            Some(RecoveryPoint::ChargeCreated | RecoveryPoint::RefundCreated) => {
-                nudge(conn, account_id, key_id).await?;
-                match (about_refunds, target.status.as_str()) {
-                    (true, "pending") => EventOutcome::Nudged,
-                    (true, status) => compare_refund(refund_status(status), target.object_id.as_deref(), event),
-                    (false, _) => compare_charge(&target, event),
+                match (about_changes, about_refunds, target.status.as_str()) {
+                    (true, _, _) => compare_change(&target, event),
+                    (_, true, "pending") => EventOutcome::Nudged,
+                    (_, true, status) => compare_refund(refund_status(status), target.object_id.as_deref(), event),
+                    (false, false, _) => compare_charge(&target, event),
                 }
             }
+            _ if about_changes => compare_change(&target, event),
             _ if about_refunds => settle(conn, account_id, &target, event, request_id).await?,
             _ => compare_charge(&target, event),
         };

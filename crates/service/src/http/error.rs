@@ -11,8 +11,8 @@ use actix_web::http::header::{ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::db::StoreError;
+use crate::fields::ValidationError;
 use crate::idempotency::{DriveError, KeyError, PhaseError};
-use crate::payments::ValidationError;
 use crate::problem::{PROBLEM_JSON, Problem, ProblemType};
 use crate::request_id::RequestId;
 

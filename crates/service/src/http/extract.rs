@@ -14,6 +14,8 @@ use super::error::ApiError;
 use crate::faults::{FAULT_HEADER, Fault};
 use crate::fields::Object;
 use crate::idempotency::{IdempotencyKey, KeyError};
+#[cfg(doc)]
+use crate::keyed::Keyed;
 use crate::state::AppState;
 
 /// The largest request body accepted. A payment with a full description and full metadata is
@@ -161,6 +163,30 @@ impl<R: Named> FromRequest for PathId<R> {
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let id = req.match_info().get("id").and_then(|id| Uuid::parse_str(id).ok());
         ready(id.map(|id| PathId(id, PhantomData)).ok_or_else(R::not_found))
+    }
+}
+
+/// The id of the resource a keyed endpoint's path names (see [`Keyed::On`]): `None` for an
+/// endpoint whose path names none (`R` is `()`), else the id, or `R`'s not-found answer for one
+/// that is no id.
+pub struct ResourceId<R>(pub Option<Uuid>, PhantomData<R>);
+
+impl FromRequest for ResourceId<()> {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(_: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(Ok(ResourceId(None, PhantomData)))
+    }
+}
+
+impl<R: Named> FromRequest for ResourceId<R> {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let id = PathId::<R>::from_request(req, payload).into_inner();
+        ready(id.map(|PathId(id, _)| ResourceId(Some(id), PhantomData)))
     }
 }
 

@@ -1,4 +1,5 @@
-//! What every idempotent `POST` shares (`/v1/payments`, `/v1/refunds`): the request, as its key
+//! What every idempotent `POST` shares (`/v1/payments`, `/v1/refunds`, every endpoint the registry
+//! lists, see [`crate::endpoints`]): one handler reads and validates the request, which, as its key
 //! judges it, is answered from this process's memory if its key is a finished one held there, and
 //! otherwise driven through its endpoint's phases in a task of its own.
 
@@ -7,12 +8,15 @@ use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::http::header::{HeaderName, HeaderValue};
-use actix_web::{HttpResponse, web};
+use actix_web::{FromRequest, HttpResponse, Route, web};
 use tracing::Instrument;
 
 use super::error::ApiError;
+use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, ResourceId};
 use crate::idempotency::{Canonical, DriveError, KeyedRequest, Reply, StoredResponse};
+use crate::keyed::Keyed;
 use crate::problem::PROBLEM_JSON;
+use crate::request_id::RequestId;
 use crate::state::AppState;
 
 /// The header that marks a stored answer replayed for a retry, `Idempotent-Replayed: true` (as
@@ -20,8 +24,34 @@ use crate::state::AppState;
 const REPLAYED: (HeaderName, HeaderValue) =
     (HeaderName::from_static("idempotent-replayed"), HeaderValue::from_static("true"));
 
+/// The route of the keyed endpoint `E`: a `POST`, answered by [`create`].
+pub fn route<E: Keyed>() -> Route
+where
+    ResourceId<E::On>: FromRequest<Error = ApiError>,
+{
+    web::post().to(create::<E>)
+}
+
+/// What a `POST` to the keyed endpoint `E` carries, extracted in this order: the path's resource,
+/// the key, the fault asked for and the body.
+type Posted<E> = (ResourceId<<E as Keyed>::On>, IdempotencyKeyHeader, FaultRequest, JsonBody<<E as Keyed>::Body>);
+
+/// A `POST` to the keyed endpoint `E`: extracted, validated, answered.
+async fn create<E: Keyed>(
+    state: web::Data<AppState>,
+    request_id: RequestId,
+    Authenticated(account, (on, key, fault, body)): Authenticated<Posted<E>>,
+) -> Result<HttpResponse, ApiError>
+where
+    ResourceId<E::On>: FromRequest<Error = ApiError>,
+{
+    let request = KeyedRequest::new(account, key.0, E::ENDPOINT, E::validate(body.0, on.0)?);
+    answer(state, request, move |state, request| async move { E::answer(&state, request, fault.0, &request_id).await })
+        .await
+}
+
 /// Answers `request`, by `drive` (the endpoint's driver) unless memory does.
-pub(super) async fn answer<R, F, Fut>(
+async fn answer<R, F, Fut>(
     state: web::Data<AppState>,
     request: KeyedRequest<R>,
     drive: F,

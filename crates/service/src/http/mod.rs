@@ -4,7 +4,7 @@ pub mod error;
 mod extract;
 mod health;
 mod idempotency_keys;
-mod idempotent;
+pub mod idempotent;
 mod observe;
 mod page;
 mod payments;
@@ -17,34 +17,27 @@ use actix_web::dev::ResourceDef;
 use actix_web::http::Method;
 use actix_web::{HttpRequest, HttpResponse, Route, web};
 
+use crate::keyed::Registered;
+
 pub use error::ApiError;
+pub use extract::{Named, ResourceId};
 pub use health::OPENAPI_YAML;
 pub use observe::observe;
 
-/// One endpoint: every route of the app is registered from [`ENDPOINTS`], which is also what the
-/// test comparing the app with `openapi.yaml` reads.
+/// One endpoint: every route of the app is registered from [`routes`] (the table below and the
+/// keyed endpoints of the registry), which is also what the test comparing the app with
+/// `openapi.yaml` reads.
 pub struct Endpoint {
     pub method: Method,
     pub path: &'static str,
     route: fn() -> Route,
 }
 
-/// The API, as a table.
+/// The API but for its keyed `POST`s, as a table: those are the registry's (see
+/// [`crate::endpoints`]), each answered by one generic handler ([`idempotent::route`]).
 pub const ENDPOINTS: &[Endpoint] = &[
-    Endpoint { method: Method::POST, path: "/v1/payments", route: || web::post().to(payments::create_payment) },
     Endpoint { method: Method::GET, path: "/v1/payments", route: || web::get().to(payments::list_payments) },
     Endpoint { method: Method::GET, path: "/v1/payments/{id}", route: || web::get().to(payments::get_payment) },
-    Endpoint {
-        method: Method::POST,
-        path: "/v1/payments/{id}/capture",
-        route: || web::post().to(payments::change_payment::<crate::authorizations::CaptureBody>),
-    },
-    Endpoint {
-        method: Method::POST,
-        path: "/v1/payments/{id}/cancel",
-        route: || web::post().to(payments::change_payment::<crate::authorizations::CancelBody>),
-    },
-    Endpoint { method: Method::POST, path: "/v1/refunds", route: || web::post().to(refunds::create_refund) },
     Endpoint { method: Method::GET, path: "/v1/refunds", route: || web::get().to(refunds::list_refunds) },
     Endpoint { method: Method::GET, path: "/v1/refunds/{id}", route: || web::get().to(refunds::get_refund) },
     Endpoint {
@@ -62,15 +55,22 @@ pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: Method::GET, path: "/openapi.yaml", route: || web::get().to(health::openapi) },
 ];
 
+/// Every route of the API: the keyed endpoints `keyed` (a `POST` each), then [`ENDPOINTS`].
+pub fn routes(keyed: &[Registered]) -> Vec<Endpoint> {
+    let keyed =
+        keyed.iter().map(|entry| Endpoint { method: Method::POST, path: entry.endpoint.path, route: entry.route });
+    keyed.chain(ENDPOINTS.iter().map(|e| Endpoint { method: e.method.clone(), path: e.path, route: e.route })).collect()
+}
+
 /// What the metrics listener serves: never the API's address, since the metrics show every
 /// tenant's volumes to whoever reaches them.
 pub const METRICS_ENDPOINTS: &[Endpoint] =
     &[Endpoint { method: Method::GET, path: "/metrics", route: || web::get().to(health::metrics) }];
 
-/// The API: every endpoint of [`ENDPOINTS`].
-pub fn configure(cfg: &mut web::ServiceConfig) {
+/// The API: every route of [`routes`], the keyed endpoints being `keyed` (the registry's).
+pub fn configure(cfg: &mut web::ServiceConfig, keyed: &[Registered]) {
     extract::extractor_configs(cfg);
-    register(cfg, ENDPOINTS);
+    register(cfg, &routes(keyed));
 }
 
 /// The metrics listener: `GET /metrics` alone.
@@ -88,8 +88,9 @@ const MAX_NAMED_PATH: usize = 100;
 
 /// Registers `endpoints`, one resource per path (so a known path with an unknown method is a 405,
 /// not a 404), and answers everything else with a problem too.
-fn register(cfg: &mut web::ServiceConfig, endpoints: &'static [Endpoint]) {
+fn register(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint]) {
     let mut paths: Vec<&str> = endpoints.iter().map(|endpoint| endpoint.path).collect();
+    paths.sort_unstable();
     paths.dedup();
     for path in paths {
         let routes = endpoints.iter().filter(|endpoint| endpoint.path == path);
@@ -136,7 +137,7 @@ mod tests {
 
     #[test]
     fn an_unversioned_path_names_its_twin_as_sent_or_by_its_template_when_long() {
-        let versioned = versioned_routes(ENDPOINTS);
+        let versioned = versioned_routes(&routes(&[]));
         let twin = |path: &str| unversioned_twin(&versioned, path);
         assert_eq!(twin("/payments").as_deref(), Some("/v1/payments"));
         assert_eq!(twin("/refunds/abc").as_deref(), Some("/v1/refunds/abc"));

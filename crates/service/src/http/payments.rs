@@ -1,54 +1,16 @@
-//! The payments endpoints. Each handler extracts, calls one function, and shapes the answer.
+//! The payments endpoints that read (`POST`s are the registry's: see [`super::idempotent`]). Each
+//! handler extracts, calls one function, and shapes the answer.
 
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, Named, PathId};
-use super::{idempotent, page};
-use crate::authorizations::{self, ChangeBody};
+use super::extract::{Authenticated, Named, PathId};
+use super::page;
 use crate::db;
-use crate::idempotency::KeyedRequest;
-use crate::payments::{self, CreatePaymentBody, Payment, PaymentList, PaymentView};
-use crate::request_id::RequestId;
+use crate::payments::{Payment, PaymentList, PaymentView};
 use crate::state::AppState;
-
-/// `POST /v1/payments`
-pub async fn create_payment(
-    state: web::Data<AppState>,
-    request_id: RequestId,
-    Authenticated(account, (key, fault, body)): Authenticated<(
-        IdempotencyKeyHeader,
-        FaultRequest,
-        JsonBody<CreatePaymentBody>,
-    )>,
-) -> Result<HttpResponse, ApiError> {
-    let request = KeyedRequest::new(account, key.0, &payments::ENDPOINT, body.0.validate()?);
-    idempotent::answer(state, request, move |state, request| async move {
-        payments::create_payment(&state, request, fault.0, &request_id).await
-    })
-    .await
-}
-
-/// `POST /v1/payments/{id}/capture` and `/cancel`: `B` is the body, [`CaptureBody`] or
-/// [`CancelBody`](authorizations::CancelBody), which says which.
-pub async fn change_payment<B: ChangeBody>(
-    state: web::Data<AppState>,
-    request_id: RequestId,
-    Authenticated(account, (PathId(id, _), key, fault, body)): Authenticated<(
-        PathId<Payment>,
-        IdempotencyKeyHeader,
-        FaultRequest,
-        JsonBody<B>,
-    )>,
-) -> Result<HttpResponse, ApiError> {
-    let request = KeyedRequest::new(account, key.0, B::ENDPOINT, body.0.validate(id)?);
-    idempotent::answer(state, request, move |state, request| async move {
-        authorizations::change_payment(&state, request, fault.0, &request_id).await
-    })
-    .await
-}
 
 impl Named for Payment {
     fn not_found() -> ApiError {

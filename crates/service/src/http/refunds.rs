@@ -1,35 +1,17 @@
-//! The refunds endpoints. Each handler extracts, calls one function, and shapes the answer.
+//! The refunds endpoints that read (`POST /v1/refunds` is the registry's: see
+//! [`super::idempotent`]). Each handler extracts, calls one function, and shapes the answer.
 
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use super::error::ApiError;
-use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, Named, PathId};
-use super::{idempotent, page};
+use super::extract::{Authenticated, Named, PathId};
+use super::page;
 use crate::db;
-use crate::idempotency::KeyedRequest;
 use crate::payments::Payment;
-use crate::refunds::{self, CreateRefundBody, Refund, RefundList, RefundView};
-use crate::request_id::RequestId;
+use crate::refunds::{Refund, RefundList, RefundView};
 use crate::state::AppState;
-
-/// `POST /v1/refunds`
-pub async fn create_refund(
-    state: web::Data<AppState>,
-    request_id: RequestId,
-    Authenticated(account, (key, fault, body)): Authenticated<(
-        IdempotencyKeyHeader,
-        FaultRequest,
-        JsonBody<CreateRefundBody>,
-    )>,
-) -> Result<HttpResponse, ApiError> {
-    let request = KeyedRequest::new(account, key.0, &refunds::ENDPOINT, body.0.validate()?);
-    idempotent::answer(state, request, move |state, request| async move {
-        refunds::create_refund(&state, request, fault.0, &request_id).await
-    })
-    .await
-}
 
 impl Named for Refund {
     fn not_found() -> ApiError {

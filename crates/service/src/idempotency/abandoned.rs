@@ -10,7 +10,7 @@ use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
 use super::clock::since_boot;
-use super::store::{Lease, Reason, Taken};
+use super::store::{Endpoint, Lease, Reason, Taken};
 use super::{IdempotencyKey, KeyLock, RecoveryPoint};
 use crate::db::{self, StoreError};
 use crate::request_id::RequestId;
@@ -23,8 +23,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(3600);
 pub struct Abandoned {
     pub lock: KeyLock,
     pub key: IdempotencyKey,
-    /// The endpoint the key was used on (`/v1/payments`, `/v1/refunds`): whose phases drive it.
-    pub path: String,
+    /// The endpoint the key was used on: whose phases drive it.
+    pub endpoint: &'static Endpoint,
     /// The validated request, as stored by the claim.
     pub params: serde_json::Value,
     /// Worker attempts on this key, this one included.
@@ -40,7 +40,7 @@ struct AbandonedRow {
     #[diesel(sql_type = Text)]
     idempotency_key: String,
     #[diesel(sql_type = Text)]
-    recovery_point: RecoveryPoint,
+    recovery_point: String,
     #[diesel(sql_type = SqlUuid)]
     lock_token: Uuid,
     #[diesel(sql_type = Text)]
@@ -66,18 +66,28 @@ const DUE: &str = "k.finished_at IS NULL AND k.needs_attention_at IS NULL
                                            * interval '1 millisecond'
                         OR k.nudged_at IS NOT NULL)";
 
-/// The gateway that holds what the key `k` made, as recorded on it: its payment, its refund, or
-/// its capture's or cancel's change (a key makes one, on its endpoint's table); none if it made
-/// nothing yet. `account` names the key's account: on Citus, a statement that locks rows runs only
-/// where every table it reads is bound to one account, and a correlation (`k.account_id`) does not
-/// bind them.
-fn made_at(account: &str) -> String {
-    format!(
-        "coalesce(
-            (SELECT gateway FROM payments WHERE account_id = {account} AND idempotency_key_id = k.id),
-            (SELECT gateway FROM refunds WHERE account_id = {account} AND idempotency_key_id = k.id),
-            (SELECT gateway FROM payment_changes WHERE account_id = {account} AND idempotency_key_id = k.id))"
-    )
+/// The gateway that holds what the key `k` made, as recorded on it: a key makes one row, in its
+/// endpoint's table (see [`Endpoint::made_in`]); none if it made nothing yet. `account` names the
+/// key's account: on Citus, a statement that locks rows runs only where every table it reads is
+/// bound to one account, and a correlation (`k.account_id`) does not bind them.
+fn made_at(endpoints: &[&Endpoint], account: &str) -> String {
+    let tables = made_in(endpoints);
+    let made: Vec<String> = tables
+        .iter()
+        .map(|table| {
+            format!("(SELECT gateway FROM {table} WHERE account_id = {account} AND idempotency_key_id = k.id)")
+        })
+        .collect();
+    format!("coalesce({})", made.join(", "))
+}
+
+/// The tables that hold what the keys of `endpoints` make, each once (a capture's and a cancel's
+/// share one).
+fn made_in(endpoints: &[&Endpoint]) -> Vec<&'static str> {
+    let mut tables: Vec<&str> = endpoints.iter().map(|endpoint| endpoint.made_in).collect();
+    tables.sort_unstable();
+    tables.dedup();
+    tables
 }
 
 /// Which keys a worker can drive, from the gateway its process reaches (the parameter `gateway`
@@ -86,8 +96,8 @@ fn made_at(account: &str) -> String {
 /// another gateway waits for a process that reaches it: taken here, its look-up would be answered
 /// by a gateway that knows nothing of it, and each such take would spend one of its attempts and
 /// add to its backoff.
-fn drivable(account: &str, gateway: &str) -> String {
-    let made_at = made_at(account);
+fn drivable(endpoints: &[&Endpoint], account: &str, gateway: &str) -> String {
+    let made_at = made_at(endpoints, account);
     format!("(k.recovery_point <> 'started' OR coalesce({made_at}, {gateway}) IS NOT DISTINCT FROM {gateway})")
 }
 
@@ -116,12 +126,13 @@ pub const STRANDED_AFTER: Duration = Duration::from_secs(2 * MAX_BACKOFF.as_secs
 /// `run` is the id of the worker's run, which every record it writes about the key carries.
 pub async fn claim_abandoned(
     conn: &mut AsyncPgConnection,
+    endpoints: &[&'static Endpoint],
     gateway: Option<&str>,
     lease: Duration,
     backoff: Duration,
     run: &RequestId,
 ) -> Result<Option<Abandoned>, StoreError> {
-    let drivable = drivable("k.account_id", "$4");
+    let drivable = drivable(endpoints, "k.account_id", "$4");
     let accounts = diesel::sql_query(format!(
         "SELECT account_id FROM idempotency_keys k WHERE {DUE} AND {drivable} ORDER BY last_run_at LIMIT $1"
     ))
@@ -130,7 +141,7 @@ pub async fn claim_abandoned(
     .bind::<BigInt, _>(millis(MAX_BACKOFF))
     .bind::<Nullable<Text>, _>(gateway);
     for account_id in db::accounts_of(db::query(accounts.load(conn)).await?) {
-        if let Some(abandoned) = take_abandoned(conn, account_id, gateway, lease, backoff, run).await? {
+        if let Some(abandoned) = take_abandoned(conn, endpoints, account_id, gateway, lease, backoff, run).await? {
             return Ok(Some(abandoned));
         }
     }
@@ -142,6 +153,7 @@ pub async fn claim_abandoned(
 /// key's last run and nudge, as they were), for a worker that must hand the key back.
 async fn take_abandoned(
     conn: &mut AsyncPgConnection,
+    endpoints: &[&'static Endpoint],
     account_id: Uuid,
     gateway: Option<&str>,
     lease: Duration,
@@ -150,7 +162,7 @@ async fn take_abandoned(
 ) -> Result<Option<Abandoned>, StoreError> {
     // The lock token is made here: Citus runs no volatile function in a distributed `UPDATE`.
     let token = Uuid::new_v4();
-    let drivable = drivable("$5", "$4");
+    let drivable = drivable(endpoints, "$5", "$4");
     let claim = diesel::sql_query(format!(
         "WITH claimed AS (
              UPDATE idempotency_keys taken
@@ -183,17 +195,25 @@ async fn take_abandoned(
     .bind::<Text, _>(run.as_str());
     let sent = since_boot();
     let row: Option<AbandonedRow> = db::query(db::first_row(claim.load(conn))).await?;
-    Ok(row.map(|row| Abandoned {
-        lock: KeyLock::new(
-            row.account_id,
-            row.id,
-            row.recovery_point,
-            true,
-            Lease { token: row.lock_token, length: lease, sent },
-        )
-        .taken_over(Taken { last_run_at: row.last_run_before, nudged_at: row.nudged_before }),
+    let Some(row) = row else { return Ok(None) };
+    let lease = Lease { token: row.lock_token, length: lease, sent };
+    let taken = Taken { last_run_at: row.last_run_before, nudged_at: row.nudged_before };
+    let endpoint = endpoints.iter().find(|endpoint| endpoint.path == row.request_path);
+    let Some((endpoint, point)) = endpoint.and_then(|endpoint| Some((*endpoint, endpoint.point(&row.recovery_point)?)))
+    else {
+        // A key no registered endpoint drives, or at a point its endpoint does not declare: a bug,
+        // which no worker can drive. It waits for a person.
+        let lock = KeyLock::new(row.account_id, row.id, RecoveryPoint::STARTED, true, lease);
+        let detail = format!("a key of {} at {:?}, which no endpoint drives", row.request_path, row.recovery_point);
+        let reason = Reason { code: "internal", detail: &detail };
+        lock.release(conn, crate::audit::Actor::Completer, reason, run).await?;
+        mark_needs_attention(conn, &lock, reason, run).await?;
+        return Err(StoreError::Query(diesel::result::Error::QueryBuilderError(detail.into())));
+    };
+    Ok(Some(Abandoned {
+        lock: KeyLock::new(row.account_id, row.id, point, true, lease).taken_over(taken),
         key: IdempotencyKey::from_stored(row.idempotency_key),
-        path: row.request_path,
+        endpoint,
         params: row.request_params,
         attempts: row.completer_attempts.unsigned_abs(),
     }))
@@ -234,20 +254,21 @@ pub async fn mark_needs_attention(
 /// key the completer gave up on. Account by account, as [`claim_abandoned`]; the keys given up on.
 pub async fn give_up_on_stranded(
     conn: &mut AsyncPgConnection,
+    endpoints: &[&Endpoint],
     gateway: &str,
     code: &str,
     run: &RequestId,
 ) -> Result<Vec<Uuid>, StoreError> {
     let accounts = diesel::sql_query(format!(
         "SELECT account_id FROM idempotency_keys k WHERE {UNTAKEN} AND NOT {} ORDER BY last_run_at LIMIT $1",
-        drivable("k.account_id", "$3")
+        drivable(endpoints, "k.account_id", "$3")
     ))
     .bind::<BigInt, _>(KEYS_A_RUN)
     .bind::<BigInt, _>(millis(STRANDED_AFTER))
     .bind::<Text, _>(gateway);
     let mut given_up = Vec::new();
     for account_id in db::accounts_of(db::query(accounts.load(conn)).await?) {
-        let (made_at, drivable) = (made_at("$1"), drivable("$1", "$3"));
+        let (made_at, drivable) = (made_at(endpoints, "$1"), drivable(endpoints, "$1", "$3"));
         let give_up = diesel::sql_query(format!(
             "WITH stranded AS (
                  SELECT k.account_id, k.id,
@@ -298,7 +319,7 @@ pub struct NeedsAttention {
     #[diesel(sql_type = Text)]
     pub idempotency_key: String,
     #[diesel(sql_type = Text)]
-    pub recovery_point: RecoveryPoint,
+    pub recovery_point: String,
     #[diesel(sql_type = Integer)]
     pub completer_attempts: i32,
     #[diesel(sql_type = Timestamptz)]
@@ -313,21 +334,30 @@ pub struct NeedsAttention {
     pub made_id: Option<Uuid>,
 }
 
-/// The keys workers gave up on, oldest first, with what each made, if anything.
-pub async fn needing_attention(conn: &mut AsyncPgConnection) -> Result<Vec<NeedsAttention>, StoreError> {
-    db::query(
-        diesel::sql_query(
-            "SELECT k.id, k.account_id, k.idempotency_key, k.recovery_point, k.completer_attempts,
-                k.needs_attention_at, k.attention_reason, k.request_path, made.id AS made_id
+/// The keys workers gave up on, oldest first, with what each made, if anything (a row of its
+/// endpoint's table, one of `endpoints`'; see [`Endpoint::made_in`]).
+pub async fn needing_attention(
+    conn: &mut AsyncPgConnection,
+    endpoints: &[&Endpoint],
+) -> Result<Vec<NeedsAttention>, StoreError> {
+    let tables = made_in(endpoints);
+    let joins: Vec<String> = (tables.iter().enumerate())
+        .map(|(n, table)| {
+            format!("LEFT JOIN {table} m{n} ON m{n}.account_id = k.account_id AND m{n}.idempotency_key_id = k.id")
+        })
+        .collect();
+    let made: Vec<String> = (0..tables.len()).map(|n| format!("m{n}.id")).collect();
+    let list = format!(
+        "SELECT k.id, k.account_id, k.idempotency_key, k.recovery_point, k.completer_attempts,
+                k.needs_attention_at, k.attention_reason, k.request_path, coalesce({made}) AS made_id
          FROM idempotency_keys k
-         LEFT JOIN made_by_keys made ON made.account_id = k.account_id
-             AND made.idempotency_key = k.idempotency_key AND made.request_path = k.request_path
+         {joins}
          WHERE k.needs_attention_at IS NOT NULL
          ORDER BY k.needs_attention_at",
-        )
-        .load(conn),
-    )
-    .await
+        made = made.join(", "),
+        joins = joins.join("\n         "),
+    );
+    db::query(diesel::sql_query(list).load(conn)).await
 }
 
 /// The account of the key row `key_id`, if it is on the list: what an operator's answer to it

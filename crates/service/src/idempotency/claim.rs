@@ -10,7 +10,6 @@ use diesel::sql_types::{BigInt, Bool, Bytea, Jsonb, Nullable, SmallInt, Text, Un
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::RecoveryPoint;
 use super::clock::{Deadline, since_boot};
 use super::phase::{MAX_ATTEMPTS, PhaseWrites};
 use super::store::{KeyLock, Lease, NewKey, StoredResponse, millis};
@@ -43,8 +42,8 @@ pub enum Claim<S> {
 /// Claims `new.key` in one statement, which is race-free without any check-then-insert:
 /// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
 ///   its recorded expiry has come, by the database's clock;
-/// - `expired` looks, only when there is no row or an expired one, for what the key made (the view
-///   `made_by_keys`: a probe of each endpoint's table by its unique client key). It reads the key's
+/// - `expired` looks, only when there is no row or an expired one, for what the key made (in
+///   `key_resources`, which the finishing phase wrote and which outlives the key). It reads the key's
 ///   row again for that, rather than take `existing`'s word: on Citus each step of this statement
 ///   may run on a snapshot of its own, and a step that saw no row could be followed by one that
 ///   sees the payment a concurrent claim committed with its row, and take the key, in flight, for
@@ -107,7 +106,7 @@ where
             }
         };
         match db::query(run).await {
-            Ok(Some(claimed)) => return Ok(claimed.into_claim(new.account_id, token, lease, sent)),
+            Ok(Some(claimed)) => return claimed.into_claim(new, token, lease, sent),
             Ok(None) if attempt < MAX_ATTEMPTS => {}
             Ok(None) => {
                 return Err(StoreError::Unavailable("the key claim kept racing with concurrent inserts".into()));
@@ -134,7 +133,7 @@ struct ClaimRow {
     #[diesel(sql_type = Bool, column_name = claim_same_request)]
     same_request: bool,
     #[diesel(sql_type = Text, column_name = claim_recovery_point)]
-    recovery_point: RecoveryPoint,
+    recovery_point: String,
     #[diesel(sql_type = Nullable<SmallInt>, column_name = claim_response_status)]
     response_status: Option<i16>,
     #[diesel(sql_type = Nullable<Bytea>, column_name = claim_response_body)]
@@ -170,14 +169,27 @@ impl<S: QueryableByName<Pg>> QueryableByName<Pg> for Claimed<S> {
 
 impl<S> Claimed<S> {
     /// What the claim found, in the order the protocol checks it. `sent`: when the statement was
-    /// sent, on [`since_boot`].
-    fn into_claim(self, account_id: Uuid, token: Uuid, length: Duration, sent: Duration) -> Claim<S> {
+    /// sent, on [`since_boot`]. A key at a point its endpoint does not declare is a bug, answered
+    /// as one (its lease runs out, and nothing was done under it).
+    fn into_claim(
+        self,
+        new: &NewKey<'_>,
+        token: Uuid,
+        length: Duration,
+        sent: Duration,
+    ) -> Result<Claim<S>, StoreError> {
         let Claimed { row, started } = self;
-        match row {
+        Ok(match row {
             ClaimRow { made_id: Some(id), .. } => Claim::Expired { id },
             ClaimRow { acquired: true, id, recovery_point, fresh, .. } => {
                 let lease = Lease { token, length, sent };
-                Claim::Acquired { lock: KeyLock::new(account_id, id, recovery_point, !fresh, lease), started }
+                let Some(point) = new.endpoint.point(&recovery_point) else {
+                    return Err(StoreError::Query(diesel::result::Error::QueryBuilderError(
+                        format!("a key of {} at {recovery_point:?}, which it does not declare", new.endpoint.path)
+                            .into(),
+                    )));
+                };
+                Claim::Acquired { lock: KeyLock::new(new.account_id, id, point, !fresh, lease), started }
             }
             ClaimRow { same_request: false, .. } => Claim::Mismatch,
             ClaimRow { response_status: Some(status), response_body: Some(body), expires_in_ms, .. } => {
@@ -187,7 +199,7 @@ impl<S> Claimed<S> {
                 Claim::Replay { response: StoredResponse { status: status as u16, body }, expires }
             }
             ClaimRow { .. } => Claim::InFlight,
-        }
+        })
     }
 }
 
@@ -216,8 +228,8 @@ existing AS (
     SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
 ), expired AS (
-    SELECT m.id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
-    FROM made_by_keys m
+    SELECT m.resource_id AS id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
+    FROM key_resources m
     WHERE m.account_id = {account} AND m.idempotency_key = {key}
       AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
                       WHERE k.account_id = {account} AND k.idempotency_key = {key}

@@ -341,7 +341,7 @@ impl<'a> Run<'a> {
         // the finishing phase records.
         let expires = Deadline::after(self.ctx.key_retention);
         let result = async {
-            while self.lock.recovery_point() != RecoveryPoint::Finished {
+            while self.lock.recovery_point() != RecoveryPoint::FINISHED {
                 phases.advance(&mut self).await?;
             }
             self.response.take().ok_or_else(|| DriveError::inconsistent("finished without a response"))
@@ -412,13 +412,19 @@ impl<'a> Run<'a> {
     }
 
     /// Runs the phase that finishes the key: the `response` stored (and kept for [`Run::drive`]),
-    /// the lock released, and the key's expiry recorded, this process's retention from now.
-    pub async fn finish<W, R>(&mut self, response: StoredResponse, writes: W) -> Result<R, DriveError>
+    /// the lock released, the key's expiry recorded, this process's retention from now, and what
+    /// the request `made`, if anything (a refusal makes nothing), recorded for after the key.
+    pub async fn finish<W, R>(
+        &mut self,
+        response: StoredResponse,
+        made: Option<Uuid>,
+        writes: W,
+    ) -> Result<R, DriveError>
     where
         W: PhaseWrites,
         R: QueryableByName<Pg> + Send + 'static,
     {
-        self.phase(Transition::Finish { response, retention: self.ctx.key_retention }, writes).await
+        self.phase(Transition::Finish { response, retention: self.ctx.key_retention, made }, writes).await
     }
 
     /// The run's connection, checked out on first use after it was let go of: for reads between

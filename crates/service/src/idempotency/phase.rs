@@ -3,7 +3,7 @@
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::{AstPass, Query, QueryFragment, QueryId};
-use diesel::sql_types::{BigInt, Bytea, SmallInt, Text, Untyped, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bytea, Nullable, SmallInt, Text, Untyped, Uuid as SqlUuid};
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 
 use super::clock::since_boot;
@@ -147,7 +147,10 @@ impl<W> Query for PhaseStatement<'_, W> {
 /// while it still carries our lock token (and the writes' requirement holds), returning its
 /// `account_id` and `id`, or nothing once the lock went stale and another request took the key
 /// over. Staying or advancing renews the lease; finishing stores the response, sets the key's one
-/// expiry (which every process and the reaper go by) and unlocks it.
+/// expiry (which every process and the reaper go by), unlocks it, and records what the key made in
+/// `key_resources` (the layer's own table, which outlives the key: the claim reads it for a key
+/// reaped or expired; see [`super::claim`]). `key_made` reads the key row as the statement began,
+/// whose client key, method and path the fence does not change.
 const STAY: &str = "fence AS (
     UPDATE idempotency_keys SET locked_until = now() + {lease_ms} * interval '1 millisecond'
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
@@ -166,6 +169,12 @@ const FINISH: &str = "fence AS (
         {attention}
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
     RETURNING account_id, id
+), key_made AS (
+    INSERT INTO key_resources (account_id, idempotency_key, request_method, request_path, resource_id)
+    SELECT k.account_id, k.idempotency_key, k.request_method, k.request_path, {made}
+    FROM idempotency_keys k
+    WHERE k.account_id = {key.account} AND k.id = {key.id} AND {made} IS NOT NULL AND EXISTS (SELECT FROM fence)
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
 )";
 
 /// The fence of a phase: the key row's `transition`, under our lock, with the writes' requirement.
@@ -184,7 +193,7 @@ struct Fence<'a, W> {
 impl<'a, W> Fence<'a, W> {
     fn new(lock: &'a KeyLock, transition: &'a Transition, writes: &'a W) -> Self {
         let (status, retention_ms) = match transition {
-            Transition::Finish { response, retention } => (response.status as i16, millis(*retention)),
+            Transition::Finish { response, retention, .. } => (response.status as i16, millis(*retention)),
             _ => (0, 0),
         };
         Fence { lock, transition, writes, lease_ms: millis(lock.lease()), status, retention_ms }
@@ -211,6 +220,7 @@ impl<W: PhaseWrites> Parameters for Fence<'_, W> {
             ("status", _) => out.push_bind_param::<SmallInt, _>(&self.status),
             ("body", Transition::Finish { response, .. }) => out.push_bind_param::<Bytea, _>(&response.body),
             ("retention_ms", _) => out.push_bind_param::<BigInt, _>(&self.retention_ms),
+            ("made", Transition::Finish { made, .. }) => out.push_bind_param::<Nullable<SqlUuid>, _>(made),
             ("requirement", _) => walk_sql(self.writes.requirement(), self.writes, out),
             ("attention", _) => {
                 out.push_sql(self.writes.attention_on_finish());

@@ -198,9 +198,9 @@ impl ReplayCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::KeyEndpoint;
 
-    static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/payments", label: KeyEndpoint::Payments };
+    static ENDPOINT: Endpoint =
+        Endpoint { method: "POST", path: "/v1/payments", label: "payments", points: &[], made_in: "payments" };
     use crate::idempotency::IdempotencyKey;
     use crate::request_id::RequestId;
 

@@ -13,7 +13,6 @@ use super::{Fingerprint, IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::schema::idempotency_keys;
 use crate::db::{self, StoreError};
-use crate::metrics::KeyEndpoint;
 use crate::request_id::RequestId;
 
 /// What a driver keeps in hand when it checks that its lease covers something it is about to do.
@@ -31,13 +30,29 @@ use crate::request_id::RequestId;
 pub use payments_protocol::LEASE_MARGIN;
 
 /// An endpoint whose requests are made safe to retry by keys: each key is bound to the endpoint
-/// it was first used on (on another, it is a mismatch).
+/// it was first used on (on another, it is a mismatch). All the layer needs to know of it.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Endpoint {
     pub method: &'static str,
     pub path: &'static str,
-    /// How metrics name it.
-    pub label: KeyEndpoint,
+    /// How metrics name it (`payments`, `refunds`).
+    pub label: &'static str,
+    /// The recovery points its phases record between [`RecoveryPoint::STARTED`] and
+    /// [`RecoveryPoint::FINISHED`].
+    pub points: &'static [RecoveryPoint],
+    /// The table that holds what its keys make: a row per key, found by `(account_id,
+    /// idempotency_key_id)`, with its `id` and the `gateway` that holds it. A worker reads it to
+    /// know which gateway a key's request went to, and an operator's list to name what it made.
+    pub made_in: &'static str,
+}
+
+impl Endpoint {
+    /// The point named `name`, if keys of this endpoint may stand there: how a key row's point is
+    /// read back.
+    pub fn point(&self, name: &str) -> Option<RecoveryPoint> {
+        let ends = [RecoveryPoint::STARTED, RecoveryPoint::FINISHED];
+        ends.iter().chain(self.points).copied().find(|point| point.as_str() == name)
+    }
 }
 
 /// A request about to claim its key.
@@ -102,7 +117,9 @@ pub enum Transition {
     Advance(RecoveryPoint),
     /// Done: store the response, release the lock, and record when the key expires: `retention`
     /// (the finishing process's `PAYMENTS_KEY_RETENTION_SECS`) after the database's `now()`.
-    Finish { response: StoredResponse, retention: Duration },
+    /// `made`: what the key's request made (a payment, a refund), recorded in `key_resources`,
+    /// which outlives the key: a late retry after the key is reaped is answered by it.
+    Finish { response: StoredResponse, retention: Duration, made: Option<Uuid> },
 }
 
 /// Why a driver let a key go: a short code from a closed set, which the key's owner may see (the
@@ -199,7 +216,7 @@ impl KeyLock {
         match transition {
             Transition::Stay => {}
             Transition::Advance(point) => self.recovery_point = *point,
-            Transition::Finish { .. } => self.recovery_point = RecoveryPoint::Finished,
+            Transition::Finish { .. } => self.recovery_point = RecoveryPoint::FINISHED,
         }
     }
 

@@ -8,7 +8,9 @@ use diesel::sql_types::Bool;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use uuid::Uuid;
 
-use super::{IdempotencyKey, RecoveryPoint};
+use super::IdempotencyKey;
+#[cfg(doc)]
+use super::RecoveryPoint;
 use crate::db::schema::idempotency_keys;
 
 /// A key row, as its story shows it: never its request's params, its stored body, or the text of
@@ -18,7 +20,9 @@ use crate::db::schema::idempotency_keys;
 pub struct KeyRecord {
     pub id: Uuid,
     pub account_id: Uuid,
-    pub recovery_point: RecoveryPoint,
+    /// Where the key stands: [`RecoveryPoint::STARTED`], its endpoint's points, or
+    /// [`RecoveryPoint::FINISHED`].
+    pub recovery_point: String,
     /// When the holder's lease ends; none while nobody holds the key.
     pub locked_until: Option<DateTime<Utc>>,
     /// Whether the lease has not ended yet, by the database's clock: the one that set

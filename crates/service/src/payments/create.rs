@@ -31,8 +31,9 @@
 //! An indeterminate gateway outcome (a timeout, a connection error, a 5xx, a 409 or 429, anything
 //! after which money may have moved without our knowing) commits nothing: the key is unlocked at
 //! `started` and the client is told 503, retry with the same key. The same driver
-//! serves a client's request and a worker finishing an abandoned one ([`complete_abandoned`]).
+//! serves a client's request and a worker finishing an abandoned one ([`crate::keyed::complete`]).
 
+use std::future::Future;
 use std::sync::Arc;
 
 use payments_protocol::{self as protocol, FirstCall};
@@ -40,28 +41,65 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::model::{CaptureMethod, ChargeOutcome, NewPayment, Payment, PaymentStatus};
-use super::request::PaymentRequest;
+use super::request::{CreatePaymentBody, PaymentRequest};
 use super::view::{PaymentView, expired_key_response, final_response};
 use super::writes::{self, PaymentChange};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
+use crate::fields::ValidationError;
 use crate::gateway::{self, Charge, ChargeRequest, ChargeState, GatewayError, Settles};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
-    Run, StoredResponse, Transition,
+    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply, Run,
+    StoredResponse, Transition,
 };
-use crate::metrics::KeyEndpoint;
+use crate::keyed::Keyed;
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
+/// `charge_created`: the gateway's definitive answer is recorded on the payment.
+pub const CHARGE_CREATED: RecoveryPoint = RecoveryPoint::new("charge_created");
+
 /// The endpoint: a payment key is bound to it (used on another, it is a mismatch).
-pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/payments", label: KeyEndpoint::Payments };
+pub static ENDPOINT: Endpoint = Endpoint {
+    method: "POST",
+    path: "/v1/payments",
+    label: "payments",
+    points: &[CHARGE_CREATED],
+    made_in: "payments",
+};
 
 /// A payment request as its key judges it (see [`KeyedRequest`]).
 pub type CreateRequest = KeyedRequest<PaymentRequest>;
+
+/// `POST /v1/payments`, as the registry lists it.
+pub struct Create;
+
+impl Keyed for Create {
+    const ENDPOINT: &'static Endpoint = &ENDPOINT;
+    type On = ();
+    type Body = CreatePaymentBody;
+    type Request = PaymentRequest;
+
+    fn validate(body: CreatePaymentBody, _: Option<Uuid>) -> Result<PaymentRequest, ValidationError> {
+        body.validate()
+    }
+
+    fn phases(state: &AppState, request: PaymentRequest, fault: Option<Fault>) -> impl Phases + '_ {
+        PaymentPhases::new(state, request, fault)
+    }
+
+    fn answer<'a>(
+        state: &'a AppState,
+        create: CreateRequest,
+        fault: Option<Fault>,
+        request_id: &'a RequestId,
+    ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
+        create_payment(state, create, fault, request_id)
+    }
+}
 
 /// Creates a payment, or answers for the one this key already made, by the claim: ask
 /// [`KeyedRequest::answer_from_memory`] first, which answers most replays without the database.
@@ -75,19 +113,6 @@ pub async fn create_payment(
     request_id: &RequestId,
 ) -> Result<Reply, DriveError> {
     create.answer(state.keys(), request_id, |request| PaymentPhases::new(state, request, fault)).await
-}
-
-/// Finishes a request that a worker took over from its vanished client: the same phases, from
-/// the key's recovery point, with the request stored on the key. `run` names the worker's run in
-/// the audit records it writes and in the problem it may store.
-#[tracing::instrument(name = "payments.complete", skip_all, fields(idempotency_key.id = %abandoned.lock.key_id, attempt = abandoned.attempts, payment.id))]
-pub async fn complete_abandoned(
-    state: &AppState,
-    abandoned: Abandoned,
-    run: &RequestId,
-) -> Result<StoredResponse, DriveError> {
-    let (run, request) = Run::of_abandoned::<PaymentRequest>(state.keys(), abandoned, run).await?;
-    run.drive(PaymentPhases::new(state, request, None), None).await
 }
 
 /// Which gateway call gave the definitive answer: the charge request, or (for a payment an
@@ -147,7 +172,7 @@ impl Phases for PaymentPhases<'_> {
     /// The recovery-point loop's body: each arm runs from the recorded point to the next.
     async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         match run.recovery_point() {
-            RecoveryPoint::Started => {
+            RecoveryPoint::STARTED => {
                 let started = match self.started.take() {
                     Some(started) => started,
                     None => self.start(run).await?,
@@ -158,7 +183,7 @@ impl Phases for PaymentPhases<'_> {
                 fault_at(self.fault, FaultPoint::AfterCharge);
                 self.record_charge(run, started.payment.id, charged).await
             }
-            RecoveryPoint::ChargeCreated => {
+            CHARGE_CREATED => {
                 fault_at(self.fault, FaultPoint::AfterChargeCreated);
                 self.finish(run).await
             }
@@ -212,7 +237,7 @@ impl<'a> PaymentPhases<'a> {
             gateway,
             capture_method: self.capture_method(),
         };
-        let data = json!({ "recovery_point": RecoveryPoint::Started, "amount": new.amount, "currency": new.currency,
+        let data = json!({ "recovery_point": RecoveryPoint::STARTED, "amount": new.amount, "currency": new.currency,
                            "gateway": new.gateway });
         let audit = audit(account_id, new.id, actor, "payment.created", data, request_id);
         writes::Start { payment: new, audit }
@@ -296,7 +321,7 @@ impl<'a> PaymentPhases<'a> {
         let Charged { outcome, answered_by, gateway } = charged;
         let request_id = run.request_id().clone();
         let changes = outcome.changes(self.capture_method(), self.request.amount);
-        let data = json!({ "recovery_point": RecoveryPoint::ChargeCreated, "status": changes.status,
+        let data = json!({ "recovery_point": CHARGE_CREATED, "status": changes.status,
                            "gateway_charge_id": changes.gateway_charge_id, "failure_code": changes.failure_code,
                            "capture_method": changes.capture_method, "amount_captured": changes.amount_captured,
                            "answered_by": answered_by, "gateway": &*gateway });
@@ -305,7 +330,7 @@ impl<'a> PaymentPhases<'a> {
         let authorization_ttl_ms = i64::try_from(self.state.settings.authorization_ttl.as_millis()).unwrap_or(i64::MAX);
         let change = PaymentChange::Outcome { changes, gateway: &gateway, authorization_ttl_ms };
         let writes = writes::ChangePayment { payment_id, change, audit };
-        self.payment = Some(run.phase(Transition::Advance(RecoveryPoint::ChargeCreated), writes).await?);
+        self.payment = Some(run.phase(Transition::Advance(CHARGE_CREATED), writes).await?);
         Ok(())
     }
 
@@ -338,10 +363,10 @@ impl<'a> PaymentPhases<'a> {
             }
         };
         let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
-        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
+        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
         let audit = audit(account_id, payment.id, run.actor(), "payment.finished", data, &request_id);
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
-        let _: Payment = run.finish(response, writes).await?;
+        let _: Payment = run.finish(response, Some(payment.id), writes).await?;
         self.state.wake.wake(Wake::Outbox);
         let failure = payment.failure().map_or("none", |failure| failure.as_str());
         self.state.metrics.payment_finished(payment.status.as_str(), failure);

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use iso_currency::Currency;
 use serde::{Deserialize, Serialize};
 
-use crate::fields::{Omittable, integral_number, metadata_sent_once};
+use crate::fields::{Omittable, ValidationError, integral_number, metadata_sent_once};
 use crate::idempotency::Canonical;
 
 /// The largest amount in any currency, in minor units (99,999,999 cents is just under a million
@@ -67,11 +67,6 @@ fn at_once() -> bool {
 fn is_at_once(capture: &bool) -> bool {
     *capture
 }
-
-/// A body that parsed as JSON but breaks a rule; the message says which, for the client.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ValidationError(pub String);
 
 impl CreatePaymentBody {
     /// Checks every rule and returns the canonical request, or the first rule broken.

@@ -26,30 +26,65 @@
 //!   a worker looks it up until it settles.
 //! - `finished` stores the answer, stages the refund's event and unlocks.
 
+use std::future::Future;
+
 use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
 
 use super::model::{GATEWAY_REJECTED, Refund, RefundStatus};
-use super::request::RefundRequest;
+use super::request::{CreateRefundBody, RefundRequest};
 use super::view::{RefundView, Refusal, expired_key_response, final_response};
 use super::writes::{self, Started};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
+use crate::fields::ValidationError;
 use crate::gateway::{self, Answered, GatewayError};
 use crate::idempotency::{
-    Abandoned, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply,
-    Run, StoredResponse, Transition,
+    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply, Run,
+    StoredResponse, Transition,
 };
-use crate::metrics::KeyEndpoint;
+use crate::keyed::Keyed;
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
 
+/// `refund_created`: the gateway's answer is recorded on the refund (which may still be pending
+/// there).
+pub const REFUND_CREATED: RecoveryPoint = RecoveryPoint::new("refund_created");
+
 /// The endpoint: a refund key is bound to it (used on another, it is a mismatch).
-pub static ENDPOINT: Endpoint = Endpoint { method: "POST", path: "/v1/refunds", label: KeyEndpoint::Refunds };
+pub static ENDPOINT: Endpoint =
+    Endpoint { method: "POST", path: "/v1/refunds", label: "refunds", points: &[REFUND_CREATED], made_in: "refunds" };
+
+/// `POST /v1/refunds`, as the registry lists it.
+pub struct Create;
+
+impl Keyed for Create {
+    const ENDPOINT: &'static Endpoint = &ENDPOINT;
+    type On = ();
+    type Body = CreateRefundBody;
+    type Request = RefundRequest;
+
+    fn validate(body: CreateRefundBody, _: Option<Uuid>) -> Result<RefundRequest, ValidationError> {
+        body.validate()
+    }
+
+    fn phases(state: &AppState, request: RefundRequest, fault: Option<Fault>) -> impl Phases + '_ {
+        RefundPhases::new(state, request, fault)
+    }
+
+    fn answer<'a>(
+        state: &'a AppState,
+        create: CreateRequest,
+        fault: Option<Fault>,
+        request_id: &'a RequestId,
+    ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
+        create_refund(state, create, fault, request_id)
+    }
+}
 
 /// How long after the gateway answered `pending` a refund is first looked up again: a refund that
 /// settles within seconds (the mock gateway's take 2) is then found settled at the first look-up,
@@ -71,17 +106,6 @@ pub async fn create_refund(
     request_id: &RequestId,
 ) -> Result<Reply, DriveError> {
     create.answer(state.keys(), request_id, |request| RefundPhases::new(state, request, fault)).await
-}
-
-/// Finishes a refund request that a worker took over from its vanished client.
-#[tracing::instrument(name = "refunds.complete", skip_all, fields(idempotency_key.id = %abandoned.lock.key_id, attempt = abandoned.attempts, refund.id))]
-pub async fn complete_abandoned(
-    state: &AppState,
-    abandoned: Abandoned,
-    run: &RequestId,
-) -> Result<StoredResponse, DriveError> {
-    let (run, request) = Run::of_abandoned::<RefundRequest>(state.keys(), abandoned, run).await?;
-    run.drive(RefundPhases::new(state, request, None), None).await
 }
 
 /// What `started` left: a refund to ask the gateway for, or why there is nothing to refund.
@@ -134,7 +158,7 @@ impl Phases for RefundPhases<'_> {
     /// The recovery-point loop's body: each arm runs from the recorded point to the next.
     async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         match run.recovery_point() {
-            RecoveryPoint::Started => match self.start(run).await? {
+            RecoveryPoint::STARTED => match self.start(run).await? {
                 Start::Refused(refusal) => self.refuse(run, refusal).await,
                 Start::Reserved(reserved) => {
                     fault_at(self.fault, FaultPoint::AfterStarted);
@@ -143,7 +167,7 @@ impl Phases for RefundPhases<'_> {
                     self.record_refund(run, &reserved, answer, answered_by).await
                 }
             },
-            RecoveryPoint::RefundCreated => {
+            REFUND_CREATED => {
                 fault_at(self.fault, FaultPoint::AfterRefundCreated);
                 self.finish(run).await
             }
@@ -203,7 +227,7 @@ impl<'a> RefundPhases<'a> {
         request_id: &'w RequestId,
     ) -> writes::Start<'w> {
         let refund_id = Uuid::now_v7();
-        let data = json!({ "recovery_point": RecoveryPoint::Started, "payment": self.request.payment,
+        let data = json!({ "recovery_point": RecoveryPoint::STARTED, "payment": self.request.payment,
                            "amount": self.request.amount });
         writes::Start {
             refund_id,
@@ -222,7 +246,7 @@ impl<'a> RefundPhases<'a> {
     async fn refuse(&mut self, run: &mut Run<'_>, refusal: Refusal) -> Result<(), DriveError> {
         let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
         let response = refusal.response(self.request.payment, &request_id);
-        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status,
+        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status,
                            "refusal": refusal.code(), "payment": self.request.payment });
         let audit = AuditRecord {
             account_id,
@@ -233,7 +257,7 @@ impl<'a> RefundPhases<'a> {
             data,
             request_id: Some(request_id.as_str()),
         };
-        let _: writes::Finished = run.finish(response, writes::Finish { audit }).await?;
+        let _: writes::Finished = run.finish(response, None, writes::Finish { audit }).await?;
         Ok(())
     }
 
@@ -293,7 +317,7 @@ impl<'a> RefundPhases<'a> {
             Err(error) => return Err(indeterminate(error)),
         };
         let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
-        let data = json!({ "recovery_point": RecoveryPoint::RefundCreated, "status": status,
+        let data = json!({ "recovery_point": REFUND_CREATED, "status": status,
                            "gateway_refund_id": gateway_refund_id, "failure_code": failure_code,
                            "answered_by": answered_by });
         let audit = audit(account_id, reserved.refund_id, run.actor(), "refund.outcome_recorded", data, &request_id);
@@ -306,7 +330,7 @@ impl<'a> RefundPhases<'a> {
             failure_message: failure_message.as_deref().map(|message| crate::fields::truncated(message, 500)),
             audit,
         };
-        self.refund = Some(run.phase(Transition::Advance(RecoveryPoint::RefundCreated), writes).await?);
+        self.refund = Some(run.phase(Transition::Advance(REFUND_CREATED), writes).await?);
         Ok(())
     }
 
@@ -324,7 +348,7 @@ impl<'a> RefundPhases<'a> {
         };
         let response = final_response(&refund, &request_id);
         let event = StagedEvent::new(account_id, event_of(refund.status), RefundView::from(&refund));
-        let data = json!({ "recovery_point": RecoveryPoint::Finished, "response_status": response.status });
+        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
         let audit = audit(account_id, refund.id, run.actor(), "refund.finished", data, &request_id);
         let writes = writes::FinishRefund {
             account_id,
@@ -333,7 +357,7 @@ impl<'a> RefundPhases<'a> {
             event: &event,
             audit,
         };
-        let _: writes::Finished = run.finish(response, writes).await?;
+        let _: writes::Finished = run.finish(response, Some(refund.id), writes).await?;
         self.state.wake.wake(Wake::Outbox);
         // A pending refund is due for the settler at once if its gateway's event came already,
         // else after its first delay.

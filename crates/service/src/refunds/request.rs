@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::fields::ValidationError;
 use crate::fields::{IntegralNumber, Omittable, metadata_sent_once};
 use crate::idempotency::Canonical;
-use crate::payments::{MAX_AMOUNT, ValidationError, validate_metadata};
+use crate::payments::{MAX_AMOUNT, validate_metadata};
 
 /// Why a refund is made, as Stripe names the reasons.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -10,13 +10,13 @@ use super::{Outcome, Worker};
 use crate::audit::Actor;
 use crate::config::WorkerSettings;
 use crate::db;
+use crate::endpoints;
 use crate::idempotency::{
     Abandoned, DriveError, Reason, StoredResponse, claim_abandoned, give_up_on_stranded, mark_needs_attention, release,
 };
 use crate::metrics::{CompleterOutcome, Unfinished};
 use crate::request_id::RequestId;
 use crate::state::AppState;
-use crate::{authorizations, payments, refunds};
 
 /// Takes over one abandoned key per run and drives it to `finished`, backing off exponentially
 /// between attempts; after `max_attempts` it gives up, and the key needs attention. It takes only
@@ -58,7 +58,9 @@ impl Completer {
         let gateway = self.gateway().await;
         let mut conn = db::connect(&self.state.db).await?;
         let lease = self.state.settings.lock_timeout;
-        let Some(abandoned) = claim_abandoned(&mut conn, gateway.as_deref(), lease, self.backoff, run).await? else {
+        let keyed = endpoints::all();
+        let Some(abandoned) = claim_abandoned(&mut conn, &keyed, gateway.as_deref(), lease, self.backoff, run).await?
+        else {
             return self.give_up_on_stranded(&mut conn, gateway.as_deref(), run).await;
         };
         drop(conn);
@@ -120,7 +122,7 @@ impl Completer {
     ) -> anyhow::Result<Outcome> {
         let Some(gateway) = gateway else { return Ok(Outcome::Idle) };
         let code = Unfinished::UnknownOutcome.as_str();
-        let given_up = give_up_on_stranded(conn, gateway, code, run).await?;
+        let given_up = give_up_on_stranded(conn, &endpoints::all(), gateway, code, run).await?;
         for key_id in &given_up {
             self.state.metrics.completer_run(CompleterOutcome::GaveUp);
             tracing::error!(
@@ -133,16 +135,14 @@ impl Completer {
     }
 }
 
-/// Drives an abandoned key through the phases of the endpoint it was used on.
+/// Drives an abandoned key through the phases of the endpoint it was used on, as the registry
+/// lists it.
 async fn complete(state: &AppState, abandoned: Abandoned, run: &RequestId) -> Result<StoredResponse, DriveError> {
-    match abandoned.path.as_str() {
-        path if path == payments::ENDPOINT.path => payments::complete_abandoned(state, abandoned, run).await,
-        path if path == refunds::ENDPOINT.path => refunds::complete_abandoned(state, abandoned, run).await,
-        path if path == authorizations::CAPTURE.path || path == authorizations::CANCEL.path => {
-            authorizations::complete_abandoned(state, abandoned, run).await
-        }
-        other => {
-            let error = DriveError::inconsistent(format!("a key used on {other}, which no phases drive"));
+    match endpoints::at(abandoned.endpoint.path) {
+        Some(entry) => (entry.complete)(state, abandoned, run).await,
+        None => {
+            let error =
+                DriveError::inconsistent(format!("a key used on {}, which no phases drive", abandoned.endpoint.path));
             let reason = Reason { code: Unfinished::Internal.as_str(), detail: &error.to_string() };
             release(state.keys(), &abandoned.lock, Actor::Completer, reason, run).await;
             Err(error)
