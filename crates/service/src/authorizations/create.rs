@@ -36,17 +36,18 @@ use uuid::Uuid;
 
 use super::request::{CancelBody, CancellationReason, CaptureBody, ChangeBody, ChangeKind, ChangeRequest};
 use super::view::{Refusal, done_response, rejected_response};
-use super::writes::{self, PaymentEnd, Started};
+use super::writes::{self, Made, PaymentEnd};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::schema::payment_changes;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::fields::ValidationError;
+use crate::gateway::reports::KEEPS_REPORTS;
 use crate::gateway::{self, Answered, Authorization, Changed, GatewayError};
 use crate::idempotency::{
-    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply, Run,
-    StoredResponse, Transition,
+    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart,
+    Reply, Run, Started, StartedRow, Starter, StoredResponse, Transition,
 };
 use crate::keyed::Keyed;
 use crate::outbox::StagedEvent;
@@ -145,22 +146,6 @@ pub async fn lapse(state: &AppState, account_id: Uuid, payment_id: Uuid, run: &R
     create.answer_as(state.keys(), run, Actor::Lapser, |request| ChangePhases::new(state, request, None)).await
 }
 
-/// What `started` left: a change to ask the gateway for, or why there is nothing to do.
-enum Start {
-    Made(Made),
-    Refused(Refusal),
-}
-
-/// A change that stands, and what its gateway call needs.
-struct Made {
-    change_id: Uuid,
-    /// A capture's amount.
-    amount: Option<i64>,
-    /// The gateway holding the payment's charge: the only one that may change it.
-    gateway: String,
-    charge_id: String,
-}
-
 /// What the gateway did with the change: done, and how the payment ends; or refused for good,
 /// and how the payment ends if the gateway says the charge ended otherwise (the payment records
 /// what the gateway says, rather than stay an authorization the gateway has closed).
@@ -175,35 +160,38 @@ struct ChangePhases<'a> {
     request: ChangeRequest,
     fault: Option<Fault>,
     /// What `started` found, when it ran with the claim.
-    started: Option<Started>,
+    started: Option<StartedRow<Made>>,
     /// The change's id, the payment, and whether the change was done, as `*_created` left them.
     recorded: Option<(Uuid, Payment, bool)>,
 }
 
 impl Phases for ChangePhases<'_> {
-    type Started = Started;
+    type Started = StartedRow<Made>;
 
     /// `started`: it needs nothing but the request and the database.
     fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p> {
-        Some(self.start_writes(new.account_id, new.key, new.actor, new.request_id))
+        Some(self.start_writes(Starter::of_new(new)))
     }
 
-    fn started_with_claim(&mut self, started: Started) {
+    fn started_with_claim(&mut self, started: StartedRow<Made>) {
         self.started = Some(started);
     }
 
     /// The recovery-point loop's body: each arm runs from the recorded point to the next.
     async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         match run.recovery_point() {
-            RecoveryPoint::STARTED => match self.start(run).await? {
-                Start::Refused(refusal) => self.refuse(run, refusal).await,
-                Start::Made(made) => {
-                    fault_at(self.fault, FaultPoint::AfterStarted);
-                    let outcome = self.call(run, &made).await?;
-                    fault_at(self.fault, FaultPoint::AfterChange);
-                    self.record(run, &made, outcome).await
+            RecoveryPoint::STARTED => {
+                let with_claim = self.started.take();
+                match run.start(&*self, with_claim).await? {
+                    Started::Refused(refusal) => self.refuse(run, refusal).await,
+                    Started::Made(made) => {
+                        fault_at(self.fault, FaultPoint::AfterStarted);
+                        let outcome = self.call(run, &made).await?;
+                        fault_at(self.fault, FaultPoint::AfterChange);
+                        self.record(run, &made, outcome).await
+                    }
                 }
-            },
+            }
             CAPTURE_CREATED | CANCEL_CREATED => {
                 fault_at(self.fault, FaultPoint::AfterChangeCreated);
                 self.finish(run).await
@@ -229,45 +217,14 @@ impl Phases for ChangePhases<'_> {
     }
 }
 
-impl<'a> ChangePhases<'a> {
-    fn new(state: &'a AppState, request: ChangeRequest, fault: Option<Fault>) -> Self {
-        ChangePhases { state, request, fault, started: None, recorded: None }
-    }
+impl RefusableStart for ChangePhases<'_> {
+    type Made = Made;
+    type Refusal = Refusal;
 
-    fn kind(&self) -> ChangeKind {
-        self.request.kind
-    }
-
-    /// `started`: the change made, or why not; as it ran with the claim, or else on its own now.
-    /// On resumption it finds the change an earlier run made.
-    async fn start(&mut self, run: &mut Run<'_>) -> Result<Start, DriveError> {
-        let started = match self.started.take() {
-            Some(started) => started,
-            None => {
-                let (request_id, key) = (run.request_id().clone(), run.key().clone());
-                let writes = self.start_writes(run.lock().account_id, &key, run.actor(), &request_id);
-                run.phase(Transition::Stay, writes).await?
-            }
-        };
-        match started {
-            Started {
-                change_id: Some(change_id), gateway: Some(gateway), charge_id: Some(charge_id), amount, ..
-            } => Ok(Start::Made(Made { change_id, amount, gateway, charge_id })),
-            Started { refusal: Some(code), capturable, .. } => Refusal::from_code(&code, capturable)
-                .map(Start::Refused)
-                .ok_or_else(|| DriveError::inconsistent(format!("a change refused for {code:?}"))),
-            started => Err(DriveError::inconsistent(format!("a change's start found {started:?}"))),
-        }
-    }
-
-    /// What `started` writes: see [`writes::Start`].
-    fn start_writes<'w>(
-        &'w self,
-        account_id: Uuid,
-        key: &'w IdempotencyKey,
-        actor: Actor,
-        request_id: &'w RequestId,
-    ) -> writes::Start<'w> {
+    /// What `started` writes: see [`writes::Start`]. On resumption it finds the change an earlier
+    /// run made.
+    fn start_writes<'w>(&'w self, by: Starter<'w>) -> impl PhaseWrites + 'w {
+        let Starter { account_id, key, actor, request_id } = by;
         let change_id = Uuid::now_v7();
         let kind = self.kind().as_str();
         let data = json!({ "recovery_point": RecoveryPoint::STARTED, "kind": kind, "payment": self.request.payment,
@@ -280,21 +237,29 @@ impl<'a> ChangePhases<'a> {
             amount: self.request.amount,
             reason: self.request.reason.map(|reason| reason.as_str()),
             idempotency_key: key.as_str(),
-            audit: audit(account_id, CHANGE, change_id, actor, action(self.kind(), "started"), data, request_id),
+            audit: audit(account_id, change_id, actor, action(self.kind(), "started"), data, request_id),
         }
+    }
+}
+
+impl<'a> ChangePhases<'a> {
+    fn new(state: &'a AppState, request: ChangeRequest, fault: Option<Fault>) -> Self {
+        ChangePhases { state, request, fault, started: None, recorded: None }
+    }
+
+    fn kind(&self) -> ChangeKind {
+        self.request.kind
     }
 
     /// Stores a refusal as the key's answer, naming the payment as it stands: nothing was asked of
     /// the gateway.
     async fn refuse(&mut self, run: &mut Run<'_>, refusal: Refusal) -> Result<(), DriveError> {
-        let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
+        let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
         let payment = db::query(Payment::find(run.connection().await?, account_id, self.request.payment)).await?;
         let response = refusal.response(self.kind(), self.request.payment, payment.as_ref(), &request_id);
         let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status,
                            "refusal": refusal.code(self.kind()) });
-        let audit = audit(account_id, KEY, key_id, run.actor(), action(self.kind(), "refused"), data, &request_id);
-        let _: writes::Finished = run.finish(response, None, writes::Finish { event: None, audit }).await?;
-        Ok(())
+        run.refuse(response, action(self.kind(), "refused"), data, KEEPS_REPORTS).await
     }
 
     /// The gateway call, the one foreign side effect, at the payment's own gateway, with no
@@ -382,8 +347,7 @@ impl<'a> ChangePhases<'a> {
         };
         let data = json!({ "recovery_point": point, "status": status, "captured": captured,
                            "failure_code": failure_code });
-        let audit =
-            audit(account_id, CHANGE, made.change_id, run.actor(), action(self.kind(), "recorded"), data, &request_id);
+        let audit = audit(account_id, made.change_id, run.actor(), action(self.kind(), "recorded"), data, &request_id);
         let writes = writes::RecordChange {
             account_id,
             change_id: made.change_id,
@@ -435,8 +399,7 @@ impl<'a> ChangePhases<'a> {
         };
         let event = name.map(|name| StagedEvent::new(account_id, name, PaymentView::from(&payment)));
         let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
-        let audit =
-            audit(account_id, CHANGE, change_id, run.actor(), action(self.kind(), "finished"), data, &request_id);
+        let audit = audit(account_id, change_id, run.actor(), action(self.kind(), "finished"), data, &request_id);
         let _: writes::Finished =
             run.finish(response, Some(change_id), writes::Finish { event: event.as_ref(), audit }).await?;
         if event.is_some() {
@@ -471,21 +434,18 @@ fn indeterminate(error: GatewayError) -> DriveError {
     DriveError::OutcomeUnknown(Box::new(error))
 }
 
-/// What a change's audit records are about: the change, or (refused, there is none) its key.
-const CHANGE: &str = "payment_change";
-const KEY: &str = "idempotency_key";
-
+/// An audit record about the change `change_id` (a refusal's, with no change, is about its key:
+/// see [`Run::refuse`]).
 fn audit<'a>(
     account_id: Uuid,
-    resource_type: &'a str,
-    resource_id: Uuid,
+    change_id: Uuid,
     actor: Actor,
     action: &'a str,
     data: serde_json::Value,
     request_id: &'a RequestId,
 ) -> AuditRecord<'a> {
     let request_id = Some(request_id.as_str());
-    AuditRecord { account_id, action, resource_type, resource_id, actor, data, request_id }
+    AuditRecord { account_id, action, resource_type: "payment_change", resource_id: change_id, actor, data, request_id }
 }
 
 /// A change a key made: its id, its payment's and its key row's.

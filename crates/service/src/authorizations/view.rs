@@ -3,7 +3,7 @@
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::idempotency::StoredResponse;
+use crate::idempotency::{self, StoredResponse};
 use crate::payments::{Payment, PaymentView};
 use crate::problem::{Problem, ProblemType};
 use crate::request_id::RequestId;
@@ -66,9 +66,9 @@ pub enum Refusal {
     },
 }
 
-impl Refusal {
-    /// The refusal `started` reported, by its code.
-    pub fn from_code(code: &str, capturable: Option<i64>) -> Option<Refusal> {
+impl idempotency::Refusal for Refusal {
+    /// The refusal `started` reported, by its code; `capturable` is what the authorization allows.
+    fn from_code(code: &str, capturable: Option<i64>) -> Option<Refusal> {
         Some(match code {
             "payment_not_found" => Refusal::PaymentNotFound,
             "payment_not_capturable" | "payment_not_cancelable" => Refusal::NotPossible,
@@ -76,7 +76,9 @@ impl Refusal {
             _ => return None,
         })
     }
+}
 
+impl Refusal {
     pub fn code(self, kind: ChangeKind) -> &'static str {
         match (self, kind) {
             (Refusal::PaymentNotFound, _) => "payment_not_found",

@@ -41,26 +41,22 @@ pub struct Start<'a> {
     pub audit: AuditRecord<'a>,
 }
 
-/// What `started` found: the change (made now or by an earlier run) with what the gateway call
-/// needs, or a refusal (`refusal`, and what is `capturable` when that matters).
+/// What `started` made (or an earlier run did): the change that stands, and what its gateway call
+/// needs. A refusal's row (see [`crate::idempotency::StartedRow`]) carries `refusal` instead:
+/// `payment_not_found`, `payment_not_capturable`, `payment_not_cancelable` or
+/// `capture_exceeds_authorization`, and what is capturable (`refusal_amount`) when that matters.
 #[derive(Debug, QueryableByName)]
-pub struct Started {
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    pub change_id: Option<Uuid>,
+pub struct Made {
+    #[diesel(sql_type = SqlUuid)]
+    pub change_id: Uuid,
     /// A capture's amount.
     #[diesel(sql_type = Nullable<BigInt>)]
     pub amount: Option<i64>,
-    /// The gateway holding the payment's charge.
-    #[diesel(sql_type = Nullable<Text>)]
-    pub gateway: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub charge_id: Option<String>,
-    /// `payment_not_found`, `payment_not_capturable`, `payment_not_cancelable` or
-    /// `capture_exceeds_authorization`.
-    #[diesel(sql_type = Nullable<Text>)]
-    pub refusal: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pub capturable: Option<i64>,
+    /// The gateway holding the payment's charge: the only one that may change it.
+    #[diesel(sql_type = Text)]
+    pub gateway: String,
+    #[diesel(sql_type = Text)]
+    pub charge_id: String,
 }
 
 impl PhaseWrites for Start<'_> {
@@ -98,7 +94,7 @@ impl PhaseWrites for Start<'_> {
              FROM created
          )
          SELECT c.id AS change_id, c.amount, c.gateway, d.gateway_charge_id AS charge_id, NULL::text AS refusal,
-                NULL::bigint AS capturable
+                NULL::bigint AS refusal_amount
          FROM created c, decided d
          UNION ALL
          SELECT e.id, e.amount, e.gateway, p.gateway_charge_id, NULL, NULL

@@ -34,6 +34,7 @@ mod phase;
 mod reap;
 mod recovery_point;
 mod replays;
+mod start;
 mod store;
 mod story;
 
@@ -53,5 +54,6 @@ pub use phase::{MAX_ATTEMPTS as MAX_PHASE_ATTEMPTS, PhaseError, PhaseWrites, ato
 pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Asked, Remembered, ReplayCache};
+pub use start::{RefusableStart, Refusal, Started, StartedRow, Starter};
 pub use store::{Endpoint, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
 pub use story::KeyRecord;

@@ -35,16 +35,17 @@ use uuid::Uuid;
 use super::model::{GATEWAY_REJECTED, Refund, RefundStatus};
 use super::request::{CreateRefundBody, RefundRequest};
 use super::view::{RefundView, Refusal, expired_key_response, final_response};
-use super::writes::{self, Started};
+use super::writes::{self, Reserved};
 use crate::audit::{Actor, AuditRecord};
 use crate::db;
 use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::fields::ValidationError;
+use crate::gateway::reports::KEEPS_REPORTS;
 use crate::gateway::{self, Answered, GatewayError};
 use crate::idempotency::{
-    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply, Run,
-    StoredResponse, Transition,
+    DriveError, Endpoint, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart, Reply, Run,
+    Started, StartedRow, Starter, StoredResponse, Transition,
 };
 use crate::keyed::Keyed;
 use crate::outbox::StagedEvent;
@@ -108,21 +109,6 @@ pub async fn create_refund(
     create.answer(state.keys(), request_id, |request| RefundPhases::new(state, request, fault)).await
 }
 
-/// What `started` left: a refund to ask the gateway for, or why there is nothing to refund.
-enum Start {
-    Reserved(Reserved),
-    Refused(Refusal),
-}
-
-/// A pending refund, its amount reserved on the payment, and what its gateway call needs.
-struct Reserved {
-    refund_id: Uuid,
-    amount: i64,
-    /// The gateway holding the payment's charge: the only one that may refund it.
-    gateway: String,
-    charge_id: String,
-}
-
 /// Which gateway call gave the answer recorded: the refund request, or (for a resumed key) the
 /// look-up that found what an earlier run's request did.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
@@ -138,35 +124,39 @@ struct RefundPhases<'a> {
     request: RefundRequest,
     fault: Option<Fault>,
     /// What `started` found, when it ran with the claim.
-    started: Option<Started>,
+    started: Option<StartedRow<Reserved>>,
     /// The refund as the last phase left it, which saves the next phase reading it again.
     refund: Option<Refund>,
 }
 
 impl Phases for RefundPhases<'_> {
-    type Started = Started;
+    type Started = StartedRow<Reserved>;
 
     /// `started`: it needs nothing but the request and the database.
     fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p> {
-        Some(self.start_writes(new.account_id, new.key, Actor::Api, new.request_id))
+        Some(self.start_writes(Starter::of_new(new)))
     }
 
-    fn started_with_claim(&mut self, started: Started) {
+    fn started_with_claim(&mut self, started: StartedRow<Reserved>) {
         self.started = Some(started);
     }
 
     /// The recovery-point loop's body: each arm runs from the recorded point to the next.
     async fn advance(&mut self, run: &mut Run<'_>) -> Result<(), DriveError> {
         match run.recovery_point() {
-            RecoveryPoint::STARTED => match self.start(run).await? {
-                Start::Refused(refusal) => self.refuse(run, refusal).await,
-                Start::Reserved(reserved) => {
-                    fault_at(self.fault, FaultPoint::AfterStarted);
-                    let (answer, answered_by) = self.refund(run, &reserved).await?;
-                    fault_at(self.fault, FaultPoint::AfterRefund);
-                    self.record_refund(run, &reserved, answer, answered_by).await
+            RecoveryPoint::STARTED => {
+                let with_claim = self.started.take();
+                match run.start(&*self, with_claim).await? {
+                    Started::Refused(refusal) => self.refuse(run, refusal).await,
+                    Started::Made(reserved) => {
+                        tracing::Span::current().record("refund.id", reserved.refund_id.to_string());
+                        fault_at(self.fault, FaultPoint::AfterStarted);
+                        let (answer, answered_by) = self.refund(run, &reserved).await?;
+                        fault_at(self.fault, FaultPoint::AfterRefund);
+                        self.record_refund(run, &reserved, answer, answered_by).await
+                    }
                 }
-            },
+            }
             REFUND_CREATED => {
                 fault_at(self.fault, FaultPoint::AfterRefundCreated);
                 self.finish(run).await
@@ -183,49 +173,14 @@ impl Phases for RefundPhases<'_> {
     }
 }
 
-impl<'a> RefundPhases<'a> {
-    fn new(state: &'a AppState, request: RefundRequest, fault: Option<Fault>) -> Self {
-        RefundPhases { state, request, fault, started: None, refund: None }
-    }
+impl RefusableStart for RefundPhases<'_> {
+    type Made = Reserved;
+    type Refusal = Refusal;
 
-    /// `started`: the amount reserved on the payment and the pending refund, or why not; as it
-    /// ran with the claim, or else on its own now. On resumption it finds the refund an earlier run
-    /// made instead of reserving again.
-    async fn start(&mut self, run: &mut Run<'_>) -> Result<Start, DriveError> {
-        let started = match self.started.take() {
-            Some(started) => started,
-            None => {
-                let (request_id, key) = (run.request_id().clone(), run.key().clone());
-                let writes = self.start_writes(run.lock().account_id, &key, run.actor(), &request_id);
-                run.phase(Transition::Stay, writes).await?
-            }
-        };
-        match started {
-            Started {
-                refund_id: Some(id),
-                amount: Some(amount),
-                gateway: Some(gateway),
-                charge_id: Some(charge_id),
-                ..
-            } => {
-                tracing::Span::current().record("refund.id", id.to_string());
-                Ok(Start::Reserved(Reserved { refund_id: id, amount, gateway, charge_id }))
-            }
-            Started { refusal: Some(code), refundable, .. } => Refusal::from_code(&code, refundable)
-                .map(Start::Refused)
-                .ok_or_else(|| DriveError::inconsistent(format!("a refund refused for {code:?}"))),
-            started => Err(DriveError::inconsistent(format!("a refund's start found {started:?}"))),
-        }
-    }
-
-    /// What `started` writes: see [`writes::Start`].
-    fn start_writes<'w>(
-        &'w self,
-        account_id: Uuid,
-        key: &'w IdempotencyKey,
-        actor: Actor,
-        request_id: &'w RequestId,
-    ) -> writes::Start<'w> {
+    /// What `started` writes: see [`writes::Start`]. On resumption it finds the refund an earlier
+    /// run made instead of reserving again.
+    fn start_writes<'w>(&'w self, by: Starter<'w>) -> impl PhaseWrites + 'w {
+        let Starter { account_id, key, actor, request_id } = by;
         let refund_id = Uuid::now_v7();
         let data = json!({ "recovery_point": RecoveryPoint::STARTED, "payment": self.request.payment,
                            "amount": self.request.amount });
@@ -240,25 +195,20 @@ impl<'a> RefundPhases<'a> {
             audit: audit(account_id, refund_id, actor, "refund.created", data, request_id),
         }
     }
+}
+
+impl<'a> RefundPhases<'a> {
+    fn new(state: &'a AppState, request: RefundRequest, fault: Option<Fault>) -> Self {
+        RefundPhases { state, request, fault, started: None, refund: None }
+    }
 
     /// Stores a refusal as the key's answer: there is no refund, and nothing was asked of the
     /// gateway.
     async fn refuse(&mut self, run: &mut Run<'_>, refusal: Refusal) -> Result<(), DriveError> {
-        let (account_id, key_id, request_id) = (run.lock().account_id, run.lock().key_id, run.request_id().clone());
-        let response = refusal.response(self.request.payment, &request_id);
+        let response = refusal.response(self.request.payment, run.request_id());
         let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status,
                            "refusal": refusal.code(), "payment": self.request.payment });
-        let audit = AuditRecord {
-            account_id,
-            action: "refund.refused",
-            resource_type: "idempotency_key",
-            resource_id: key_id,
-            actor: run.actor(),
-            data,
-            request_id: Some(request_id.as_str()),
-        };
-        let _: writes::Finished = run.finish(response, None, writes::Finish { audit }).await?;
-        Ok(())
+        run.refuse(response, "refund.refused", data, KEEPS_REPORTS).await
     }
 
     /// The gateway call, the one foreign side effect, at the payment's own gateway, with no

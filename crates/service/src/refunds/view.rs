@@ -5,7 +5,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use super::model::{GATEWAY_REJECTED, Refund, RefundStatus};
-use crate::idempotency::StoredResponse;
+use crate::idempotency::{self, StoredResponse};
 use crate::problem::{Problem, ProblemType};
 use crate::request_id::RequestId;
 
@@ -93,9 +93,9 @@ pub enum Refusal {
     },
 }
 
-impl Refusal {
-    /// The refusal `started` reported, by its code.
-    pub fn from_code(code: &str, refundable: Option<i64>) -> Option<Refusal> {
+impl idempotency::Refusal for Refusal {
+    /// The refusal `started` reported, by its code; `refundable` is what is left to refund.
+    fn from_code(code: &str, refundable: Option<i64>) -> Option<Refusal> {
         Some(match code {
             "payment_not_found" => Refusal::PaymentNotFound,
             "payment_not_refundable" => Refusal::PaymentNotRefundable,
@@ -104,7 +104,9 @@ impl Refusal {
             _ => return None,
         })
     }
+}
 
+impl Refusal {
     pub fn code(self) -> &'static str {
         match self {
             Refusal::PaymentNotFound => "payment_not_found",

@@ -39,25 +39,22 @@ pub struct Start<'a> {
     pub audit: AuditRecord<'a>,
 }
 
-/// What `started` found: the refund (made now or by an earlier run) with what the gateway call
-/// needs, or a refusal (`refusal`, and what is `refundable` when that matters).
+/// What `started` made (or an earlier run did): a pending refund, its amount reserved on the
+/// payment, and what its gateway call needs. A refusal's row (see [`crate::idempotency::StartedRow`])
+/// carries `refusal` instead: `payment_not_found`, `payment_not_refundable`,
+/// `payment_already_refunded` or `refund_exceeds_payment`, and what is refundable
+/// (`refusal_amount`) when that matters.
 #[derive(Debug, QueryableByName)]
-pub struct Started {
-    #[diesel(sql_type = Nullable<SqlUuid>)]
-    pub refund_id: Option<Uuid>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pub amount: Option<i64>,
-    /// The gateway holding the payment's charge.
-    #[diesel(sql_type = Nullable<Text>)]
-    pub gateway: Option<String>,
-    #[diesel(sql_type = Nullable<Text>)]
-    pub charge_id: Option<String>,
-    /// `payment_not_found`, `payment_not_refundable`, `payment_already_refunded` or
-    /// `refund_exceeds_payment`.
-    #[diesel(sql_type = Nullable<Text>)]
-    pub refusal: Option<String>,
-    #[diesel(sql_type = Nullable<BigInt>)]
-    pub refundable: Option<i64>,
+pub struct Reserved {
+    #[diesel(sql_type = SqlUuid)]
+    pub refund_id: Uuid,
+    #[diesel(sql_type = BigInt)]
+    pub amount: i64,
+    /// The gateway holding the payment's charge: the only one that may refund it.
+    #[diesel(sql_type = Text)]
+    pub gateway: String,
+    #[diesel(sql_type = Text)]
+    pub charge_id: String,
 }
 
 impl PhaseWrites for Start<'_> {
@@ -103,7 +100,7 @@ impl PhaseWrites for Start<'_> {
              FROM created
          )
          SELECT c.id AS refund_id, c.amount, c.gateway, d.gateway_charge_id AS charge_id, NULL::text AS refusal,
-                NULL::bigint AS refundable
+                NULL::bigint AS refusal_amount
          FROM created c, decided d
          UNION ALL
          SELECT r.id, r.amount, r.gateway, p.gateway_charge_id, NULL, NULL
@@ -196,41 +193,12 @@ pub(super) const SETTLED_TOTALS: &str = "totals AS (
              RETURNING p.id
          )";
 
-/// `finished` of a refusal: the response stored by the fence, with an audit record. Its result is
-/// the key row's id.
-pub struct Finish<'a> {
-    pub audit: AuditRecord<'a>,
-}
-
-/// The result of [`Finish`] and [`FinishRefund`]: a phase returns a row, and theirs is the key
-/// row's id.
+/// The result of [`FinishRefund`]: a phase returns a row, and this one's is the key row's id.
 #[derive(Debug, QueryableByName)]
 pub struct Finished {
     #[expect(dead_code, reason = "a phase returns a row; nobody needs this one's")]
     #[diesel(sql_type = SqlUuid)]
     pub id: Uuid,
-}
-
-impl PhaseWrites for Finish<'_> {
-    fn sql(&self) -> &'static str {
-        "audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
-             SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
-                    {audit.data}, {audit.request_id}
-             FROM fence
-         )
-         SELECT id FROM fence"
-    }
-
-    fn attention_on_finish(&self) -> &'static str {
-        KEEPS_REPORTS
-    }
-}
-
-impl Parameters for Finish<'_> {
-    fn walk_parameter<'b>(&'b self, name: &str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        self.audit.walk_parameter(name, out)
-    }
 }
 
 /// `finished` of a refund: its event staged and its audit record written, and a refund the
