@@ -34,5 +34,5 @@ pub fn all() -> Vec<&'static Endpoint> {
 
 /// The keyed endpoint at `path`, if one is registered.
 pub fn at(path: &str) -> Option<&'static Registered> {
-    KEYED.iter().find(|entry| entry.endpoint.path == path)
+    Registered::at(KEYED, path)
 }

@@ -6,6 +6,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use chrono::{DateTime, Utc};
+use diesel::QueryResult;
+use diesel_async::AsyncPgConnection;
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -44,6 +47,28 @@ pub trait Keyed: 'static {
         fault: Option<Fault>,
         request_id: &'a RequestId,
     ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a;
+
+    /// What a key of this endpoint made, for the key's story: found by the key's row (`key_id`),
+    /// or, once that is reaped, by the client's `key`; none if it made nothing (yet).
+    fn made<'a>(
+        conn: &'a mut AsyncPgConnection,
+        account_id: Uuid,
+        key_id: Option<Uuid>,
+        key: &'a str,
+    ) -> impl Future<Output = QueryResult<Option<Resource>>> + Send + 'a;
+}
+
+/// What a key made (a payment, a refund, a change of a payment), as its story shows it.
+pub struct Resource {
+    /// The key row it was made under: the story's id once that row is reaped (none for what was
+    /// made before rows were named).
+    pub key_id: Option<Uuid>,
+    /// What the key's trail is about besides the key: a resource type and id each.
+    pub resources: Vec<(&'static str, Uuid)>,
+    /// The story's field that shows it (`payment`, `refund`), and what it shows.
+    pub shown: (&'static str, serde_json::Value),
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
 }
 
 /// A future of the completer's, boxed: the registry holds one function per endpoint.
@@ -69,6 +94,16 @@ pub fn complete<'a, E: Keyed>(state: &'a AppState, abandoned: Abandoned, run: &'
     ))
 }
 
+/// What a key of `E` made (see [`Keyed::made`]), boxed as the registry holds it.
+fn made<'a, E: Keyed>(
+    conn: &'a mut AsyncPgConnection,
+    account_id: Uuid,
+    key_id: Option<Uuid>,
+    key: &'a str,
+) -> Pin<Box<dyn Future<Output = QueryResult<Option<Resource>>> + Send + 'a>> {
+    Box::pin(E::made(conn, account_id, key_id, key))
+}
+
 /// An endpoint as the registry lists it: the layer's [`Endpoint`], and the functions that serve
 /// its requests, made for it by [`Registered::of`].
 pub struct Registered {
@@ -77,11 +112,24 @@ pub struct Registered {
     pub route: fn() -> actix_web::Route,
     /// How a worker finishes a request its client abandoned.
     pub complete: for<'a> fn(&'a AppState, Abandoned, &'a RequestId) -> Completion<'a>,
+    /// What a key made, for its story.
+    #[expect(clippy::type_complexity, reason = "a boxed future, spelled once")]
+    pub made: for<'a> fn(
+        &'a mut AsyncPgConnection,
+        Uuid,
+        Option<Uuid>,
+        &'a str,
+    ) -> Pin<Box<dyn Future<Output = QueryResult<Option<Resource>>> + Send + 'a>>,
 }
 
 impl Registered {
     /// The entry of `E`, answered over HTTP by `route`.
     pub const fn of<E: Keyed>(route: fn() -> actix_web::Route) -> Registered {
-        Registered { endpoint: E::ENDPOINT, route, complete: complete::<E> }
+        Registered { endpoint: E::ENDPOINT, route, complete: complete::<E>, made: made::<E> }
+    }
+
+    /// The entry of `keyed` at `path`, if one is registered there.
+    pub fn at(keyed: &'static [Registered], path: &str) -> Option<&'static Registered> {
+        keyed.iter().find(|entry| entry.endpoint.path == path)
     }
 }

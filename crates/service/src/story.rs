@@ -1,5 +1,5 @@
-//! A key's whole story, whichever endpoint it was used on: where the key stands, the payment or
-//! refund it made, and every step of its audit trail, for a person (or support) to follow one
+//! A key's whole story, whichever endpoint it was used on: where the key stands, what it made (as
+//! its endpoint finds it: see [`crate::keyed::Keyed::made`]), and every step of its audit trail, for a person (or support) to follow one
 //! request through its recovery points.
 
 use chrono::{DateTime, Utc};
@@ -8,11 +8,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::audit::{self, AuditEntry};
-use crate::authorizations;
 use crate::db::{self, StoreError};
 use crate::idempotency::{IdempotencyKey, KeyRecord, RecoveryPoint};
-use crate::payments::{Payment, PaymentView};
-use crate::refunds::{Refund, RefundView};
+use crate::keyed::{Registered, Resource};
 
 /// What of an audit record's data the key's owner sees: facts about the request, never an
 /// error's text or a gateway's identity, which may name servers or database errors (operators
@@ -79,12 +77,11 @@ pub struct KeyStory {
     reaped: bool,
     /// The HTTP status of the stored answer.
     response_status: Option<i16>,
-    /// The payment the key made, as the API shows payments but for the gateway's own words.
-    #[serde(serialize_with = "as_facts")]
-    payment: Option<Payment>,
+    /// The payment the key made or changed, as the API shows payments but for the gateway's own
+    /// words.
+    payment: Option<serde_json::Value>,
     /// The refund the key made, as the API shows refunds.
-    #[serde(serialize_with = "as_refund")]
-    refund: Option<Refund>,
+    refund: Option<serde_json::Value>,
     /// The audit records about the key and what it made, oldest first: at most [`TRAIL_LIMIT`],
     /// after the first `trail_after`.
     trail: Vec<AuditEntry>,
@@ -92,66 +89,42 @@ pub struct KeyStory {
     trail_has_more: bool,
 }
 
-fn as_facts<S: serde::Serializer>(payment: &Option<Payment>, serializer: S) -> Result<S::Ok, S::Error> {
-    payment.as_ref().map(PaymentView::facts_only).serialize(serializer)
-}
-
-fn as_refund<S: serde::Serializer>(refund: &Option<Refund>, serializer: S) -> Result<S::Ok, S::Error> {
-    refund.as_ref().map(RefundView::from).serialize(serializer)
-}
-
 impl KeyStory {
     /// The story of the account's `key`, if the account ever used it (a reaped key's too, as long
     /// as what it made remains), with its trail from after the first `trail_after` records. Another
-    /// account's key is none of this account's business: none.
+    /// account's key is none of this account's business: none. What the key made is its endpoint's
+    /// to find, as the registry (`keyed`) lists it.
     pub async fn find(
         conn: &mut AsyncPgConnection,
+        keyed: &'static [Registered],
         account_id: Uuid,
         key: &IdempotencyKey,
         trail_after: u32,
     ) -> Result<Option<KeyStory>, StoreError> {
         let record = db::query(KeyRecord::find(conn, account_id, key)).await?;
-        let (payment, refund) = match &record {
-            Some(record) => (
-                db::query(Payment::find_by_key(conn, account_id, record.id)).await?,
-                db::query(Refund::find_by_key(conn, account_id, record.id)).await?,
-            ),
-            // The key row is gone; what it made remembers the key and the row it was made under.
-            None => (
-                db::query(Payment::find_by_client_key(conn, account_id, key.as_str())).await?,
-                db::query(Refund::find_by_client_key(conn, account_id, key.as_str())).await?,
-            ),
+        // The key's endpoint: its row's, or, once that is reaped, the one it finished on.
+        let path = match &record {
+            Some(record) => Some(record.request_path.clone()),
+            None => db::query(KeyRecord::path_of_reaped(conn, account_id, key)).await?,
         };
-        // A capture's or a cancel's key made a change of a payment, which the story shows.
-        let change = match (&payment, &refund) {
-            (None, None) => {
-                db::query(authorizations::made_by_key(conn, account_id, record.as_ref().map(|r| r.id), key.as_str()))
-                    .await?
+        let made = match path.and_then(|path| Registered::at(keyed, &path)) {
+            Some(entry) => {
+                db::query((entry.made)(conn, account_id, record.as_ref().map(|r| r.id), key.as_str())).await?
             }
-            _ => None,
+            None => None,
         };
-        let (payment, changed) = match change {
-            Some(change) => (db::query(Payment::find(conn, account_id, change.payment_id)).await?, true),
-            None => (payment, false),
-        };
-        let made_under = payment
-            .as_ref()
-            .and_then(|p| p.idempotency_key_id)
-            .filter(|_| !changed)
-            .or(refund.as_ref().map(|r| r.idempotency_key_id))
-            .or(change.map(|change| change.key_id));
+        // The key row is gone; what it made remembers the row it was made under.
+        let made_under = made.as_ref().and_then(|made| made.key_id);
         let Some(key_id) = record.as_ref().map(|record| record.id).or(made_under) else { return Ok(None) };
         let mut resources = vec![("idempotency_key", key_id)];
-        resources.extend(change.map(|change| ("payment_change", change.id)));
-        resources.extend(payment.as_ref().filter(|_| !changed).map(|payment| ("payment", payment.id)));
-        resources.extend(refund.as_ref().map(|refund| ("refund", refund.id)));
+        resources.extend(made.iter().flat_map(|made| made.resources.iter().copied()));
         // One more than shown, to know whether more follow.
         let (skip, limit) = (i64::from(trail_after), i64::from(TRAIL_LIMIT) + 1);
         let mut trail = db::query(audit::trail(conn, account_id, &resources, skip, limit)).await?;
         let trail_has_more = trail.len() > TRAIL_LIMIT as usize;
         trail.truncate(TRAIL_LIMIT as usize);
         let summary = db::query(audit::latest(conn, account_id, &resources, &SUMMARISED)).await?;
-        let story = KeyStory { refund, ..KeyStory::new(key, key_id, record, payment, &summary) };
+        let story = KeyStory::new(key, key_id, record, made, &summary);
         Ok(Some(KeyStory { trail: trail.into_iter().map(facts_only).collect(), trail_has_more, ..story }))
     }
 
@@ -161,7 +134,7 @@ impl KeyStory {
         key: &IdempotencyKey,
         id: Uuid,
         record: Option<KeyRecord>,
-        payment: Option<Payment>,
+        made: Option<Resource>,
         summary: &[AuditEntry],
     ) -> KeyStory {
         let latest = |action: &str| summary.iter().find(|entry| entry.action == action);
@@ -211,14 +184,20 @@ impl KeyStory {
                 let status = latest("idempotency_key.reaped").and_then(|entry| entry.data["response_status"].as_i64());
                 KeyStory {
                     reaped: true,
-                    created_at: at("idempotency_key.claimed").or(payment.as_ref().map(|p| p.created_at)),
+                    created_at: at("idempotency_key.claimed").or(made.as_ref().map(|made| made.created_at)),
                     finished_at: at("payment.finished").or(at("refund.finished")).or(at("refund.refused")),
                     response_status: status.and_then(|status| i16::try_from(status).ok()),
                     ..story
                 }
             }
         };
-        KeyStory { payment, ..story }
+        // Shown in the field the endpoint names.
+        let (payment, refund) = match made.map(|made| made.shown) {
+            Some(("payment", shown)) => (Some(shown), None),
+            Some(("refund", shown)) => (None, Some(shown)),
+            _ => (None, None),
+        };
+        KeyStory { payment, refund, ..story }
     }
 }
 

@@ -29,7 +29,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 
 use diesel::prelude::*;
-use diesel_async::RunQueryDsl;
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
@@ -49,7 +49,7 @@ use crate::idempotency::{
     DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart,
     Reply, Run, Started, StartedRow, Starter, StoredResponse, Transition,
 };
-use crate::keyed::Keyed;
+use crate::keyed::{Keyed, Resource};
 use crate::outbox::StagedEvent;
 use crate::payments::{Payment, PaymentStatus, PaymentView};
 use crate::request_id::RequestId;
@@ -110,6 +110,23 @@ impl<B: ChangeBody> Keyed for Change<B> {
         request_id: &'a RequestId,
     ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
         change_payment(state, create, fault, request_id)
+    }
+
+    /// A change of a payment: the story shows the payment as it stands.
+    async fn made(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key_id: Option<Uuid>,
+        key: &str,
+    ) -> QueryResult<Option<Resource>> {
+        let Some(change) = made_by_key(conn, account_id, key_id, key).await? else { return Ok(None) };
+        let Some(payment) = Payment::find(conn, account_id, change.payment_id).await? else { return Ok(None) };
+        Ok(Some(Resource {
+            key_id: Some(change.key_id),
+            resources: vec![("payment_change", change.id)],
+            shown: ("payment", json!(PaymentView::facts_only(&payment))),
+            created_at: payment.created_at,
+        }))
     }
 }
 
@@ -459,7 +476,7 @@ pub struct MadeChange {
 /// The change the account's key made, by its key row (`key_id`) or, once the row is reaped, by
 /// the client's key: what a key's story shows for a capture's or a cancel's key.
 pub async fn made_by_key(
-    conn: &mut diesel_async::AsyncPgConnection,
+    conn: &mut AsyncPgConnection,
     account_id: Uuid,
     key_id: Option<Uuid>,
     key: &str,

@@ -7,6 +7,7 @@ use super::error::ApiError;
 use super::extract::Authenticated;
 use crate::db;
 use crate::idempotency::IdempotencyKey;
+use crate::keyed::Registered;
 use crate::state::AppState;
 use crate::story::KeyStory;
 
@@ -24,11 +25,12 @@ pub struct KeyQuery {
 /// it made, and its audit trail, a page at a time.
 pub async fn key_story(
     state: web::Data<AppState>,
+    keyed: web::Data<&'static [Registered]>,
     Authenticated(account, query): Authenticated<web::Query<KeyQuery>>,
 ) -> Result<HttpResponse, ApiError> {
     let key = IdempotencyKey::named(&query.key)?;
     let mut conn = db::connect(&state.db).await?;
-    let story = KeyStory::find(&mut conn, account, &key, query.trail_after).await?;
+    let story = KeyStory::find(&mut conn, &keyed, account, &key, query.trail_after).await?;
     let story = story.ok_or(ApiError::IdempotencyKeyNotFound)?;
     Ok(HttpResponse::Ok().json(story))
 }

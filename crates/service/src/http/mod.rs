@@ -67,9 +67,11 @@ pub fn routes(keyed: &[Registered]) -> Vec<Endpoint> {
 pub const METRICS_ENDPOINTS: &[Endpoint] =
     &[Endpoint { method: Method::GET, path: "/metrics", route: || web::get().to(health::metrics) }];
 
-/// The API: every route of [`routes`], the keyed endpoints being `keyed` (the registry's).
-pub fn configure(cfg: &mut web::ServiceConfig, keyed: &[Registered]) {
+/// The API: every route of [`routes`], the keyed endpoints being `keyed` (the registry's), which
+/// handlers that ask of every endpoint (a key's story) read as app data.
+pub fn configure(cfg: &mut web::ServiceConfig, keyed: &'static [Registered]) {
     extract::extractor_configs(cfg);
+    cfg.app_data(web::Data::new(keyed));
     register(cfg, &routes(keyed));
 }
 

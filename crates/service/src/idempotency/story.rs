@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::IdempotencyKey;
 #[cfg(doc)]
 use super::RecoveryPoint;
-use crate::db::schema::idempotency_keys;
+use crate::db::schema::{idempotency_keys, key_resources};
 
 /// A key row, as its story shows it: never its request's params, its stored body, or the text of
 /// the error it was given up on.
@@ -20,6 +20,8 @@ use crate::db::schema::idempotency_keys;
 pub struct KeyRecord {
     pub id: Uuid,
     pub account_id: Uuid,
+    /// The endpoint the key is bound to.
+    pub request_path: String,
     /// Where the key stands: [`RecoveryPoint::STARTED`], its endpoint's points, or
     /// [`RecoveryPoint::FINISHED`].
     pub recovery_point: String,
@@ -53,6 +55,22 @@ impl KeyRecord {
             .filter(idempotency_keys::account_id.eq(account_id))
             .filter(idempotency_keys::idempotency_key.eq(key.as_str()))
             .select(KeyRecord::as_select())
+            .get_result(conn)
+            .await
+            .optional()
+    }
+
+    /// The endpoint the account's `key` was used on, once its row is reaped: as `key_resources`
+    /// recorded when it finished; none if it made nothing (a refusal) or was never used.
+    pub async fn path_of_reaped(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key: &IdempotencyKey,
+    ) -> QueryResult<Option<String>> {
+        key_resources::table
+            .filter(key_resources::account_id.eq(account_id))
+            .filter(key_resources::idempotency_key.eq(key.as_str()))
+            .select(key_resources::request_path)
             .get_result(conn)
             .await
             .optional()

@@ -36,6 +36,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use diesel::QueryResult;
+use diesel_async::AsyncPgConnection;
 use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
@@ -54,7 +56,7 @@ use crate::idempotency::{
     DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply, Run,
     StoredResponse, Transition,
 };
-use crate::keyed::Keyed;
+use crate::keyed::{Keyed, Resource};
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
@@ -98,6 +100,25 @@ impl Keyed for Create {
         request_id: &'a RequestId,
     ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
         create_payment(state, create, fault, request_id)
+    }
+
+    async fn made(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key_id: Option<Uuid>,
+        key: &str,
+    ) -> QueryResult<Option<Resource>> {
+        let payment = match key_id {
+            Some(key_id) => Payment::find_by_key(conn, account_id, key_id).await?,
+            None => Payment::find_by_client_key(conn, account_id, key).await?,
+        };
+        // As the API shows it, but for the gateway's own words.
+        Ok(payment.map(|payment| Resource {
+            key_id: payment.idempotency_key_id,
+            resources: vec![("payment", payment.id)],
+            shown: ("payment", json!(PaymentView::facts_only(&payment))),
+            created_at: payment.created_at,
+        }))
     }
 }
 

@@ -28,6 +28,8 @@
 
 use std::future::Future;
 
+use diesel::QueryResult;
+use diesel_async::AsyncPgConnection;
 use payments_protocol::{self as protocol, FirstCall};
 use serde_json::json;
 use uuid::Uuid;
@@ -47,7 +49,7 @@ use crate::idempotency::{
     DriveError, Endpoint, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart, Reply, Run,
     Started, StartedRow, Starter, StoredResponse, Transition,
 };
-use crate::keyed::Keyed;
+use crate::keyed::{Keyed, Resource};
 use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
@@ -84,6 +86,24 @@ impl Keyed for Create {
         request_id: &'a RequestId,
     ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
         create_refund(state, create, fault, request_id)
+    }
+
+    async fn made(
+        conn: &mut AsyncPgConnection,
+        account_id: Uuid,
+        key_id: Option<Uuid>,
+        key: &str,
+    ) -> QueryResult<Option<Resource>> {
+        let refund = match key_id {
+            Some(key_id) => Refund::find_by_key(conn, account_id, key_id).await?,
+            None => Refund::find_by_client_key(conn, account_id, key).await?,
+        };
+        Ok(refund.map(|refund| Resource {
+            key_id: Some(refund.idempotency_key_id),
+            resources: vec![("refund", refund.id)],
+            shown: ("refund", json!(RefundView::from(&refund))),
+            created_at: refund.created_at,
+        }))
     }
 }
 
