@@ -43,16 +43,16 @@ pub enum Claim<S> {
 /// Claims `new.key` in one statement, which is race-free without any check-then-insert:
 /// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
 ///   its recorded expiry has come, by the database's clock;
-/// - `expired` looks, only when there is no row or an expired one, for what the key made (the view
-///   `made_by_keys`: a probe of each endpoint's table by its unique client key). It reads the key's
-///   row again for that, rather than take `existing`'s word: on Citus each step of this statement
-///   may run on a snapshot of its own, and a step that saw no row could be followed by one that
-///   sees the payment a concurrent claim committed with its row, and take the key, in flight, for
-///   expired (`410`). Read in one step, the row and what it made are both there or both not yet.
-///   An expired key is
-///   answered as one since reaped would be, whoever reads it and whatever its own retention: no
-///   process replays a key past its expiry, from the database or from memory. (An expired key that
-///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
+/// - `expired` looks, only when there is no row or an expired one, for what the key made (what
+///   the view `made_by_keys` reads: a probe of each endpoint's table by its unique client key). It
+///   reads the key's row again for that, rather than take `existing`'s word: on Citus each step of
+///   this statement may run on a snapshot of its own, and a step that saw no row could be followed
+///   by one that sees the payment a concurrent claim committed with its row, and take the key, in
+///   flight, for expired (`410`). Read in one step, the row and what it made are both there or
+///   both not yet. An expired key is answered as one since reaped would be, whoever reads it and
+///   whatever its own retention: no process replays a key past its expiry, from the database or
+///   from memory. (An expired key that made nothing, a refused refund's, is replayed from the
+///   database until it is reaped.)
 /// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
 ///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
 ///   statement again, which then sees that request's row;
@@ -210,20 +210,30 @@ impl<W> Clone for ClaimQuery<'_, W> {
 
 impl<W> Copy for ClaimQuery<'_, W> {}
 
-/// The claim's CTEs, each `{name}` a parameter (see [`crate::db::sql`]).
+/// What a capture's or a cancel's path begins with (its change's `kind` ends it), as the view
+/// `made_by_keys` writes it: `expired` reads what the view reads, each table marked, as a view has
+/// no shard to run on.
+const CHANGE_PATH: &str = "/v1/payments/{id}/";
+
+/// The claim's CTEs, each `{name}` a parameter or a distributed table (see [`crate::db::sql`]).
 const CLAIM_SQL: &str = "
 existing AS (
-    SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k
+    SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM {idempotency_keys k}
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
 ), expired AS (
     SELECT m.id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
-    FROM made_by_keys m
+    FROM (SELECT account_id, idempotency_key, 'POST' AS request_method, '/v1/payments' AS request_path, id
+          FROM {payments}
+          UNION ALL
+          SELECT account_id, idempotency_key, 'POST', '/v1/refunds', id FROM {refunds}
+          UNION ALL
+          SELECT account_id, idempotency_key, 'POST', {change_path} || kind, id FROM {payment_changes}) m
     WHERE m.account_id = {account} AND m.idempotency_key = {key}
-      AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+      AND NOT EXISTS (SELECT 1 FROM {idempotency_keys k}
                       WHERE k.account_id = {account} AND k.idempotency_key = {key}
                         AND (k.expires_at IS NULL OR k.expires_at > now()))
 ), inserted AS (
-    INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
+    INSERT INTO {idempotency_keys} (id, account_id, idempotency_key, request_method, request_path,
                                   request_fingerprint, request_params, locked_until, lock_token)
     SELECT {key_id}, {account}, {key}, {method}, {path}, {fingerprint}, {params},
            now() + {lease_ms} * interval '1 millisecond', {token}
@@ -231,7 +241,7 @@ existing AS (
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
     RETURNING account_id, id, recovery_point
 ), taken AS (
-    UPDATE idempotency_keys k
+    UPDATE {idempotency_keys k}
     SET locked_until = now() + {lease_ms} * interval '1 millisecond', lock_token = {token}, last_run_at = now()
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
       AND EXISTS (SELECT FROM existing WHERE recovery_point <> 'finished')
@@ -240,7 +250,7 @@ existing AS (
       AND (k.locked_until IS NULL OR k.locked_until < now())
     RETURNING k.id, k.recovery_point
 ), key_audited AS (
-    INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+    INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
     SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, {actor}, jsonb_build_object(), {request_id}
     FROM inserted n
     UNION ALL
@@ -283,6 +293,7 @@ impl<W> Parameters for ClaimQuery<'_, W> {
             "lease_ms" => out.push_bind_param::<BigInt, _>(&self.lease_ms),
             "request_id" => out.push_bind_param::<Text, _>(new.request_id.as_str()),
             "actor" => out.push_bind_param::<Text, _>(new.actor.as_str()),
+            "change_path" => out.push_bind_param::<Text, _>(CHANGE_PATH),
             other => Err(no_parameter(other)),
         }
     }

@@ -149,18 +149,18 @@ impl<W> Query for PhaseStatement<'_, W> {
 /// over. Staying or advancing renews the lease; finishing stores the response, sets the key's one
 /// expiry (which every process and the reaper go by) and unlocks it.
 const STAY: &str = "fence AS (
-    UPDATE idempotency_keys SET locked_until = now() + {lease_ms} * interval '1 millisecond'
+    UPDATE {idempotency_keys} SET locked_until = now() + {lease_ms} * interval '1 millisecond'
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
     RETURNING account_id, id
 )";
 const ADVANCE: &str = "fence AS (
-    UPDATE idempotency_keys
+    UPDATE {idempotency_keys}
     SET recovery_point = {recovery_point}, locked_until = now() + {lease_ms} * interval '1 millisecond'
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
     RETURNING account_id, id
 )";
 const FINISH: &str = "fence AS (
-    UPDATE idempotency_keys
+    UPDATE {idempotency_keys}
     SET recovery_point = 'finished', finished_at = now(), response_status = {status}, response_body = {body},
         expires_at = now() + {retention_ms} * interval '1 millisecond', locked_until = NULL, lock_token = NULL,
         {attention}
