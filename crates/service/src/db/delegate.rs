@@ -19,9 +19,11 @@
 //! `public.<table> AS `, by the account's shard, the alias kept. Every marked table thus carries
 //! an alias, and a column named by its table (`payments.amount`) still finds it. A distributed
 //! table named without its marker would be planned by Citus again; a test on one PostgreSQL
-//! finds any (`tests/api/routing.rs`). What it returns is named by the columns PostgreSQL describes for it:
-//! asked once per statement and process, on a connection of the [`Routing`]'s own, so that the
-//! pool's connections send exactly what they send on one node.
+//! finds any (`tests/api/routing.rs`).
+//!
+//! What a statement returns is named by the columns PostgreSQL describes for it: asked once per
+//! statement and process, on a connection of the [`Routing`]'s own, so that the pool's
+//! connections send exactly what they send on one node.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as SyncMutex};
@@ -45,9 +47,9 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 /// called, against that node's own shards of the account. `account_id` chooses the node: Citus
 /// passes the call to the one that holds the account's shards (the function is colocated with
 /// `colocated_with`). There, each marked table in the statement (`public.<table> AS `, see
-/// [`super::sql`]) becomes the table's shard for the account, so that PostgreSQL runs the statement as it would on one node,
-/// whole, and it commits on that node alone: Citus would otherwise plan it again, step by step,
-/// and commit over every node.
+/// [`super::sql`]) becomes the table's shard for the account, its alias kept, so that PostgreSQL
+/// runs the statement as it would on one node, whole, and it commits on that node alone: Citus
+/// would otherwise plan it again, step by step, and commit over every node.
 ///
 /// What Citus does for its own writes to a shard, the function does first: it takes each shard's
 /// metadata lock (which a shard move takes exclusively while it stops writes), and then refuses,

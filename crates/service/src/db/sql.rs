@@ -18,7 +18,7 @@ use diesel::pg::Pg;
 use diesel::query_builder::AstPass;
 use diesel::result::{Error, QueryResult};
 
-pub use super::distribute::BY_ACCOUNT;
+use super::distribute::BY_ACCOUNT;
 
 /// What a statement's placeholders stand for.
 pub trait Parameters {
@@ -28,7 +28,8 @@ pub trait Parameters {
 }
 
 /// Walks `sql`, with each `{name}` in it bound by `parameters` and each `{table}` or
-/// `{table alias}` of a table in [`BY_ACCOUNT`] written as [`marked`]. The text has no other braces.
+/// `{table alias}` of a table in [`BY_ACCOUNT`] written marked (see the module's documentation).
+/// The text has no other braces.
 pub fn walk_sql<'b>(
     sql: &'static str,
     parameters: &'b impl Parameters,
@@ -38,8 +39,11 @@ pub fn walk_sql<'b>(
     while let Some((before, after)) = rest.split_once('{') {
         let (name, after) = after.split_once('}').ok_or_else(|| unknown(format!("an unclosed `{{` in {sql}")))?;
         out.push_sql(before);
-        match marked(name) {
-            Some(table) => out.push_sql(&table),
+        match table_marker(name) {
+            Some((table, alias)) => {
+                out.push_sql(&marked_prefix(table));
+                out.push_sql(alias);
+            }
             None => parameters.walk_parameter(name, out.reborrow())?,
         }
         rest = after;
@@ -48,11 +52,11 @@ pub fn walk_sql<'b>(
     Ok(())
 }
 
-/// What a table marker (`table` or `table alias`, `table` one of [`BY_ACCOUNT`]) is written as:
-/// `public.<table> AS <alias>`, its alias its own name unless it has one. None for a parameter.
-pub fn marked(marker: &str) -> Option<String> {
-    let (table, alias) = marker.split_once(' ').unwrap_or((marker, marker));
-    BY_ACCOUNT.contains(&table).then(|| format!("{}{alias}", marked_prefix(table)))
+/// The table and alias a marker (`table` or `table alias`, `table` one of [`BY_ACCOUNT`]) names,
+/// its alias its own name unless it has one; none for a parameter's name.
+fn table_marker(name: &str) -> Option<(&str, &str)> {
+    let (table, alias) = name.split_once(' ').unwrap_or((name, name));
+    BY_ACCOUNT.contains(&table).then_some((table, alias))
 }
 
 /// The text a marked table begins with, up to its alias: what `run_on_shard` replaces.
@@ -111,9 +115,10 @@ mod tests {
 
     #[test]
     fn a_distributed_table_is_marked_with_its_alias_and_a_parameter_is_not() {
-        assert_eq!(marked("payments").as_deref(), Some("public.payments AS payments"));
-        assert_eq!(marked("payments p").as_deref(), Some("public.payments AS p"));
-        assert_eq!(marked("payment.id"), None);
-        assert_eq!(marked("account"), None);
+        assert_eq!(table_marker("payments"), Some(("payments", "payments")));
+        assert_eq!(table_marker("payments p"), Some(("payments", "p")));
+        assert_eq!(marked_prefix("payments"), "public.payments AS ");
+        assert_eq!(table_marker("payment.id"), None);
+        assert_eq!(table_marker("account"), None);
     }
 }
