@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use diesel::QueryableByName;
 use diesel::sql_types::{Array, BigInt, Text};
-use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments_service::db::distribute::{BY_ACCOUNT, REFERENCE_TABLES};
 use payments_service::db::sql::marked_prefix;
 use payments_service::workers::{Outcome, Worker};
@@ -23,7 +23,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    TestApp, TestDatabase, explain, new_key, payment_body, record_statements, sql_of, statements, wait_until,
+    TestApp, database_with_shards_stand_in, delegated, explain, new_key, payment_body, record_statements, sql_of,
+    statements, unmarked, wait_until,
 };
 
 #[tokio::test]
@@ -160,19 +161,17 @@ fn scans_without_the_account(plan: &Value, account: &Regex, unrouted: &mut Vec<S
 }
 
 /// Every request that runs under a key, on one PostgreSQL whose `run_on_shard` stands in for
-/// Citus's: a payment (its first in the process, then one with `started` in the claim), a
-/// replay, a refund and a refused one, a capture and a cancel that finds it captured, a key the
-/// gateway left unknown that the completer finishes, and a late retry of an expired key. Each
-/// statement is delegated (as on Citus, since the function exists), and runs where each marked
-/// table is a view of it in the schema `shard`, as a role that has no right on the distributed
-/// tables: one it names without its marker fails with `permission denied`, and so does the
-/// request.
+/// Citus's (see `helpers/shards.rs`): a payment (its first in the process, then one with `started`
+/// in the claim), a replay, a refund and a refused one, a capture and a cancel that finds it
+/// captured, a key the gateway left unknown that the completer finishes, and a late retry of an
+/// expired key. Each statement is delegated, as on Citus, and runs as a role with no right on the
+/// distributed tables, where each marked table is a view of it: one named without its marker
+/// fails with `permission denied`, and so does the request.
 #[tokio::test]
 async fn every_statement_under_a_key_names_each_distributed_table_by_its_marker() {
-    let database = TestDatabase::create().await;
+    let database = database_with_shards_stand_in().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
     assert_eq!(tables_undeclared(&mut conn).await, Vec::<String>::new(), "every table is in one list");
-    conn.batch_execute(&shards_stand_in(&database.name)).await.unwrap();
     let app = TestApp::builder()
         .key_retention(Duration::from_secs(2))
         .gateway_timeout(Duration::from_millis(300))
@@ -212,11 +211,9 @@ async fn every_statement_under_a_key_names_each_distributed_table_by_its_marker(
     expect(&app, app.post_payment(&key, &payment_body()).await, StatusCode::GONE, "a late retry").await;
 
     // Each of those went through the stand-in, and between them they named these tables.
-    let ran: Vec<Ran> = diesel::sql_query("SELECT statement FROM shard.ran").load(&mut conn).await.unwrap();
-    let named: BTreeSet<&str> = BY_ACCOUNT
-        .into_iter()
-        .filter(|table| ran.iter().any(|ran| ran.statement.contains(&marked_prefix(table))))
-        .collect();
+    let ran = delegated(&mut conn).await;
+    let named: BTreeSet<&str> =
+        BY_ACCOUNT.into_iter().filter(|table| ran.iter().any(|sql| sql.contains(&marked_prefix(table)))).collect();
     let written = [
         "audit_records",
         "gateway_events",
@@ -241,30 +238,6 @@ async fn expect(app: &TestApp, response: reqwest::Response, status: StatusCode, 
     serde_json::from_str(&body).unwrap_or_default()
 }
 
-/// A statement the stand-in refused, and why.
-#[derive(QueryableByName)]
-struct Unmarked {
-    #[diesel(sql_type = Text)]
-    error: String,
-    #[diesel(sql_type = Text)]
-    statement: String,
-}
-
-/// What the stand-in refused, if anything: each error, and the first statement refused.
-async fn unmarked(conn: &mut AsyncPgConnection) -> Option<String> {
-    let refused: Vec<Unmarked> =
-        diesel::sql_query("SELECT error, statement FROM shard.unmarked").load(conn).await.unwrap();
-    let first = refused.as_slice().first()?;
-    let errors: BTreeSet<&str> = refused.iter().map(|refused| refused.error.as_str()).collect();
-    Some(format!("named without its marker: {errors:?}, first in:\n{}", first.statement))
-}
-
-#[derive(QueryableByName)]
-struct Ran {
-    #[diesel(sql_type = Text)]
-    statement: String,
-}
-
 #[derive(QueryableByName)]
 struct Table {
     #[diesel(sql_type = Text)]
@@ -283,54 +256,4 @@ async fn tables_undeclared(conn: &mut AsyncPgConnection) -> Vec<String> {
     .unwrap();
     let declared = |table: &str| BY_ACCOUNT.contains(&table) || REFERENCE_TABLES.contains(&table);
     tables.into_iter().map(|table| table.name).filter(|table| !declared(table)).collect()
-}
-
-/// What stands in for Citus in the database `name`: a view of each distributed table in the schema
-/// `shard`, where Citus would have the account's shard; a role that may use those views and every
-/// other table, but no distributed table itself; and a `run_on_shard` that records the statement,
-/// replaces each marked table (`public.<table> AS `) by its view as Citus's replaces it by its
-/// shard, and runs it as that role. A statement that names a distributed table without its marker
-/// is refused (`permission denied`), kept in `shard.unmarked` with the error, and returns nothing.
-fn shards_stand_in(name: &str) -> String {
-    let role = format!("marked_only_{name}");
-    let views: String = BY_ACCOUNT
-        .iter()
-        .map(|table| format!("CREATE VIEW shard.{table} AS SELECT * FROM public.{table};\n"))
-        .collect();
-    let tables = BY_ACCOUNT.map(|table| format!("public.{table}")).join(", ");
-    let replaced: String = BY_ACCOUNT
-        .iter()
-        .map(|table| {
-            let (marked, view) = (marked_prefix(table), marked_prefix(table).replacen("public.", "shard.", 1));
-            format!("statement := replace(statement, '{marked}', '{view}');\n")
-        })
-        .collect();
-    format!(
-        "CREATE SCHEMA shard;
-         {views}
-         CREATE TABLE shard.ran (statement text NOT NULL);
-         CREATE TABLE shard.unmarked (error text NOT NULL, statement text NOT NULL);
-         CREATE ROLE {role} NOLOGIN;
-         GRANT USAGE ON SCHEMA shard TO {role};
-         GRANT ALL ON ALL TABLES IN SCHEMA public TO {role};
-         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role};
-         REVOKE ALL ON {tables} FROM {role};
-         GRANT ALL ON ALL TABLES IN SCHEMA shard TO {role};
-         REVOKE ALL ON shard.ran, shard.unmarked FROM {role};
-         CREATE FUNCTION run_on_shard(account_id uuid, statement text, parameters text[])
-         RETURNS SETOF record LANGUAGE plpgsql AS $$
-         BEGIN
-             INSERT INTO shard.ran VALUES (statement);
-             {replaced}
-             BEGIN
-                 SET LOCAL ROLE {role};
-                 RETURN QUERY EXECUTE statement USING parameters;
-                 RESET ROLE;
-             EXCEPTION WHEN insufficient_privilege THEN
-                 -- Kept, and the statement undone: it returns no row, which fails its request.
-                 INSERT INTO shard.unmarked VALUES (SQLERRM, statement);
-             END;
-         END
-         $$;"
-    )
 }
