@@ -58,7 +58,7 @@ pub enum DistributeError {
     NoCitus,
     #[error(
         "the table `{0}` is in neither list of db/distribute.rs: add it to `BY_ACCOUNT` (and mark it in the \
-         statements that run under a key) or to `REFERENCE_TABLES`; nothing was changed"
+         statements that run under a key) or to `REFERENCE_TABLES`; nothing was distributed"
     )]
     Undeclared(String),
     #[error("a shard could not be given its identity defaults: {0}")]
