@@ -154,6 +154,22 @@ async fn distributing_without_citus_refuses_and_changes_nothing() {
     assert!(tables.is_empty() && keys.is_empty() && views.is_empty(), "no migration ran: {tables:?}");
 }
 
+/// A table in neither of `db/distribute.rs`'s lists (`BY_ACCOUNT`, the reference tables) could be
+/// named unmarked by a statement that runs under a key: distributing refuses it, by name, and
+/// distributes nothing.
+#[tokio::test]
+async fn on_citus_a_table_in_neither_list_is_refused_by_name_and_nothing_is_distributed() {
+    let Some(citus) = CitusDatabase::create("on_citus_a_table_in_neither_list").await else { return };
+    payments_service::db::migrate::run_pending(&citus.url).await.unwrap();
+    let mut conn = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    conn.batch_execute("CREATE TABLE strays (account_id uuid NOT NULL)").await.unwrap();
+
+    let (code, output) = migrate_distribute(&citus.url).await;
+    assert_ne!(code, Some(0), "{output}");
+    assert!(output.contains("the table `strays` is in neither list"), "{output}");
+    assert_eq!(placement(&citus.url).await, Vec::<Placed>::new(), "nothing distributed");
+}
+
 #[tokio::test]
 async fn on_citus_a_payment_is_made_replayed_refused_for_another_body_and_refunded() {
     let Some(citus) = CitusDatabase::create("on_citus_a_payment_is_made_replayed").await else { return };

@@ -3,31 +3,29 @@
 //! statement with `INSERT` CTEs) to the account's shard alone. Read off PostgreSQL's generic plan of
 //! each statement the service ran, where a parameter shows as `$n`: every scan of a table
 //! distributed by `account_id` must carry `account_id = $n`, not a value joined from elsewhere.
+//!
+//! And every statement that runs under a key names each distributed table by its marker (see
+//! `payments_service::db::sql`), on one PostgreSQL: a stand-in `run_on_shard` runs each delegated
+//! statement as a role that may not touch the distributed tables themselves, only views of them
+//! that take the shards' place, so a table named without its marker fails the request.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
 
 use diesel::QueryableByName;
 use diesel::sql_types::{Array, BigInt, Text};
-use diesel_async::{AsyncPgConnection, RunQueryDsl};
+use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
+use payments_service::db::distribute::{BY_ACCOUNT, REFERENCE_TABLES};
+use payments_service::db::sql::marked_prefix;
+use payments_service::workers::{Outcome, Worker};
 use regex::Regex;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, explain, new_key, payment_body, record_statements, sql_of, statements};
-
-/// The tables a Citus deployment distributes by `account_id` (see docs/performance.md, Spread by
-/// account on Citus); `accounts` and `unreadable_gateway_events` are reference tables.
-const DISTRIBUTED: [&str; 9] = [
-    "idempotency_keys",
-    "payments",
-    "refunds",
-    "audit_records",
-    "staged_jobs",
-    "key_request_counts",
-    "gateway_events",
-    "payment_changes",
-    "open_authorizations",
-];
+use crate::helpers::{
+    TestApp, database_with_shards_stand_in, delegated, explain, new_key, payment_body, record_statements, sql_of,
+    statements, unmarked, wait_until,
+};
 
 #[tokio::test]
 async fn every_statement_of_a_payment_and_a_refund_finds_its_rows_by_the_account_as_a_parameter() {
@@ -65,7 +63,7 @@ async fn every_statement_of_a_payment_and_a_refund_finds_its_rows_by_the_account
     let types = parameter_types(&app).await;
     let mut ran: Vec<String> =
         statements(&app.database.name).executed.iter().map(|sql| sql_of(sql).to_owned()).collect();
-    ran.retain(|sql| DISTRIBUTED.iter().any(|table| sql.contains(table)));
+    ran.retain(|sql| BY_ACCOUNT.iter().any(|table| sql.contains(table)));
     ran.sort();
     ran.dedup();
     let account = Regex::new(r"\baccount_id = \$\d+\b").unwrap();
@@ -80,10 +78,17 @@ async fn every_statement_of_a_payment_and_a_refund_finds_its_rows_by_the_account
     }
 
     let ran = |part: &str| checked.keys().filter(|sql| sql.contains(part)).count();
-    assert!(ran("INSERT INTO payments") >= 2, "the claim with `started`, and `started` alone: {checked:#?}");
-    assert!(ran("INSERT INTO refunds") >= 1 && ran("UPDATE payments") >= 3, "{checked:#?}");
+    let marked = |statement: &str, table: &str| format!("{statement} {}", marked_prefix(table));
+    assert!(
+        ran(&marked("INSERT INTO", "payments")) >= 2,
+        "the claim with `started`, and `started` alone: {checked:#?}"
+    );
+    assert!(ran(&marked("INSERT INTO", "refunds")) >= 1 && ran(&marked("UPDATE", "payments")) >= 3, "{checked:#?}");
     assert!(ran("idempotency_key.released") == 1, "{checked:#?}");
-    assert!(ran("INSERT INTO payment_changes") >= 1 && ran("UPDATE payment_changes") >= 1, "{checked:#?}");
+    assert!(
+        ran(&marked("INSERT INTO", "payment_changes")) >= 1 && ran(&marked("UPDATE", "payment_changes")) >= 1,
+        "{checked:#?}"
+    );
     let unrouted: Vec<_> = checked.iter().filter(|(_, scans)| !scans.is_empty()).collect();
     assert!(unrouted.is_empty(), "scans of distributed tables without `account_id = $n`: {unrouted:#?}");
 }
@@ -140,7 +145,7 @@ async fn generic_plan(conn: &mut AsyncPgConnection, sql: &str, types: Option<&Ve
 /// Each scan in `plan` of a distributed table whose conditions do not name the account as a
 /// parameter, with its conditions.
 fn scans_without_the_account(plan: &Value, account: &Regex, unrouted: &mut Vec<String>) {
-    let table = plan["Relation Name"].as_str().filter(|table| DISTRIBUTED.contains(table));
+    let table = plan["Relation Name"].as_str().filter(|table| BY_ACCOUNT.contains(table));
     let node = plan["Node Type"].as_str().unwrap_or("?");
     // A `ModifyTable`'s rows come from the scans below it (an `INSERT`'s from its `SELECT`).
     if let (Some(table), false) = (table, node == "ModifyTable") {
@@ -153,4 +158,103 @@ fn scans_without_the_account(plan: &Value, account: &Regex, unrouted: &mut Vec<S
     for child in plan["Plans"].as_array().into_iter().flatten() {
         scans_without_the_account(child, account, unrouted);
     }
+}
+
+/// Every request that runs under a key, on one PostgreSQL whose `run_on_shard` stands in for
+/// Citus's (see `helpers/shards.rs`): a payment (its first in the process, then one with `started`
+/// in the claim), a replay, a refund and a refused one, a capture and a cancel that finds it
+/// captured, a key the gateway left unknown that the completer finishes, and a late retry of an
+/// expired key. Each statement is delegated, as on Citus, and runs as a role with no right on the
+/// distributed tables, where each marked table is a view of it: one named without its marker
+/// fails with `permission denied`, and so does the request.
+#[tokio::test]
+async fn every_statement_under_a_key_names_each_distributed_table_by_its_marker() {
+    let database = database_with_shards_stand_in().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    assert_eq!(tables_undeclared(&mut conn).await, Vec::<String>::new(), "every table is in one list");
+    let app = TestApp::builder()
+        .key_retention(Duration::from_secs(2))
+        .gateway_timeout(Duration::from_millis(300))
+        .workers(|w| w.completer_backoff = Duration::ZERO)
+        .spawn_on(database)
+        .await;
+
+    let payment =
+        expect(&app, app.post_payment(&new_key(), &payment_body()).await, StatusCode::CREATED, "payment").await;
+    let key = new_key();
+    expect(&app, app.post_payment(&key, &payment_body()).await, StatusCode::CREATED, "a second payment").await;
+    let replay = app.post_payment(&key, &payment_body()).await;
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+    let refund = json!({ "payment": payment["id"], "amount": 600 });
+    expect(&app, app.post_refund(&new_key(), &refund).await, StatusCode::CREATED, "refund").await;
+    expect(&app, app.post_refund(&new_key(), &refund).await, StatusCode::BAD_REQUEST, "refund of too much").await;
+    let body = json!({ "amount": 2000, "currency": "usd", "source": "tok_visa", "capture": false });
+    let authorized =
+        expect(&app, app.post_payment(&new_key(), &body).await, StatusCode::CREATED, "authorization").await;
+    let change = |action: &str, body: Value| {
+        let path = format!("{}/v1/payments/{}/{action}", app.address, authorized["id"].as_str().unwrap());
+        let request = app.http.post(path).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+        request.json(&body).send()
+    };
+    expect(&app, change("capture", json!({ "amount": 1500 })).await.unwrap(), StatusCode::OK, "capture").await;
+    expect(&app, change("cancel", json!({})).await.unwrap(), StatusCode::BAD_REQUEST, "cancel of a captured one").await;
+
+    // Left at `started`, the gateway's answer lost: the completer finishes it.
+    app.gateway.fault("error_after", 1).await;
+    let abandoned = new_key();
+    let left = app.post_payment(&abandoned, &payment_body()).await;
+    expect(&app, left, StatusCode::SERVICE_UNAVAILABLE, "a payment whose answer was lost").await;
+    assert_eq!(app.workers().completer.run_once().await.unwrap(), Outcome::Worked);
+    assert_eq!(app.key_row(&abandoned).await.unwrap().recovery_point, "finished");
+
+    wait_until(Duration::from_secs(10), "the key expired", || app.key_has_expired(&key)).await;
+    expect(&app, app.post_payment(&key, &payment_body()).await, StatusCode::GONE, "a late retry").await;
+
+    // Each of those went through the stand-in, and between them they named these tables.
+    let ran = delegated(&mut conn).await;
+    let named: BTreeSet<&str> =
+        BY_ACCOUNT.into_iter().filter(|table| ran.iter().any(|sql| sql.contains(&marked_prefix(table)))).collect();
+    let written = [
+        "audit_records",
+        "gateway_events",
+        "idempotency_keys",
+        "key_resources",
+        "open_authorizations",
+        "payment_changes",
+        "payments",
+        "refunds",
+        "staged_jobs",
+    ];
+    assert_eq!(named, written.into_iter().collect(), "{} statements delegated", ran.len());
+    assert_eq!(unmarked(&mut conn).await, None);
+}
+
+/// `response`'s JSON, once its status is `status`; else what the stand-in refused, if anything.
+async fn expect(app: &TestApp, response: reqwest::Response, status: StatusCode, what: &str) -> Value {
+    let got = response.status();
+    let body = response.text().await.unwrap();
+    if got != status {
+        panic!("{what}: {got} {body}\n{}", unmarked(&mut app.db().await).await.unwrap_or_default());
+    }
+    serde_json::from_str(&body).unwrap_or_default()
+}
+
+#[derive(QueryableByName)]
+struct Table {
+    #[diesel(sql_type = Text)]
+    name: String,
+}
+
+/// The schema's tables in neither of `db/distribute.rs`'s lists.
+async fn tables_undeclared(conn: &mut AsyncPgConnection) -> Vec<String> {
+    let tables: Vec<Table> = diesel::sql_query(
+        "SELECT relname::text AS name FROM pg_class
+         WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' AND relname <> '__diesel_schema_migrations'
+         ORDER BY relname",
+    )
+    .load(conn)
+    .await
+    .unwrap();
+    let declared = |table: &str| BY_ACCOUNT.contains(&table) || REFERENCE_TABLES.contains(&table);
+    tables.into_iter().map(|table| table.name).filter(|table| !declared(table)).collect()
 }

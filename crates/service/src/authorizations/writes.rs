@@ -62,11 +62,11 @@ pub struct Made {
 impl PhaseWrites for Start<'_> {
     fn sql(&self) -> &'static str {
         "earlier AS (
-             SELECT id, amount, gateway, payment_id FROM payment_changes
+             SELECT id, amount, gateway, payment_id FROM {payment_changes}
              WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence)
          ), payment AS (
              SELECT account_id, id, status, amount, gateway, gateway_charge_id, capture_before
-             FROM payments
+             FROM {payments}
              WHERE account_id = {account} AND id = {payment.id}
                AND EXISTS (SELECT FROM fence) AND NOT EXISTS (SELECT FROM earlier)
              FOR SHARE
@@ -80,7 +80,7 @@ impl PhaseWrites for Start<'_> {
                     END AS refusal
              FROM payment p
          ), created AS (
-             INSERT INTO payment_changes (id, account_id, payment_id, idempotency_key_id, idempotency_key, kind,
+             INSERT INTO {payment_changes} (id, account_id, payment_id, idempotency_key_id, idempotency_key, kind,
                                           amount, cancellation_reason, gateway)
              SELECT {change.id}, {account}, d.id, f.id, {key}, {kind}, d.change_amount, {reason}, d.gateway
              FROM decided d, fence f
@@ -88,7 +88,7 @@ impl PhaseWrites for Start<'_> {
              ON CONFLICT (account_id, payment_id) WHERE status <> 'failed' DO NOTHING
              RETURNING id, amount, gateway, payment_id
          ), audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM created
@@ -98,7 +98,7 @@ impl PhaseWrites for Start<'_> {
          FROM created c, decided d
          UNION ALL
          SELECT e.id, e.amount, e.gateway, p.gateway_charge_id, NULL, NULL
-         FROM earlier e JOIN payments p ON p.account_id = {account} AND p.id = e.payment_id
+         FROM earlier e JOIN {payments p} ON p.account_id = {account} AND p.id = e.payment_id
          UNION ALL
          SELECT NULL, NULL, NULL, NULL, d.refusal, d.amount FROM decided d WHERE d.refusal IS NOT NULL
          UNION ALL
@@ -161,17 +161,17 @@ pub struct RecordChange<'a> {
 impl PhaseWrites for RecordChange<'_> {
     fn sql(&self) -> &'static str {
         "payment AS (
-             SELECT id FROM payments
+             SELECT id FROM {payments}
              WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
              FOR UPDATE
          ), change AS (
-             UPDATE payment_changes
+             UPDATE {payment_changes}
              SET status = {status}, failure_code = {failure_code}, failure_message = {failure_message},
                  updated_at = now()
              WHERE account_id = {account} AND id = {change.id} AND status = 'pending' AND EXISTS (SELECT FROM payment)
              RETURNING payment_id, kind AS change_kind, cancellation_reason AS change_reason, status AS change_status
          ), changed AS (
-             UPDATE payments p
+             UPDATE {payments p}
              SET status = {ends},
                  amount_captured = coalesce({captured}, p.amount_captured),
                  canceled_at = CASE WHEN {ends} = 'canceled' THEN now() END,
@@ -182,24 +182,24 @@ impl PhaseWrites for RecordChange<'_> {
              WHERE p.account_id = {account} AND p.id = c.payment_id AND {ends}::text IS NOT NULL
              RETURNING {payment.*}
          ), closed AS (
-             DELETE FROM open_authorizations o
+             DELETE FROM {open_authorizations o}
              USING change c
              WHERE o.account_id = {account} AND o.payment_id = c.payment_id AND {ends}::text IS NOT NULL
          ), audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM change
          )
          SELECT {payment.*} FROM changed
          UNION ALL
-         SELECT {payment.*} FROM payments
+         SELECT {payment.*} FROM {payments}
          WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM change)
            AND NOT EXISTS (SELECT FROM changed)"
     }
 
     fn requirement(&self) -> &'static str {
-        " AND EXISTS (SELECT FROM payment_changes WHERE account_id = {account} AND id = {change.id} AND status = 'pending')"
+        " AND EXISTS (SELECT FROM {payment_changes} WHERE account_id = {account} AND id = {change.id} AND status = 'pending')"
     }
 }
 
@@ -249,10 +249,10 @@ impl PhaseWrites for Finish<'_> {
         match self.event {
             Some(_) => {
                 "staged AS (
-                     INSERT INTO staged_jobs (account_id, job_name, job_args)
+                     INSERT INTO {staged_jobs} (account_id, job_name, job_args)
                      SELECT {event.account}, {event.name}, {event.args} FROM fence
                  ), audited AS (
-                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                             {audit.data}, {audit.request_id}
                      FROM fence
@@ -261,7 +261,7 @@ impl PhaseWrites for Finish<'_> {
             }
             None => {
                 "audited AS (
-                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                             {audit.data}, {audit.request_id}
                      FROM fence

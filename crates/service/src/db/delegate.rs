@@ -11,11 +11,19 @@
 //! call to the worker that holds that account's shards, and the function runs the statement there
 //! against those shards by their own names (see [`create_function`]), which Citus does not plan.
 //!
-//! The statement is the text that runs on one PostgreSQL, each table marked for its shard (see
-//! [`on_shards`]), each placeholder `$k` read from the array instead (`($1[k])::type`), and its
-//! values sent as text. What it returns is named by the columns PostgreSQL describes for it:
-//! asked once per statement and process, on a connection of the [`Routing`]'s own, so that the
-//! pool's connections send exactly what they send on one node.
+//! The statement is the text that runs on one PostgreSQL, each placeholder `$k` read from the
+//! array instead (`($1[k])::type`), and its values sent as text. Nothing here reads the SQL to
+//! find its tables: each statement declares the distributed tables it names where it names them
+//! (`{payments}`, `{payments p}`), which the walker writes as `public.payments AS payments` and
+//! `public.payments AS p` (see [`super::sql`]), and [`FUNCTION`] replaces exactly that text,
+//! `public.<table> AS `, by the account's shard, the alias kept. Every marked table thus carries
+//! an alias, and a column named by its table (`payments.amount`) still finds it. A distributed
+//! table named without its marker would be planned by Citus again; a test on one PostgreSQL
+//! finds any (`tests/api/routing.rs`).
+//!
+//! What a statement returns is named by the columns PostgreSQL describes for it: asked once per
+//! statement and process, on a connection of the [`Routing`]'s own, so that the pool's
+//! connections send exactly what they send on one node.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as SyncMutex};
@@ -29,7 +37,7 @@ use tokio::sync::{Mutex, OnceCell};
 use tokio_postgres::types::Type;
 use uuid::Uuid;
 
-use super::sql::split_result;
+use super::sql::{marked_prefix, split_result};
 use crate::runtime::ProcessRuntime;
 
 /// The function a statement is delegated through, by its signature.
@@ -38,10 +46,10 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 /// Makes [`FUNCTION`]: it runs `statement` with `parameters` as its one parameter, where it is
 /// called, against that node's own shards of the account. `account_id` chooses the node: Citus
 /// passes the call to the one that holds the account's shards (the function is colocated with
-/// `colocated_with`). There, each `{{table}}` in the statement (see [`on_shards`]) becomes the
-/// table's shard for the account, so that PostgreSQL runs the statement as it would on one node,
-/// whole, and it commits on that node alone: Citus would otherwise plan it again, step by step,
-/// and commit over every node.
+/// `colocated_with`). There, each marked table in the statement (`public.<table> AS `, see
+/// [`super::sql`]) becomes the table's shard for the account, its alias kept, so that PostgreSQL
+/// runs the statement as it would on one node, whole, and it commits on that node alone: Citus
+/// would otherwise plan it again, step by step, and commit over every node.
 ///
 /// What Citus does for its own writes to a shard, the function does first: it takes each shard's
 /// metadata lock (which a shard move takes exclusively while it stops writes), and then refuses,
@@ -63,13 +71,15 @@ pub fn create_function(colocated_with: &str) -> String {
              table_name regclass;
              shard bigint;
              shard_table text;
+             marked text;
          BEGIN
              FOR table_name IN
                  SELECT logicalrelid FROM pg_dist_partition
                  WHERE colocationid = (SELECT colocationid FROM pg_dist_partition
                                        WHERE logicalrelid = '{anchor}'::regclass)
              LOOP
-                 CONTINUE WHEN position('{{{{' || table_name::text || '}}}}' IN statement) = 0;
+                 marked := format('{prefix}', table_name::text);
+                 CONTINUE WHEN position(marked IN statement) = 0;
                  shard := get_shard_id_for_distribution_column(table_name, account_id);
                  PERFORM lock_shard_metadata(5, ARRAY[shard]);
                  IF NOT EXISTS (SELECT FROM pg_dist_placement
@@ -84,13 +94,14 @@ pub fn create_function(colocated_with: &str) -> String {
                  END IF;
                  shard_table := shard_name(table_name, shard);
                  PERFORM give_shard_identity_defaults(table_name, shard_table);
-                 statement := replace(statement, '{{{{' || table_name::text || '}}}}', shard_table);
+                 statement := replace(statement, marked, shard_table || ' AS ');
              END LOOP;
              RETURN QUERY EXECUTE statement USING parameters;
          END
          $$",
         lock_timeout = super::LOCK_TIMEOUT.as_millis(),
         anchor = colocated_with,
+        prefix = marked_prefix("%s"),
     )
 }
 
@@ -149,8 +160,8 @@ struct Shape {
 pub struct Routing {
     database_url: String,
     runtime: ProcessRuntime,
-    /// What [`on_shards`] needs, where statements are delegated; none where they run as they are.
-    delegates: OnceCell<Option<Names>>,
+    /// Whether statements are delegated, found out once.
+    delegates: OnceCell<bool>,
     /// The connection statements are described on, opened when first needed.
     describer: Mutex<Option<tokio_postgres::Client>>,
     /// Each statement's [`Shape`], by its text.
@@ -178,30 +189,30 @@ impl Routing {
         statement: &Q,
     ) -> QueryResult<Option<Delegated>> {
         // Boxed: they are awaited inside every phase's future, which would grow too deep.
-        let Some(names) = Box::pin(self.delegates()).await? else {
+        if !Box::pin(self.delegates()).await? {
             return Ok(None);
-        };
+        }
         let Rendered { sql, types, parameters } = Rendered::of(statement)?;
-        let shape = Box::pin(self.shape_of(&sql, &types, names)).await?;
+        let shape = Box::pin(self.shape_of(&sql, &types)).await?;
         Ok(Some(Delegated { account_id, shape, parameters }))
     }
 
-    /// Whether this database delegates, and if so, the [`Names`] its statements are sent with:
-    /// whether [`FUNCTION`] exists, which only distributing the schema makes.
-    async fn delegates(&self) -> QueryResult<Option<&Names>> {
+    /// Whether this database delegates: whether [`FUNCTION`] exists, which only distributing the
+    /// schema makes.
+    async fn delegates(&self) -> QueryResult<bool> {
         let delegates = self.delegates.get_or_try_init(|| async {
             let mut describer = self.describer().await?;
             let client = describer.as_ref().expect("opened above");
             let row =
                 client.query_one("SELECT to_regprocedure($1) IS NOT NULL", &[&FUNCTION]).await.map_err(unavailable)?;
-            if !row.get::<_, bool>(0) {
+            let delegates: bool = row.get(0);
+            if !delegates {
                 // Never needed again on this database.
                 *describer = None;
-                return Ok::<_, DieselError>(None);
             }
-            Ok(Some(Names::of(client).await?))
+            Ok::<_, DieselError>(delegates)
         });
-        Ok(delegates.await?.as_ref())
+        Ok(*delegates.await?)
     }
 
     /// The describing connection, opened if it is not.
@@ -227,7 +238,7 @@ impl Routing {
 
     /// The [`Shape`] of `sql`, whose parameters are of `types`: made the first time, from what
     /// PostgreSQL describes it returns.
-    async fn shape_of(&self, sql: &str, types: &[Type], names: &Names) -> QueryResult<Arc<Shape>> {
+    async fn shape_of(&self, sql: &str, types: &[Type]) -> QueryResult<Arc<Shape>> {
         if let Some(shape) = self.shapes.lock().expect("never held across a panic").get(sql) {
             return Ok(shape.clone());
         }
@@ -236,7 +247,7 @@ impl Routing {
         let described = client.prepare_typed(sql, types).await.map_err(unavailable)?;
         let columns: Vec<(&str, &Type)> = described.columns().iter().map(|c| (c.name(), c.type_())).collect();
         let shape = Arc::new(Shape {
-            statement: on_shards(&returning_as_described(&read_from_array(sql, types)?, &columns)?, names),
+            statement: returning_as_described(&read_from_array(sql, types)?, &columns)?,
             columns: columns
                 .iter()
                 .map(|(name, ty)| format!("{} {}", quoted(name), type_name(ty)))
@@ -246,125 +257,6 @@ impl Routing {
         self.shapes.lock().expect("never held across a panic").insert(sql.to_owned(), shape.clone());
         Ok(shape)
     }
-}
-
-/// The tables distributed by account (each a `{{table}}` in a delegated statement) and the views
-/// (each inlined, as [`FUNCTION`] runs a statement against shards, which no view reads).
-struct Names {
-    tables: Vec<String>,
-    views: Vec<(String, String)>,
-}
-
-impl Names {
-    async fn of(client: &tokio_postgres::Client) -> QueryResult<Names> {
-        let tables = client
-            .query("SELECT logicalrelid::regclass::text FROM pg_dist_partition WHERE partmethod = 'h'", &[])
-            .await
-            .map_err(unavailable)?
-            .iter()
-            .map(|row| row.get(0))
-            .collect();
-        let views = client
-            .query(
-                "SELECT c.relname::text, rtrim(pg_get_viewdef(c.oid), ';') FROM pg_class c
-                 WHERE c.relkind = 'v' AND c.relnamespace = 'public'::regnamespace
-                   AND NOT EXISTS (SELECT FROM pg_depend d WHERE d.objid = c.oid AND d.deptype = 'e')",
-                &[],
-            )
-            .await
-            .map_err(unavailable)?
-            .iter()
-            .map(|row| (row.get(0), row.get(1)))
-            .collect();
-        Ok(Names { tables, views })
-    }
-}
-
-/// `sql` as [`FUNCTION`] runs it against the account's shards: each distributed table it reads or
-/// writes (the name after `FROM`, `JOIN`, `INTO` or `UPDATE`) marked `{{table}}`, keeping its
-/// name as its alias where it has none, and each view replaced by its query, marked the same way.
-fn on_shards(sql: &str, names: &Names) -> String {
-    let mut out = String::with_capacity(sql.len() + 64);
-    let mut rest = sql;
-    while let Some((before, keyword, after)) = next_keyword(rest) {
-        out.push_str(before);
-        out.push_str(keyword);
-        let spaces = after.len() - after.trim_start().len();
-        out.push_str(&after[..spaces]);
-        let after = &after[spaces..];
-        let (name, tail) = after.split_at(after.bytes().take_while(|b| is_word(*b)).count());
-        let marked = if names.tables.iter().any(|table| table == name) {
-            format!("{{{{{name}}}}}")
-        } else if let Some((_, query)) = names.views.iter().find(|(view, _)| view == name) {
-            format!("({})", on_shards(query, names))
-        } else {
-            out.push_str(name);
-            rest = tail;
-            continue;
-        };
-        out.push_str(&marked);
-        if !has_alias(tail) {
-            out.push_str(&format!(" AS {name}"));
-        }
-        rest = tail;
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The first `FROM`, `JOIN`, `INTO` or `UPDATE` in `sql` that stands as a word, outside quotes:
-/// what comes before it, the keyword, and what follows.
-fn next_keyword(sql: &str) -> Option<(&str, &str, &str)> {
-    let bytes = sql.as_bytes();
-    let mut quoted = false;
-    let mut at = 0;
-    while at < bytes.len() {
-        let c = bytes[at];
-        if c == b'\'' {
-            quoted = !quoted;
-        } else if !quoted && (at == 0 || !is_word(bytes[at - 1])) {
-            for keyword in ["FROM", "JOIN", "INTO", "UPDATE"] {
-                let end = at + keyword.len();
-                if sql.get(at..end).is_some_and(|word| word.eq_ignore_ascii_case(keyword))
-                    && bytes.get(end).is_some_and(|b| b.is_ascii_whitespace())
-                {
-                    return Some((&sql[..at], &sql[at..end], &sql[end..]));
-                }
-            }
-        }
-        at += 1;
-    }
-    None
-}
-
-/// Whether a table's name is followed by an alias of its own.
-fn has_alias(tail: &str) -> bool {
-    let next = tail.trim_start();
-    let length = next.bytes().take_while(|b| is_word(*b)).count();
-    let word = &next[..length];
-    const NOT_ALIASES: [&str; 16] = [
-        "",
-        "WHERE",
-        "SET",
-        "ON",
-        "UNION",
-        "RETURNING",
-        "JOIN",
-        "LEFT",
-        "INNER",
-        "CROSS",
-        "ORDER",
-        "GROUP",
-        "LIMIT",
-        "FOR",
-        "USING",
-        "EXCEPT",
-    ];
-    !NOT_ALIASES.iter().any(|keyword| keyword.eq_ignore_ascii_case(word))
-}
-
-fn is_word(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
 }
 
 /// A statement as diesel renders it: its text, with placeholders `$k`, and the types and values of
@@ -532,32 +424,6 @@ mod tests {
              WHERE a = ($1[10])::\"pg_catalog\".\"int8\" AND b = ($1[2])::\"pg_catalog\".\"text\""
         );
         assert!(read_from_array("SELECT $3", &types[..2]).is_err());
-    }
-
-    #[test]
-    fn each_distributed_table_is_marked_for_its_shard_and_keeps_its_name_as_its_alias() {
-        let names = Names {
-            tables: vec!["payments".into(), "refunds".into()],
-            views: vec![(
-                "made".into(),
-                " SELECT payments.id, '/v1/payments' AS path FROM payments UNION ALL SELECT refunds.id, 'x' FROM refunds"
-                    .into(),
-            )],
-        };
-        let sql = "WITH a AS (INSERT INTO payments (id) SELECT id FROM fence RETURNING id), \
-                   b AS (UPDATE payments p SET x = 1 FROM refunds r WHERE p.id = r.id), \
-                   c AS (SELECT 'FROM payments' FROM made m JOIN refunds\nWHERE true) \
-                   SELECT extract(epoch FROM now()) FROM made";
-        assert_eq!(
-            on_shards(sql, &names),
-            "WITH a AS (INSERT INTO {{payments}} AS payments (id) SELECT id FROM fence RETURNING id), \
-             b AS (UPDATE {{payments}} p SET x = 1 FROM {{refunds}} r WHERE p.id = r.id), \
-             c AS (SELECT 'FROM payments' FROM ( SELECT payments.id, '/v1/payments' AS path \
-             FROM {{payments}} AS payments UNION ALL SELECT refunds.id, 'x' FROM {{refunds}} AS refunds) m \
-             JOIN {{refunds}} AS refunds\nWHERE true) \
-             SELECT extract(epoch FROM now()) FROM ( SELECT payments.id, '/v1/payments' AS path \
-             FROM {{payments}} AS payments UNION ALL SELECT refunds.id, 'x' FROM {{refunds}} AS refunds) AS made"
-        );
     }
 
     #[test]

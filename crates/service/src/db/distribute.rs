@@ -1,6 +1,7 @@
 //! Spreading the schema over a Citus cluster: every table by `account_id`, colocated, so that an
 //! account's rows of every table live on one node, and the tables without an account of their own
-//! as reference tables, copied to every node.
+//! as reference tables, copied to every node. Each table is declared in one of two lists
+//! ([`BY_ACCOUNT`], [`REFERENCE_TABLES`]); a table in neither is refused before anything changes.
 //!
 //! Citus distributes a table only if every foreign key it has is one Citus allows once both ends
 //! are in place: from a distributed table to a reference table, or between colocated tables by a
@@ -24,7 +25,23 @@ use super::delegate;
 
 /// The tables copied to every node: `accounts`, which every table's foreign key names, and the
 /// events nobody could read, which may belong to no account.
-const REFERENCE_TABLES: [&str; 2] = ["accounts", "unreadable_gateway_events"];
+pub const REFERENCE_TABLES: [&str; 2] = ["accounts", "unreadable_gateway_events"];
+
+/// The tables distributed by `account_id`, colocated: every other table of the schema. A statement
+/// that runs under a key marks each of them where it names it (`{payments}`, see
+/// [`super::sql`]), so that on Citus it runs against the account's shard of each.
+pub const BY_ACCOUNT: [&str; 10] = [
+    "idempotency_keys",
+    "key_resources",
+    "payments",
+    "refunds",
+    "payment_changes",
+    "open_authorizations",
+    "audit_records",
+    "staged_jobs",
+    "gateway_events",
+    "key_request_counts",
+];
 
 /// The table every distributed table is colocated with.
 const COLOCATED_WITH: &str = "idempotency_keys";
@@ -37,6 +54,11 @@ pub enum DistributeError {
          citus: shared_preload_libraries = 'citus') and add its worker nodes first; nothing was changed"
     )]
     NoCitus,
+    #[error(
+        "the table `{0}` is in neither list of db/distribute.rs: add it to `BY_ACCOUNT` (and mark it in the \
+         statements that run under a key) or to `REFERENCE_TABLES`; nothing was distributed"
+    )]
+    Undeclared(String),
     #[error("a shard could not be given its identity defaults: {0}")]
     ShardDefaults(String),
     #[error(transparent)]
@@ -180,6 +202,10 @@ async fn in_citus_metadata(
 
 /// Converts `pending`, within the caller's transaction: see the module's documentation.
 async fn distribute_tables(conn: &mut AsyncPgConnection, pending: &[String]) -> Result<Distributed, DistributeError> {
+    let declared = |table: &String| REFERENCE_TABLES.contains(&table.as_str()) || BY_ACCOUNT.contains(&table.as_str());
+    if let Some(table) = pending.iter().find(|table| !declared(table)) {
+        return Err(DistributeError::Undeclared(table.clone()));
+    }
     // Every foreign key from or to a table still to convert, as it is defined now.
     let foreign_keys: Vec<ForeignKey> = diesel::sql_query(
         "SELECT conrelid::regclass::text AS table_name, conname AS name,

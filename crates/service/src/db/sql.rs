@@ -2,10 +2,23 @@
 //! parameter `name`, which the statement's [`Parameters`] binds where it stands. A reader sees a
 //! statement as it runs, in one literal, and its values beside it; the text is the same on every
 //! run, so each statement is prepared once per connection.
+//!
+//! The same braces mark each table distributed by account (see [`BY_ACCOUNT`]) where a statement
+//! names it: `{payments}`, or `{payments p}` with an alias. The walker knows a table from a
+//! parameter by that list, and writes a marked table schema-qualified and always with its alias:
+//! `{payments}` as `public.payments AS payments`, `{payments p}` as `public.payments AS p`. That
+//! text is plain SQL, which one PostgreSQL runs as it is; on Citus, [`super::delegate`]'s
+//! `run_on_shard` finds each marked table by that exact text (`public.<table> AS `) and puts the
+//! account's shard in its place, the alias kept, so that `payments.amount` or `p.amount` still
+//! names it. The rule for a statement that runs under a key: every distributed table it names is
+//! marked, and nothing else is written `public.<table> AS `. A test on one PostgreSQL holds every
+//! such statement to it (`tests/api/routing.rs`).
 
 use diesel::pg::Pg;
 use diesel::query_builder::AstPass;
 use diesel::result::{Error, QueryResult};
+
+use super::distribute::BY_ACCOUNT;
 
 /// What a statement's placeholders stand for.
 pub trait Parameters {
@@ -14,7 +27,9 @@ pub trait Parameters {
     fn walk_parameter<'b>(&'b self, name: &str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()>;
 }
 
-/// Walks `sql`, with each `{name}` in it bound by `parameters`. The text has no other braces.
+/// Walks `sql`, with each `{name}` in it bound by `parameters` and each `{table}` or
+/// `{table alias}` of a table in [`BY_ACCOUNT`] written marked (see the module's documentation).
+/// The text has no other braces.
 pub fn walk_sql<'b>(
     sql: &'static str,
     parameters: &'b impl Parameters,
@@ -24,11 +39,29 @@ pub fn walk_sql<'b>(
     while let Some((before, after)) = rest.split_once('{') {
         let (name, after) = after.split_once('}').ok_or_else(|| unknown(format!("an unclosed `{{` in {sql}")))?;
         out.push_sql(before);
-        parameters.walk_parameter(name, out.reborrow())?;
+        match table_marker(name) {
+            Some((table, alias)) => {
+                out.push_sql(&marked_prefix(table));
+                out.push_sql(alias);
+            }
+            None => parameters.walk_parameter(name, out.reborrow())?,
+        }
         rest = after;
     }
     out.push_sql(rest);
     Ok(())
+}
+
+/// The table and alias a marker (`table` or `table alias`, `table` one of [`BY_ACCOUNT`]) names,
+/// its alias its own name unless it has one; none for a parameter's name.
+fn table_marker(name: &str) -> Option<(&str, &str)> {
+    let (table, alias) = name.split_once(' ').unwrap_or((name, name));
+    BY_ACCOUNT.contains(&table).then_some((table, alias))
+}
+
+/// The text a marked table begins with, up to its alias: what `run_on_shard` replaces.
+pub fn marked_prefix(table: &str) -> String {
+    format!("public.{table} AS ")
 }
 
 /// Writes `text` where a placeholder stands: a fixed piece of SQL, such as a list of columns.
@@ -78,5 +111,14 @@ mod tests {
             ))
         );
         assert_eq!(split_result("a AS (SELECT 1)"), None);
+    }
+
+    #[test]
+    fn a_distributed_table_is_marked_with_its_alias_and_a_parameter_is_not() {
+        assert_eq!(table_marker("payments"), Some(("payments", "payments")));
+        assert_eq!(table_marker("payments p"), Some(("payments", "p")));
+        assert_eq!(marked_prefix("payments"), "public.payments AS ");
+        assert_eq!(table_marker("payment.id"), None);
+        assert_eq!(table_marker("account"), None);
     }
 }

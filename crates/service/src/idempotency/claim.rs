@@ -222,20 +222,20 @@ impl<W> Clone for ClaimQuery<'_, W> {
 
 impl<W> Copy for ClaimQuery<'_, W> {}
 
-/// The claim's CTEs, each `{name}` a parameter (see [`crate::db::sql`]).
+/// The claim's CTEs, each `{name}` a parameter or a distributed table (see [`crate::db::sql`]).
 const CLAIM_SQL: &str = "
 existing AS (
-    SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM idempotency_keys k
+    SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM {idempotency_keys k}
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
 ), expired AS (
     SELECT m.resource_id AS id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
-    FROM key_resources m
+    FROM {key_resources m}
     WHERE m.account_id = {account} AND m.idempotency_key = {key}
-      AND NOT EXISTS (SELECT 1 FROM idempotency_keys k
+      AND NOT EXISTS (SELECT 1 FROM {idempotency_keys k}
                       WHERE k.account_id = {account} AND k.idempotency_key = {key}
                         AND (k.expires_at IS NULL OR k.expires_at > now()))
 ), inserted AS (
-    INSERT INTO idempotency_keys (id, account_id, idempotency_key, request_method, request_path,
+    INSERT INTO {idempotency_keys} (id, account_id, idempotency_key, request_method, request_path,
                                   request_fingerprint, request_params, locked_until, lock_token)
     SELECT {key_id}, {account}, {key}, {method}, {path}, {fingerprint}, {params},
            now() + {lease_ms} * interval '1 millisecond', {token}
@@ -243,7 +243,7 @@ existing AS (
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
     RETURNING account_id, id, recovery_point
 ), taken AS (
-    UPDATE idempotency_keys k
+    UPDATE {idempotency_keys k}
     SET locked_until = now() + {lease_ms} * interval '1 millisecond', lock_token = {token}, last_run_at = now()
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
       AND EXISTS (SELECT FROM existing WHERE recovery_point <> 'finished')
@@ -252,7 +252,7 @@ existing AS (
       AND (k.locked_until IS NULL OR k.locked_until < now())
     RETURNING k.id, k.recovery_point
 ), key_audited AS (
-    INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+    INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
     SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, {actor}, jsonb_build_object(), {request_id}
     FROM inserted n
     UNION ALL

@@ -152,27 +152,27 @@ impl<W> Query for PhaseStatement<'_, W> {
 /// reaped or expired; see [`super::claim`]). `key_made` reads the key row as the statement began,
 /// whose client key, method and path the fence does not change.
 const STAY: &str = "fence AS (
-    UPDATE idempotency_keys SET locked_until = now() + {lease_ms} * interval '1 millisecond'
+    UPDATE {idempotency_keys} SET locked_until = now() + {lease_ms} * interval '1 millisecond'
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
     RETURNING account_id, id
 )";
 const ADVANCE: &str = "fence AS (
-    UPDATE idempotency_keys
+    UPDATE {idempotency_keys}
     SET recovery_point = {recovery_point}, locked_until = now() + {lease_ms} * interval '1 millisecond'
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
     RETURNING account_id, id
 )";
 const FINISH: &str = "fence AS (
-    UPDATE idempotency_keys
+    UPDATE {idempotency_keys}
     SET recovery_point = 'finished', finished_at = now(), response_status = {status}, response_body = {body},
         expires_at = now() + {retention_ms} * interval '1 millisecond', locked_until = NULL, lock_token = NULL,
         {attention}
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
     RETURNING account_id, id
 ), key_made AS (
-    INSERT INTO key_resources (account_id, idempotency_key, request_method, request_path, resource_id)
+    INSERT INTO {key_resources} (account_id, idempotency_key, request_method, request_path, resource_id)
     SELECT k.account_id, k.idempotency_key, k.request_method, k.request_path, {made}
-    FROM idempotency_keys k
+    FROM {idempotency_keys k}
     WHERE k.account_id = {key.account} AND k.id = {key.id} AND {made} IS NOT NULL AND EXISTS (SELECT FROM fence)
     ON CONFLICT (account_id, idempotency_key) DO NOTHING
 )";

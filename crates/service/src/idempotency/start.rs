@@ -172,7 +172,7 @@ struct Refused {
 impl PhaseWrites for RefusalWrites<'_> {
     fn sql(&self) -> &'static str {
         "audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM fence

@@ -39,7 +39,7 @@ impl PhaseWrites for Start<'_> {
     // snapshot predates it, so a payment found by the last `SELECT` is an earlier run's.
     fn sql(&self) -> &'static str {
         "created AS (
-             INSERT INTO payments (id, account_id, idempotency_key_id, idempotency_key, amount, currency,
+             INSERT INTO {payments} (id, account_id, idempotency_key_id, idempotency_key, amount, currency,
                                    description, metadata, gateway, capture_method, amount_captured)
              SELECT {payment.id}, {account}, id, {key}, {amount}, {currency}, {description}, {metadata}, {gateway},
                     {capture_method}, CASE WHEN {capture_method} = 'manual' THEN 0 END
@@ -47,14 +47,14 @@ impl PhaseWrites for Start<'_> {
              ON CONFLICT (account_id, idempotency_key_id) DO NOTHING
              RETURNING {payment.*}
          ), audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM created
          )
          SELECT {payment.*} FROM created
          UNION ALL
-         SELECT {payment.*} FROM payments
+         SELECT {payment.*} FROM {payments}
          WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence) AND NOT EXISTS (SELECT FROM created)"
     }
 }
@@ -101,7 +101,7 @@ pub enum PaymentChange<'a> {
 }
 
 /// The requirement of a phase that changes the payment: that it exists.
-const PAYMENT_EXISTS: &str = " AND EXISTS (SELECT FROM payments WHERE account_id = {account} AND id = {payment.id})";
+const PAYMENT_EXISTS: &str = " AND EXISTS (SELECT FROM {payments} WHERE account_id = {account} AND id = {payment.id})";
 
 impl PhaseWrites for ChangePayment<'_> {
     fn sql(&self) -> &'static str {
@@ -111,7 +111,7 @@ impl PhaseWrites for ChangePayment<'_> {
             // joins the lapse's queue, so a payment's phase pays nothing for them otherwise.
             PaymentChange::Outcome { ref changes, .. } if changes.status != PaymentStatus::RequiresCapture => {
                 "changed AS (
-                     UPDATE payments
+                     UPDATE {payments}
                      SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
                          failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now(),
                          capture_method = {capture_method}, amount_captured = {amount_captured},
@@ -119,7 +119,7 @@ impl PhaseWrites for ChangePayment<'_> {
                      WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
                      RETURNING {payment.*}
                  ), audited AS (
-                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                             {audit.data}, {audit.request_id}
                      FROM changed
@@ -128,7 +128,7 @@ impl PhaseWrites for ChangePayment<'_> {
             }
             PaymentChange::Outcome { .. } => {
                 "changed AS (
-                     UPDATE payments
+                     UPDATE {payments}
                      SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
                          failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now(),
                          capture_method = {capture_method}, amount_captured = {amount_captured},
@@ -136,10 +136,10 @@ impl PhaseWrites for ChangePayment<'_> {
                      WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
                      RETURNING {payment.*}
                  ), authorized AS (
-                     INSERT INTO open_authorizations (account_id, payment_id, capture_before)
+                     INSERT INTO {open_authorizations} (account_id, payment_id, capture_before)
                      SELECT account_id, id, capture_before FROM changed
                  ), audited AS (
-                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                             {audit.data}, {audit.request_id}
                      FROM changed
@@ -148,11 +148,11 @@ impl PhaseWrites for ChangePayment<'_> {
             }
             PaymentChange::Gateway(_) => {
                 "changed AS (
-                     UPDATE payments SET gateway = {gateway}, updated_at = now()
+                     UPDATE {payments} SET gateway = {gateway}, updated_at = now()
                      WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
                      RETURNING {payment.*}
                  ), audited AS (
-                     INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+                     INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                             {audit.data}, {audit.request_id}
                      FROM changed
@@ -212,15 +212,15 @@ pub struct Finish<'a> {
 impl PhaseWrites for Finish<'_> {
     fn sql(&self) -> &'static str {
         "staged AS (
-             INSERT INTO staged_jobs (account_id, job_name, job_args)
+             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
              SELECT {event.account}, {event.name}, {event.args} FROM fence
          ), audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM fence
          )
-         SELECT {payment.*} FROM payments
+         SELECT {payment.*} FROM {payments}
          WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)"
     }
 

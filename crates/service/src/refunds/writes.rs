@@ -65,12 +65,12 @@ impl PhaseWrites for Start<'_> {
     // after the charge did, so the snapshot holds that charge.
     fn sql(&self) -> &'static str {
         "earlier AS (
-             SELECT id, amount, gateway, payment_id FROM refunds
+             SELECT id, amount, gateway, payment_id FROM {refunds}
              WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence)
          ), payment AS (
              SELECT account_id, id, status, currency, gateway, gateway_charge_id,
                     coalesce(amount_captured, amount) - amount_refunded - amount_refund_pending AS refundable
-             FROM payments
+             FROM {payments}
              WHERE account_id = {account} AND id = {payment.id}
                AND EXISTS (SELECT FROM fence) AND NOT EXISTS (SELECT FROM earlier)
              FOR UPDATE
@@ -82,19 +82,19 @@ impl PhaseWrites for Start<'_> {
                     END AS refusal
              FROM payment p
          ), reserved AS (
-             UPDATE payments p SET amount_refund_pending = p.amount_refund_pending + d.amount, updated_at = now()
+             UPDATE {payments p} SET amount_refund_pending = p.amount_refund_pending + d.amount, updated_at = now()
              FROM decided d
              WHERE p.account_id = {account} AND p.id = d.id AND d.refusal IS NULL
              RETURNING p.id
          ), created AS (
-             INSERT INTO refunds (id, account_id, payment_id, idempotency_key_id, idempotency_key, amount, currency,
+             INSERT INTO {refunds} (id, account_id, payment_id, idempotency_key_id, idempotency_key, amount, currency,
                                   reason, metadata, gateway)
              SELECT {refund.id}, {account}, d.id, f.id, {key}, d.amount, d.currency, {reason}, {metadata}, d.gateway
              FROM decided d, fence f, reserved r
              WHERE d.refusal IS NULL
              RETURNING id, amount, gateway, payment_id
          ), audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM created
@@ -104,7 +104,7 @@ impl PhaseWrites for Start<'_> {
          FROM created c, decided d
          UNION ALL
          SELECT r.id, r.amount, r.gateway, p.gateway_charge_id, NULL, NULL
-         FROM earlier r JOIN payments p ON p.account_id = {account} AND p.id = r.payment_id
+         FROM earlier r JOIN {payments p} ON p.account_id = {account} AND p.id = r.payment_id
          UNION ALL
          SELECT NULL, NULL, NULL, NULL, d.refusal, d.refundable FROM decided d WHERE d.refusal IS NOT NULL
          UNION ALL
@@ -144,13 +144,13 @@ pub struct RecordRefund<'a> {
 impl PhaseWrites for RecordRefund<'_> {
     fn sql(&self) -> &'static str {
         "refund AS (
-             UPDATE refunds
+             UPDATE {refunds}
              SET status = {status}, gateway_refund_id = {gateway_refund_id}, failure_code = {failure_code},
                  failure_message = {failure_message}, updated_at = now()
              WHERE account_id = {account} AND id = {refund.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
              RETURNING {refund.*}
          ), {settled_totals}, audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM refund
@@ -159,7 +159,7 @@ impl PhaseWrites for RecordRefund<'_> {
     }
 
     fn requirement(&self) -> &'static str {
-        " AND EXISTS (SELECT FROM refunds WHERE account_id = {account} AND id = {refund.id} AND status = 'pending')"
+        " AND EXISTS (SELECT FROM {refunds} WHERE account_id = {account} AND id = {refund.id} AND status = 'pending')"
     }
 }
 
@@ -184,7 +184,7 @@ impl Parameters for RecordRefund<'_> {
 /// into refunded if it succeeded. The one way a refund's money settles, for a phase and for the
 /// settler alike.
 pub(super) const SETTLED_TOTALS: &str = "totals AS (
-             UPDATE payments p
+             UPDATE {payments p}
              SET amount_refund_pending = p.amount_refund_pending - r.amount,
                  amount_refunded = p.amount_refunded + CASE WHEN r.status = 'succeeded' THEN r.amount ELSE 0 END,
                  updated_at = now()
@@ -221,8 +221,8 @@ pub struct FinishRefund<'a> {
 impl PhaseWrites for FinishRefund<'_> {
     fn sql(&self) -> &'static str {
         "settling AS (
-             UPDATE refunds
-             SET settle_at = now() + CASE WHEN EXISTS (SELECT FROM gateway_events
+             UPDATE {refunds}
+             SET settle_at = now() + CASE WHEN EXISTS (SELECT FROM {gateway_events}
                                                         WHERE account_id = {account}
                                                           AND idempotency_key_id = (SELECT id FROM fence))
                                           THEN interval '0'
@@ -230,10 +230,10 @@ impl PhaseWrites for FinishRefund<'_> {
              WHERE account_id = {account} AND id = {refund.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
              RETURNING id
          ), staged AS (
-             INSERT INTO staged_jobs (account_id, job_name, job_args)
+             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
              SELECT {event.account}, {event.name}, {event.args} FROM fence
          ), audited AS (
-             INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM fence
