@@ -39,15 +39,6 @@ pub trait Keyed: 'static {
     /// The phases of one request, from its key's recovery point to `finished`.
     fn phases(state: &AppState, request: Self::Request, fault: Option<Fault>) -> impl Phases + '_;
 
-    /// Answers a client's request through [`Keyed::phases`] (see [`KeyedRequest::answer`]), in a
-    /// span of the endpoint's own.
-    fn answer<'a>(
-        state: &'a AppState,
-        create: KeyedRequest<Self::Request>,
-        fault: Option<Fault>,
-        request_id: &'a RequestId,
-    ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a;
-
     /// What a key of this endpoint made, for the key's story: found by the key's row (`key_id`),
     /// or, once that is reaped, by the client's `key`; none if it made nothing (yet).
     fn made<'a>(
@@ -69,6 +60,26 @@ pub struct Resource {
     pub shown: (&'static str, serde_json::Value),
     /// When it was made.
     pub created_at: DateTime<Utc>,
+}
+
+/// Answers a client's request to `E` through its phases (see [`KeyedRequest::answer`]), in a span
+/// that names the endpoint.
+pub async fn answer<E: Keyed>(
+    state: &AppState,
+    create: KeyedRequest<E::Request>,
+    fault: Option<Fault>,
+    request_id: &RequestId,
+) -> Result<Reply, DriveError> {
+    let span = tracing::info_span!(
+        "keys.answer",
+        endpoint = E::ENDPOINT.label,
+        account.id = %create.account_id,
+        idempotency_key.id = tracing::field::Empty,
+        payment.id = tracing::field::Empty,
+        refund.id = tracing::field::Empty,
+    );
+    let answered = create.answer(state.keys(), request_id, |request| E::phases(state, request, fault));
+    tracing::Instrument::instrument(answered, span).await
 }
 
 /// A future of the completer's, boxed: the registry holds one function per endpoint.

@@ -25,7 +25,6 @@
 //! - `finished` stores the answer (`200` with the payment, or `502`), stages `payment.captured` or
 //!   `payment.canceled` if the authorization ended, and unlocks.
 
-use std::future::Future;
 use std::marker::PhantomData;
 
 use diesel::prelude::*;
@@ -103,15 +102,6 @@ impl<B: ChangeBody> Keyed for Change<B> {
         ChangePhases::new(state, request, fault)
     }
 
-    fn answer<'a>(
-        state: &'a AppState,
-        create: CreateRequest,
-        fault: Option<Fault>,
-        request_id: &'a RequestId,
-    ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
-        change_payment(state, create, fault, request_id)
-    }
-
     /// A change of a payment: the story shows the payment as it stands.
     async fn made(
         conn: &mut AsyncPgConnection,
@@ -128,20 +118,6 @@ impl<B: ChangeBody> Keyed for Change<B> {
             created_at: payment.created_at,
         }))
     }
-}
-
-/// A capture or a cancel as its key judges it (see [`KeyedRequest`]).
-pub type CreateRequest = KeyedRequest<ChangeRequest>;
-
-/// Captures or cancels a payment, or answers for what this key already did.
-#[tracing::instrument(name = "payments.change", skip_all, fields(account.id = %create.account_id, idempotency_key.id, payment.id = %create.request.payment))]
-pub async fn change_payment(
-    state: &AppState,
-    create: CreateRequest,
-    fault: Option<Fault>,
-    request_id: &RequestId,
-) -> Result<Reply, DriveError> {
-    create.answer(state.keys(), request_id, |request| ChangePhases::new(state, request, fault)).await
 }
 
 /// Cancels the account's authorization `payment_id`, past its `capture_before`, at the gateway too

@@ -8,7 +8,6 @@ mod view;
 mod writes;
 
 pub use create::{
-    CANCEL, CANCEL_CREATED, CAPTURE, CAPTURE_CREATED, Cancel, Capture, Change, CreateRequest, MadeChange,
-    change_payment, lapse, made_by_key,
+    CANCEL, CANCEL_CREATED, CAPTURE, CAPTURE_CREATED, Cancel, Capture, Change, MadeChange, lapse, made_by_key,
 };
 pub use request::{CancelBody, CancellationReason, CaptureBody, ChangeBody, ChangeKind, ChangeRequest};

@@ -14,7 +14,7 @@ use tracing::Instrument;
 use super::error::ApiError;
 use super::extract::{Authenticated, FaultRequest, IdempotencyKeyHeader, JsonBody, ResourceId};
 use crate::idempotency::{Canonical, DriveError, KeyedRequest, Reply, StoredResponse};
-use crate::keyed::Keyed;
+use crate::keyed::{self, Keyed};
 use crate::problem::PROBLEM_JSON;
 use crate::request_id::RequestId;
 use crate::state::AppState;
@@ -46,8 +46,10 @@ where
     ResourceId<E::On>: FromRequest<Error = ApiError>,
 {
     let request = KeyedRequest::new(account, key.0, E::ENDPOINT, E::validate(body.0, on.0)?);
-    answer(state, request, move |state, request| async move { E::answer(&state, request, fault.0, &request_id).await })
-        .await
+    answer(state, request, move |state, request| async move {
+        keyed::answer::<E>(&state, request, fault.0, &request_id).await
+    })
+    .await
 }
 
 /// Answers `request`, by `drive` (the endpoint's driver) unless memory does.

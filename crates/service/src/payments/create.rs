@@ -33,7 +33,6 @@
 //! `started` and the client is told 503, retry with the same key. The same driver
 //! serves a client's request and a worker finishing an abandoned one ([`crate::keyed::complete`]).
 
-use std::future::Future;
 use std::sync::Arc;
 
 use diesel::QueryResult;
@@ -53,8 +52,7 @@ use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::fields::ValidationError;
 use crate::gateway::{self, Charge, ChargeRequest, ChargeState, GatewayError, Settles};
 use crate::idempotency::{
-    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, Reply, Run,
-    StoredResponse, Transition,
+    DriveError, Endpoint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Run, StoredResponse, Transition,
 };
 use crate::keyed::{Keyed, Resource};
 use crate::outbox::StagedEvent;
@@ -73,9 +71,6 @@ pub static ENDPOINT: Endpoint = Endpoint {
     made_in: "payments",
 };
 
-/// A payment request as its key judges it (see [`KeyedRequest`]).
-pub type CreateRequest = KeyedRequest<PaymentRequest>;
-
 /// `POST /v1/payments`, as the registry lists it.
 pub struct Create;
 
@@ -91,15 +86,6 @@ impl Keyed for Create {
 
     fn phases(state: &AppState, request: PaymentRequest, fault: Option<Fault>) -> impl Phases + '_ {
         PaymentPhases::new(state, request, fault)
-    }
-
-    fn answer<'a>(
-        state: &'a AppState,
-        create: CreateRequest,
-        fault: Option<Fault>,
-        request_id: &'a RequestId,
-    ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
-        create_payment(state, create, fault, request_id)
     }
 
     async fn made(
@@ -120,20 +106,6 @@ impl Keyed for Create {
             created_at: payment.created_at,
         }))
     }
-}
-
-/// Creates a payment, or answers for the one this key already made, by the claim: ask
-/// [`KeyedRequest::answer_from_memory`] first, which answers most replays without the database.
-/// `request_id` names the HTTP request in the audit records it writes and in the problem it may
-/// store.
-#[tracing::instrument(name = "payments.create", skip_all, fields(account.id = %create.account_id, idempotency_key.id, payment.id))]
-pub async fn create_payment(
-    state: &AppState,
-    create: CreateRequest,
-    fault: Option<Fault>,
-    request_id: &RequestId,
-) -> Result<Reply, DriveError> {
-    create.answer(state.keys(), request_id, |request| PaymentPhases::new(state, request, fault)).await
 }
 
 /// Which gateway call gave the definitive answer: the charge request, or (for a payment an

@@ -6,7 +6,7 @@ mod request;
 pub(crate) mod view;
 pub(crate) mod writes;
 
-pub use create::{CHARGE_CREATED, Create, CreateRequest, ENDPOINT, create_payment};
+pub use create::{CHARGE_CREATED, Create, ENDPOINT};
 pub use model::{ChargeOutcome, GATEWAY_REJECTED, Payment, PaymentStatus};
 pub use request::{CreatePaymentBody, MAX_AMOUNT, validate_metadata};
 pub use view::{PaymentList, PaymentView};

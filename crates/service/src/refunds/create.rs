@@ -26,8 +26,6 @@
 //!   a worker looks it up until it settles.
 //! - `finished` stores the answer, stages the refund's event and unlocks.
 
-use std::future::Future;
-
 use diesel::QueryResult;
 use diesel_async::AsyncPgConnection;
 use payments_protocol::{self as protocol, FirstCall};
@@ -46,8 +44,8 @@ use crate::fields::ValidationError;
 use crate::gateway::reports::KEEPS_REPORTS;
 use crate::gateway::{self, Answered, GatewayError};
 use crate::idempotency::{
-    DriveError, Endpoint, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart, Reply, Run,
-    Started, StartedRow, Starter, StoredResponse, Transition,
+    DriveError, Endpoint, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart, Run, Started, StartedRow,
+    Starter, StoredResponse, Transition,
 };
 use crate::keyed::{Keyed, Resource};
 use crate::outbox::StagedEvent;
@@ -79,15 +77,6 @@ impl Keyed for Create {
         RefundPhases::new(state, request, fault)
     }
 
-    fn answer<'a>(
-        state: &'a AppState,
-        create: CreateRequest,
-        fault: Option<Fault>,
-        request_id: &'a RequestId,
-    ) -> impl Future<Output = Result<Reply, DriveError>> + Send + 'a {
-        create_refund(state, create, fault, request_id)
-    }
-
     async fn made(
         conn: &mut AsyncPgConnection,
         account_id: Uuid,
@@ -111,23 +100,6 @@ impl Keyed for Create {
 /// settles within seconds (the mock gateway's take 2) is then found settled at the first look-up,
 /// and the settler's backoff takes over for the slower ones.
 pub const FIRST_SETTLE_DELAY: std::time::Duration = std::time::Duration::from_secs(3);
-
-/// A refund request as its key judges it (see [`KeyedRequest`]).
-pub type CreateRequest = KeyedRequest<RefundRequest>;
-
-/// Refunds a payment, or answers for the refund this key already asked for, by the claim: ask
-/// [`KeyedRequest::answer_from_memory`] first, which answers most replays without the database.
-/// `request_id` names the HTTP request in the audit records it writes and in the answer it may
-/// store.
-#[tracing::instrument(name = "refunds.create", skip_all, fields(account.id = %create.account_id, idempotency_key.id, refund.id))]
-pub async fn create_refund(
-    state: &AppState,
-    create: CreateRequest,
-    fault: Option<Fault>,
-    request_id: &RequestId,
-) -> Result<Reply, DriveError> {
-    create.answer(state.keys(), request_id, |request| RefundPhases::new(state, request, fault)).await
-}
 
 /// Which gateway call gave the answer recorded: the refund request, or (for a resumed key) the
 /// look-up that found what an earlier run's request did.

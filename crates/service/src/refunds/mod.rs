@@ -8,7 +8,7 @@ mod settle;
 mod view;
 mod writes;
 
-pub use create::{Create, CreateRequest, ENDPOINT, REFUND_CREATED, create_refund};
+pub use create::{Create, ENDPOINT, REFUND_CREATED};
 pub use model::{Refund, RefundStatus};
 pub use request::{CreateRefundBody, RefundReason, RefundRequest};
 pub use settle::{Backoff, DueRefund, SettledBy, Settlement, lease_due_refund, settle_refund};
