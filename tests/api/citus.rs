@@ -154,7 +154,7 @@ async fn distributing_without_citus_refuses_and_changes_nothing() {
     assert!(tables.is_empty() && keys.is_empty() && views.is_empty(), "no migration ran: {tables:?}");
 }
 
-/// A table in neither of `db/distribute.rs`'s lists (`BY_ACCOUNT`, the reference tables) could be
+/// A table in neither of `db/tables.rs`' lists (`BY_ACCOUNT`, the reference tables) could be
 /// named unmarked by a statement that runs under a key: distributing refuses it, by name, and
 /// distributes nothing.
 #[tokio::test]

@@ -11,8 +11,8 @@ use std::collections::BTreeSet;
 use diesel::QueryableByName;
 use diesel::sql_types::Text;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
-use payments_service::db::distribute::BY_ACCOUNT;
 use payments_service::db::sql::marked_prefix;
+use payments_service::db::tables::BY_ACCOUNT;
 
 use super::cluster::TestDatabase;
 

@@ -22,26 +22,7 @@ use diesel::sql_types::Text;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
 use super::delegate;
-
-/// The tables copied to every node: `accounts`, which every table's foreign key names, and the
-/// events nobody could read, which may belong to no account.
-pub const REFERENCE_TABLES: [&str; 2] = ["accounts", "unreadable_gateway_events"];
-
-/// The tables distributed by `account_id`, colocated: every other table of the schema. A statement
-/// that runs under a key marks each of them where it names it (`{payments}`, see
-/// [`super::sql`]), so that on Citus it runs against the account's shard of each.
-pub const BY_ACCOUNT: [&str; 10] = [
-    "idempotency_keys",
-    "key_resources",
-    "payments",
-    "refunds",
-    "payment_changes",
-    "open_authorizations",
-    "audit_records",
-    "staged_jobs",
-    "gateway_events",
-    "key_request_counts",
-];
+use super::tables::{BY_ACCOUNT, REFERENCE_TABLES};
 
 /// The table every distributed table is colocated with.
 const COLOCATED_WITH: &str = "idempotency_keys";
@@ -55,7 +36,7 @@ pub enum DistributeError {
     )]
     NoCitus,
     #[error(
-        "the table `{0}` is in neither list of db/distribute.rs: add it to `BY_ACCOUNT` (and mark it in the \
+        "the table `{0}` is in neither list of db/tables.rs: add it to `BY_ACCOUNT` (and mark it in the \
          statements that run under a key) or to `REFERENCE_TABLES`; nothing was distributed"
     )]
     Undeclared(String),

@@ -17,6 +17,7 @@ pub mod ownership;
 pub mod schema;
 pub mod sql;
 pub mod statistics;
+pub mod tables;
 mod text_enum;
 pub mod wake;
 

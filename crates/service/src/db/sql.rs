@@ -18,7 +18,7 @@ use diesel::pg::Pg;
 use diesel::query_builder::AstPass;
 use diesel::result::{Error, QueryResult};
 
-use super::distribute::BY_ACCOUNT;
+use super::tables::BY_ACCOUNT;
 
 /// What a statement's placeholders stand for.
 pub trait Parameters {
