@@ -218,3 +218,27 @@ async fn two_completers_never_drive_one_key_at_once() {
         requests.iter().filter(|r| r.method.as_str() == "POST" && r.headers["idempotency-key"] == downstream.as_str());
     assert_eq!(charges.count(), 1, "one driver, one charge request");
 }
+
+/// A key's recovery point is read back through its endpoint, as the registry lists it: a point the
+/// endpoint does not declare (a refund's, on a payment's key) is a bug no phases can drive. The
+/// completer puts such a key on the operator's list at once, rather than take it again and again,
+/// and its client's retry is an internal error that changes nothing.
+#[tokio::test]
+async fn a_key_at_a_point_its_endpoint_does_not_declare_waits_for_a_person() {
+    let app = TestApp::builder().workers(|w| w.completer_backoff = Duration::ZERO).spawn().await;
+    let key = new_key();
+    app.seed_key(&key, &payment_body(), "refund_created", Lock::Free).await;
+
+    let completer = app.workers().completer;
+    let error = completer.run_once().await.expect_err("no endpoint drives the key");
+    assert!(error.to_string().contains("no endpoint drives"), "{error}");
+    let list = needing_attention(&mut app.db().await, &payments_service::endpoints::all()).await.unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].recovery_point, "refund_created");
+    assert!(list[0].attention_reason.contains("which no endpoint drives"), "{}", list[0].attention_reason);
+    assert_eq!(completer.run_once().await.unwrap(), Outcome::Idle, "given up on, never taken again");
+
+    assert_eq!(app.post_payment(&key, &payment_body()).await.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let row = app.key_row(&key).await.unwrap();
+    assert_eq!(row.recovery_point, "refund_created", "nothing changed");
+}
