@@ -520,13 +520,13 @@ struct Made {
     keys: i64,
 }
 
-/// 000032 moves what each key made from the view that named every endpoint's table into
+/// 000033 moves what each key made from the view that named every endpoint's table into
 /// `key_resources`: every payment, refund and change, under its key and its endpoint, as the view
 /// showed it, so that a late retry of a key reaped before the upgrade is answered as before.
 #[tokio::test]
-async fn the_000032_backfill_records_what_every_key_made_under_its_endpoint() {
+async fn the_000033_backfill_records_what_every_key_made_under_its_endpoint() {
     let database = TestDatabase::empty().await;
-    let (before, _): (Vec<_>, Vec<_>) = names().into_iter().partition(|name| name.as_str() < "2026-12-07-000032");
+    let (before, _): (Vec<_>, Vec<_>) = names().into_iter().partition(|name| name.as_str() < "2026-12-07-000033");
     migrate(&database.url, before).await;
     populate_empty_tables(&database.url).await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
@@ -535,7 +535,7 @@ async fn the_000032_backfill_records_what_every_key_made_under_its_endpoint() {
         diesel::sql_query(by_endpoint.replace("{table}", "made_by_keys")).load(&mut conn).await.unwrap();
     assert_eq!(view.len(), 3, "the view shows keys of payments, refunds and changes: {view:?}");
 
-    migrate(&database.url, vec!["2026-12-07-000032_key_resources".to_owned()]).await;
+    migrate(&database.url, vec!["2026-12-07-000033_key_resources".to_owned()]).await;
 
     let table: Vec<Made> =
         diesel::sql_query(by_endpoint.replace("{table}", "key_resources")).load(&mut conn).await.unwrap();

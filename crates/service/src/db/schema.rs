@@ -59,6 +59,7 @@ diesel::table! {
         finished_at -> Nullable<Timestamptz>,
         expires_at -> Nullable<Timestamptz>,
         nudged_at -> Nullable<Timestamptz>,
+        resource_id -> Nullable<Uuid>,
     }
 }
 

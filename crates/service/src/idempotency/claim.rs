@@ -42,8 +42,9 @@ pub enum Claim<S> {
 /// Claims `new.key` in one statement, which is race-free without any check-then-insert:
 /// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
 ///   its recorded expiry has come, by the database's clock;
-/// - `expired` looks, only when there is no row or an expired one, for what the key made (in
-///   `key_resources`, which the finishing phase wrote and which outlives the key). It reads the key's
+/// - `expired` looks, only when there is no row or an expired one, for what the key made: on its
+///   row (`resource_id`, which the finishing phase wrote), or, once the reaper deleted that, in
+///   `key_resources`, where the reaper kept it (and where 000033 put what older keys made). It reads the key's
 ///   row again for that, rather than take `existing`'s word: on Citus each step of this statement
 ///   may run on a snapshot of its own, and a step that saw no row could be followed by one that
 ///   sees the payment a concurrent claim committed with its row, and take the key, in flight, for
@@ -228,12 +229,17 @@ existing AS (
     SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM {idempotency_keys k}
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
 ), expired AS (
-    SELECT m.resource_id AS id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
-    FROM {key_resources m}
-    WHERE m.account_id = {account} AND m.idempotency_key = {key}
+    SELECT m.id, m.request_method = {method} AND m.request_path = {path} AS same_endpoint
+    FROM (SELECT k.resource_id AS id, k.request_method, k.request_path FROM {idempotency_keys k}
+          WHERE k.account_id = {account} AND k.idempotency_key = {key}
+          UNION ALL
+          SELECT r.resource_id, r.request_method, r.request_path FROM {key_resources r}
+          WHERE r.account_id = {account} AND r.idempotency_key = {key}) m
+    WHERE m.id IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM {idempotency_keys k}
                       WHERE k.account_id = {account} AND k.idempotency_key = {key}
                         AND (k.expires_at IS NULL OR k.expires_at > now()))
+    LIMIT 1
 ), inserted AS (
     INSERT INTO {idempotency_keys} (id, account_id, idempotency_key, request_method, request_path,
                                   request_fingerprint, request_params, locked_until, lock_token)

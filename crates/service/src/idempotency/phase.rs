@@ -147,10 +147,9 @@ impl<W> Query for PhaseStatement<'_, W> {
 /// while it still carries our lock token (and the writes' requirement holds), returning its
 /// `account_id` and `id`, or nothing once the lock went stale and another request took the key
 /// over. Staying or advancing renews the lease; finishing stores the response, sets the key's one
-/// expiry (which every process and the reaper go by), unlocks it, and records what the key made in
-/// `key_resources` (the layer's own table, which outlives the key: the claim reads it for a key
-/// reaped or expired; see [`super::claim`]). `key_made` reads the key row as the statement began,
-/// whose client key, method and path the fence does not change.
+/// expiry (which every process and the reaper go by), unlocks it, and records what the key made
+/// (`resource_id`: the claim answers a late retry of an expired key by it, and the reaper keeps it
+/// in `key_resources` when it deletes the row; see [`super::claim`]).
 const STAY: &str = "fence AS (
     UPDATE {idempotency_keys} SET locked_until = now() + {lease_ms} * interval '1 millisecond'
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
@@ -166,15 +165,9 @@ const FINISH: &str = "fence AS (
     UPDATE {idempotency_keys}
     SET recovery_point = 'finished', finished_at = now(), response_status = {status}, response_body = {body},
         expires_at = now() + {retention_ms} * interval '1 millisecond', locked_until = NULL, lock_token = NULL,
-        {attention}
+        resource_id = {made}, {attention}
     WHERE account_id = {key.account} AND id = {key.id} AND lock_token = {key.token}{requirement}
     RETURNING account_id, id
-), key_made AS (
-    INSERT INTO {key_resources} (account_id, idempotency_key, request_method, request_path, resource_id)
-    SELECT k.account_id, k.idempotency_key, k.request_method, k.request_path, {made}
-    FROM {idempotency_keys k}
-    WHERE k.account_id = {key.account} AND k.id = {key.id} AND {made} IS NOT NULL AND EXISTS (SELECT FROM fence)
-    ON CONFLICT (account_id, idempotency_key) DO NOTHING
 )";
 
 /// The fence of a phase: the key row's `transition`, under our lock, with the writes' requirement.

@@ -36,9 +36,10 @@ pub async fn reap_finished(conn: &mut AsyncPgConnection, retention: Duration, ba
     Ok(reaped)
 }
 
-/// Deletes up to `batch` of the account's expired keys, in one statement. One partial index on
-/// `(expires_at, finished_at)` of finished keys serves the scan. `SKIP LOCKED` lets reapers run
-/// side by side.
+/// Deletes up to `batch` of the account's expired keys, in one statement, keeping what each made
+/// (its `resource_id`) in `key_resources`, where a late retry of the key finds it. One partial
+/// index on `(expires_at, finished_at)` of finished keys serves the scan. `SKIP LOCKED` lets
+/// reapers run side by side.
 async fn reap_account(
     conn: &mut AsyncPgConnection,
     account_id: Uuid,
@@ -57,7 +58,14 @@ async fn reap_account(
                  DELETE FROM idempotency_keys k
                  USING expired old
                  WHERE k.account_id = $3 AND k.id = old.id
-                 RETURNING k.account_id, k.id, k.idempotency_key, k.response_status
+                 RETURNING k.account_id, k.id, k.idempotency_key, k.response_status, k.request_method,
+                           k.request_path, k.resource_id
+             ), kept AS (
+                 INSERT INTO key_resources (account_id, idempotency_key, request_method, request_path, resource_id)
+                 SELECT account_id, idempotency_key, request_method, request_path, resource_id
+                 FROM reaped
+                 WHERE resource_id IS NOT NULL
+                 ON CONFLICT (account_id, idempotency_key) DO NOTHING
              )
              INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
              SELECT account_id, 'idempotency_key.reaped', 'idempotency_key', id, 'reaper',

@@ -117,8 +117,8 @@ pub enum Transition {
     Advance(RecoveryPoint),
     /// Done: store the response, release the lock, and record when the key expires: `retention`
     /// (the finishing process's `PAYMENTS_KEY_RETENTION_SECS`) after the database's `now()`.
-    /// `made`: what the key's request made (a payment, a refund), recorded in `key_resources`,
-    /// which outlives the key: a late retry after the key is reaped is answered by it.
+    /// `made`: what the key's request made (a payment, a refund), recorded on the key row and,
+    /// once the reaper deletes that, in `key_resources`: a late retry is answered by it.
     Finish { response: StoredResponse, retention: Duration, made: Option<Uuid> },
 }
 

@@ -1,9 +1,10 @@
--- What a key's request made, in a table of the idempotency layer's own, which outlives the key: the
--- finishing phase writes a row (a payment's id, a refund's, a change's; a refusal made nothing),
--- and the claim reads it for a key that expired or was reaped, where it read the view
--- `made_by_keys`, which named every endpoint's table: a new endpoint now adds none of its own here.
--- Online: a new table, filled from the three tables the view read (read, never locked against
--- writes), and a view dropped that only the claim of an older version reads.
+-- What a key's request made, kept by the idempotency layer itself: the finishing phase records it
+-- on the key row (`resource_id`, 000032), and the reaper, as it deletes the row, in
+-- `key_resources`, which outlives the key. The claim reads them for a key that expired or was
+-- reaped, where it read the view `made_by_keys`, which named every endpoint's table: a new
+-- endpoint now adds none of its own here. Online: a new table filled from the three tables the
+-- view read (read, never locked against writes), and a view dropped that only the claim of an
+-- older version reads.
 SET LOCAL lock_timeout = '5s';
 
 CREATE TABLE key_resources (
@@ -29,7 +30,8 @@ BEGIN
 END
 $$;
 
--- What every key made so far, as the view showed it.
+-- What every key made so far, as the view showed it: the finished keys' rows, not yet reaped,
+-- have no `resource_id`, and are answered from here too.
 INSERT INTO key_resources (account_id, idempotency_key, request_method, request_path, resource_id)
 SELECT account_id, idempotency_key, request_method, request_path, id FROM made_by_keys
 ON CONFLICT (account_id, idempotency_key) DO NOTHING;
