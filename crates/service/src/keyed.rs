@@ -1,7 +1,7 @@
 //! An endpoint whose `POST`s run under idempotency keys, as the service knows it: what the layer
 //! needs of it ([`Endpoint`]), how its request is read and validated, and its phases. An endpoint
 //! implements [`Keyed`] in its own module and is listed once, in [`crate::endpoints`]; the router,
-//! the completer, the metrics and the operator's commands all read that list.
+//! the completer, the metrics, a key's story and the operator's commands all read that list.
 
 use std::future::Future;
 use std::pin::Pin;
