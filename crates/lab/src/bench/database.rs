@@ -35,6 +35,22 @@ pub struct Counters {
     pub refunds: u64,
 }
 
+/// One statement's running totals in `pg_stat_statements`, by its query id.
+#[derive(Debug, Clone, QueryableByName)]
+pub struct StatementTotals {
+    #[diesel(sql_type = BigInt)]
+    pub queryid: i64,
+    #[diesel(sql_type = Text)]
+    pub query: String,
+    #[diesel(sql_type = BigInt)]
+    pub calls: i64,
+    /// Execution time, in milliseconds (planning apart).
+    #[diesel(sql_type = diesel::sql_types::Double)]
+    pub exec_ms: f64,
+    #[diesel(sql_type = BigInt)]
+    pub rows: i64,
+}
+
 /// The benchmark's connection to the service's database.
 pub struct Probe {
     conn: Mutex<AsyncPgConnection>,
@@ -151,6 +167,20 @@ impl Probe {
             payments: row.payments as u64,
             refunds: row.refunds as u64,
         })
+    }
+
+    /// Every statement's totals in this database so far (none without `pg_stat_statements`): the
+    /// difference of two readings is what ran between them, statement by statement.
+    pub async fn statement_totals(&self) -> anyhow::Result<Vec<StatementTotals>> {
+        if !self.has_statements {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.conn.lock().await;
+        let sql = "SELECT queryid, query, calls, total_exec_time AS exec_ms, rows FROM pg_stat_statements \
+                   WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND queryid IS NOT NULL";
+        let totals = diesel::sql_query(sql).load::<StatementTotals>(&mut *conn).await;
+        self.issued.fetch_add(1, Ordering::Relaxed);
+        Ok(totals?)
     }
 
     /// Whether every staged event has been delivered (dead letters aside): cheaper than counting,

@@ -31,6 +31,7 @@ mod report;
 mod sampler;
 mod world;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -41,13 +42,13 @@ use reqwest::Url;
 
 use crate::progress::Progress;
 use charts::Charts;
-use database::{Counters, Probe, drain};
+use database::{Counters, Probe, StatementTotals, drain};
 use load::{Driver, Finished};
 use procfs::{Watched, rss_kib};
 use reference::{BareEndpoint, Pgbench};
 use report::{
     BareCpu, BareReport, Before, CitusRatios, CitusReport, Cost, LoadReport, Machine, Outbox, Ratios, References,
-    Report, ScenarioReport, Scenarios, ServiceCpu, Settings,
+    Report, ScenarioReport, Scenarios, ServiceCpu, Settings, StatementCost,
 };
 use sampler::{Sampler, Seen};
 use world::World;
@@ -283,6 +284,7 @@ struct Run<'a> {
 impl Run<'_> {
     async fn scenario(&self, scenario: Scenario, finished: Option<Finished>) -> anyhow::Result<(ScenarioReport, Seen)> {
         let name = format!("{scenario:?}").to_lowercase();
+        let statements_before = self.statement_totals().await?;
         let counters_before = self.counters().await?;
         let deliveries_before = self.world.deliveries();
         let cpu_before = self.processes.sample();
@@ -301,6 +303,7 @@ impl Run<'_> {
         drop(draining);
         let cpu_after = self.processes.sample();
         let counters_after = self.counters().await?;
+        let statements_after = self.statement_totals().await?;
         let deliveries_after = self.world.deliveries();
 
         let mut load_report = LoadReport::of(&load);
@@ -339,8 +342,16 @@ impl Run<'_> {
                 drain_ms: drained_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 deliveries: deliveries_before.zip(deliveries_after).map(|(before, after)| after - before),
             },
+            statements: statement_costs(&statements_before, &statements_after, load.requests),
         };
         Ok((report, Seen { latency_us: Some(load.latency_us), samples }))
+    }
+
+    async fn statement_totals(&self) -> anyhow::Result<Vec<StatementTotals>> {
+        match &self.probe {
+            Some(probe) => probe.statement_totals().await,
+            None => Ok(Vec::new()),
+        }
     }
 
     async fn counters(&self) -> anyhow::Result<Option<Counters>> {
@@ -415,5 +426,99 @@ fn machine(postgresql: Option<String>) -> Machine {
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|k| k.trim().to_owned()),
         cpu_model: cpu_model.map(str::to_owned),
         postgresql,
+    }
+}
+
+/// How many statements the per-statement table shows, those that took the most execution time.
+const STATEMENTS_SHOWN: usize = 10;
+
+/// What each statement cost per request between two readings of `pg_stat_statements`: the
+/// [`STATEMENTS_SHOWN`] that took the most execution time, most first.
+fn statement_costs(before: &[StatementTotals], after: &[StatementTotals], requests: u64) -> Vec<StatementCost> {
+    if requests == 0 {
+        return Vec::new();
+    }
+    let earlier: HashMap<i64, &StatementTotals> = before.iter().map(|s| (s.queryid, s)).collect();
+    let per_request = |n: f64| n / requests as f64;
+    let mut costs: Vec<StatementCost> = after
+        .iter()
+        .filter_map(|now| {
+            let then = earlier.get(&now.queryid);
+            let calls = now.calls - then.map_or(0, |t| t.calls);
+            (calls > 0).then(|| StatementCost {
+                statement: statement_name(&now.query),
+                calls_per_request: per_request(calls as f64),
+                exec_us_per_request: per_request((now.exec_ms - then.map_or(0.0, |t| t.exec_ms)) * 1000.0),
+                rows_per_request: per_request((now.rows - then.map_or(0, |t| t.rows)) as f64),
+            })
+        })
+        .collect();
+    costs.sort_by(|a, b| b.exec_us_per_request.total_cmp(&a.exec_us_per_request));
+    costs.truncate(STATEMENTS_SHOWN);
+    costs
+}
+
+/// A statement's name for the table: a statement of CTEs by their names (`WITH fence, staged,
+/// audited`), else its first words, on one line and at most 90 characters.
+fn statement_name(query: &str) -> String {
+    let words: Vec<&str> = query.split_whitespace().collect();
+    let text = match words.first() {
+        Some(first) if first.eq_ignore_ascii_case("WITH") => {
+            // Each CTE's name is the word before its `AS (` (or `AS MATERIALIZED (`).
+            let opens = |word: &str| word.starts_with('(') || word.eq_ignore_ascii_case("MATERIALIZED");
+            let names: Vec<&str> = words
+                .windows(3)
+                .filter(|w| w[1].eq_ignore_ascii_case("AS") && opens(w[2]))
+                .map(|w| w[0].trim_start_matches(['(', ',', ')']))
+                .filter(|name| !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+                .collect();
+            match names.is_empty() {
+                true => words.join(" "),
+                false => format!("WITH {}", names.join(", ")),
+            }
+        }
+        _ => words.join(" "),
+    };
+    let mut name: String = text.chars().take(90).collect();
+    if text.chars().count() > 90 {
+        name.push('…');
+    }
+    name.replace('|', "\\|")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statement_is_named_by_its_ctes_or_its_first_words() {
+        let phase = "WITH fence AS (\n    UPDATE t SET a = 1\n), staged AS (INSERT INTO s SELECT 1 FROM fence), \
+                     audited AS (SELECT 1)\nSELECT id FROM fence";
+        assert_eq!(statement_name(phase), "WITH fence, staged, audited");
+        assert_eq!(statement_name("WITH due AS MATERIALIZED (SELECT 1) SELECT 2"), "WITH due");
+        assert_eq!(statement_name("SELECT  a\n FROM t WHERE b = $1"), "SELECT a FROM t WHERE b = $1");
+        assert_eq!(statement_name("SELECT a || b"), "SELECT a \\|\\| b");
+        assert_eq!(statement_name(&"x ".repeat(100)).chars().count(), 91);
+    }
+
+    #[test]
+    fn each_statement_costs_what_ran_between_the_readings_per_request() {
+        let totals = |queryid, calls, exec_ms, rows| StatementTotals {
+            queryid,
+            query: format!("SELECT {queryid}"),
+            calls,
+            exec_ms,
+            rows,
+        };
+        let before = [totals(1, 10, 5.0, 10), totals(2, 4, 1.0, 0)];
+        let after = [totals(1, 110, 105.0, 110), totals(2, 4, 1.0, 0), totals(3, 50, 200.0, 25)];
+        let costs = statement_costs(&before, &after, 100);
+        let shown: Vec<(&str, f64, f64, f64)> = costs
+            .iter()
+            .map(|c| (c.statement.as_str(), c.calls_per_request, c.exec_us_per_request, c.rows_per_request))
+            .collect();
+        // Statement 2 did not run in between; 3 is new, and took the most time.
+        assert_eq!(shown, [("SELECT 3", 0.5, 2000.0, 0.25), ("SELECT 1", 1.0, 1000.0, 1.0)]);
+        assert!(statement_costs(&before, &after, 0).is_empty());
     }
 }

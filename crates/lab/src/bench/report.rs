@@ -129,6 +129,19 @@ pub struct ScenarioReport {
     /// Refunds made during the scenario and the drain after it.
     pub refunds_created: Option<u64>,
     pub outbox: Outbox,
+    /// The statements that took the most of PostgreSQL's execution time, per request, from just
+    /// before the load to the end of the drain (`pg_stat_statements`; empty without it).
+    pub statements: Vec<StatementCost>,
+}
+
+/// One statement's cost, per request of its scenario.
+#[derive(Serialize)]
+pub struct StatementCost {
+    /// The statement, named by its CTEs (`WITH existing, expired, ...`) or its first words.
+    pub statement: String,
+    pub calls_per_request: f64,
+    pub exec_us_per_request: f64,
+    pub rows_per_request: f64,
 }
 
 /// What a request cost, per request.
@@ -324,6 +337,23 @@ impl Report {
             let c = &b.cpu_us_per_request;
             let _ =
                 writeln!(out, "| bare endpoint | {} | | | {} | | | | | | | |", float(c.endpoint, 0), float(c.bench, 0));
+        }
+        for (name, s) in &scenarios {
+            if s.statements.is_empty() {
+                continue;
+            }
+            let _ = writeln!(out, "\n| statements of `{name}`, per request | calls | execution µs | rows |");
+            out.push_str("|---|--:|--:|--:|\n");
+            for statement in &s.statements {
+                let _ = writeln!(
+                    out,
+                    "| `{}` | {:.2} | {:.0} | {:.2} |",
+                    statement.statement,
+                    statement.calls_per_request,
+                    statement.exec_us_per_request,
+                    statement.rows_per_request
+                );
+            }
         }
         let rss = &self.api_rss_kib;
         let _ = writeln!(out, "\nAPI resident memory: {} KiB before, {} KiB after", int(rss.before), int(rss.after));
