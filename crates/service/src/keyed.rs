@@ -105,13 +105,16 @@ pub fn complete<'a, E: Keyed>(state: &'a AppState, abandoned: Abandoned, run: &'
     ))
 }
 
+/// A look-up of what a key made, boxed: the registry holds one function per endpoint.
+pub type Finding<'a> = Pin<Box<dyn Future<Output = QueryResult<Option<Resource>>> + Send + 'a>>;
+
 /// What a key of `E` made (see [`Keyed::made`]), boxed as the registry holds it.
 fn made<'a, E: Keyed>(
     conn: &'a mut AsyncPgConnection,
     account_id: Uuid,
     key_id: Option<Uuid>,
     key: &'a str,
-) -> Pin<Box<dyn Future<Output = QueryResult<Option<Resource>>> + Send + 'a>> {
+) -> Finding<'a> {
     Box::pin(E::made(conn, account_id, key_id, key))
 }
 
@@ -124,13 +127,7 @@ pub struct Registered {
     /// How a worker finishes a request its client abandoned.
     pub complete: for<'a> fn(&'a AppState, Abandoned, &'a RequestId) -> Completion<'a>,
     /// What a key made, for its story.
-    #[expect(clippy::type_complexity, reason = "a boxed future, spelled once")]
-    pub made: for<'a> fn(
-        &'a mut AsyncPgConnection,
-        Uuid,
-        Option<Uuid>,
-        &'a str,
-    ) -> Pin<Box<dyn Future<Output = QueryResult<Option<Resource>>> + Send + 'a>>,
+    pub made: for<'a> fn(&'a mut AsyncPgConnection, Uuid, Option<Uuid>, &'a str) -> Finding<'a>,
 }
 
 impl Registered {

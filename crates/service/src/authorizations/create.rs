@@ -43,7 +43,7 @@ use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::fields::ValidationError;
 use crate::gateway::reports::KEEPS_REPORTS;
-use crate::gateway::{self, Answered, Authorization, Changed, GatewayError};
+use crate::gateway::{self, Authorization, Changed, GatewayError};
 use crate::idempotency::{
     DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart,
     Reply, Run, Started, StartedRow, Starter, StoredResponse, Transition,
@@ -263,7 +263,7 @@ impl<'a> ChangePhases<'a> {
         let (gateway, call) = (&self.state.gateway, self.state.settings.gateway_timeout);
         if protocol::first_call(run.lock().resumed()) == FirstCall::LookUp {
             run.check_lease_outlasts(call)?;
-            let read = ours(gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?, &made.gateway)?;
+            let read = gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?.ours(&made.gateway)?;
             match read {
                 Some(Authorization::Open) => {}
                 read => return Ok(self.settled_by(made, read)),
@@ -278,13 +278,13 @@ impl<'a> ChangePhases<'a> {
             }
             ChangeKind::Cancel => gateway.cancel(&key, &made.charge_id).await,
         };
-        match ours(answered.map_err(indeterminate)?, &made.gateway)? {
+        match answered.map_err(indeterminate)?.ours(&made.gateway)? {
             Ok(Changed::Now(authorization)) => Ok(self.settled_by(made, Some(authorization))),
             // Captured or cancelled before (by this key, under a key the gateway forgot, or by
             // the other change): the charge says which.
             Ok(Changed::Before) => {
                 run.check_lease_outlasts(call)?;
-                let read = ours(gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?, &made.gateway)?;
+                let read = gateway.get_charge(&made.charge_id).await.map_err(indeterminate)?.ours(&made.gateway)?;
                 Ok(self.settled_by(made, read))
             }
             Err(error @ (GatewayError::Rejected { .. } | GatewayError::Declined { .. })) => {
@@ -414,12 +414,6 @@ fn action(kind: ChangeKind, step: &str) -> &'static str {
         (ChangeKind::Cancel, "recorded") => "payment.cancel_recorded",
         (ChangeKind::Cancel, _) => "payment.cancel_finished",
     }
-}
-
-/// The answer, if the charge's own gateway gave it (see [`Answered::ours`]): another's is no answer
-/// (and one that names itself holds nothing of ours: see [`WrongGateway`](crate::gateway::WrongGateway)).
-fn ours<T>(answered: Answered<T>, gateway: &str) -> Result<T, DriveError> {
-    answered.ours(gateway).map_err(DriveError::from)
 }
 
 fn indeterminate(error: GatewayError) -> DriveError {

@@ -42,7 +42,7 @@ use crate::db::wake::Wake;
 use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::fields::ValidationError;
 use crate::gateway::reports::KEEPS_REPORTS;
-use crate::gateway::{self, Answered, GatewayError};
+use crate::gateway::{self, GatewayError};
 use crate::idempotency::{
     DriveError, Endpoint, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart, Run, Started, StartedRow,
     Starter, StoredResponse, Transition,
@@ -223,14 +223,15 @@ impl<'a> RefundPhases<'a> {
         if protocol::first_call(run.lock().resumed()) == FirstCall::LookUp {
             run.check_lease_outlasts(call)?;
             let found = gateway.find_refund(&key, &request).await.map_err(indeterminate)?;
-            if let Some(answer) = ours(found, &reserved.gateway)? {
+            // Only the charge's own gateway's answer is one (see `Answered::ours`).
+            if let Some(answer) = found.ours(&reserved.gateway)? {
                 tracing::info!("adopting what an earlier run's refund request did");
                 return Ok((answer, AnsweredBy::LookUp));
             }
         }
         run.check_lease_outlasts(call)?;
         let answered = gateway.refund(&key, &request).await.map_err(indeterminate)?;
-        let answer = ours(answered, &reserved.gateway)?;
+        let answer = answered.ours(&reserved.gateway)?;
         Ok((answer, AnsweredBy::Refund))
     }
 
@@ -319,12 +320,6 @@ pub(super) fn event_of(status: RefundStatus) -> &'static str {
         RefundStatus::Succeeded => "refund.succeeded",
         RefundStatus::Failed => "refund.failed",
     }
-}
-
-/// The answer, if the charge's own gateway gave it (see [`Answered::ours`]): another's is no answer
-/// (and one that names itself holds nothing of ours: see [`WrongGateway`](crate::gateway::WrongGateway)).
-fn ours<T>(answered: Answered<T>, gateway: &str) -> Result<T, DriveError> {
-    answered.ours(gateway).map_err(DriveError::from)
 }
 
 fn indeterminate(error: GatewayError) -> DriveError {
