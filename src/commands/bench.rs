@@ -72,6 +72,10 @@ pub struct BenchArgs {
     /// per second as ratios, statements and distributed executions per request.
     #[arg(long, conflicts_with = "url", value_parser = clap::value_parser!(u16).range(1..=8))]
     pub citus_workers: Option<u16>,
+    /// Explain one statement in this many as it runs, for the plans the report shows (own
+    /// PostgreSQL only): 1 explains every statement.
+    #[arg(long, default_value_t = bench::DEFAULT_EXPLAIN_EVERY, value_parser = clap::value_parser!(u32).range(1..))]
+    pub explain_every: u32,
 }
 
 /// `payments bench-endpoint`: the bare reference endpoint, as a process of its own.
@@ -107,6 +111,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         plot: args.plot,
         deployment,
         citus_workers: args.citus_workers,
+        explain_every: args.explain_every,
     };
     bench::run(plan).await
 }

@@ -80,7 +80,9 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
     let json = std::env::temp_dir().join(format!("payments-bench-{}.json", uuid::Uuid::new_v4().simple()));
     let plots = std::env::temp_dir().join(format!("payments-plots-{}", uuid::Uuid::new_v4().simple()));
     let mut bench = tokio::process::Command::new(env!("CARGO_BIN_EXE_payments"));
-    bench.args(["bench", "--clients", "4", "--duration", "1s", "--replay-keys", "40", "--references", "--json"]);
+    bench.args(["bench", "--clients", "4", "--duration", "1s", "--replay-keys", "40", "--references"]);
+    // Every statement explained, so that each scenario's costliest have their plans.
+    bench.args(["--explain-every", "1", "--json"]);
     bench.arg(&json).arg("--plot").arg(&plots).env_remove("DATABASE_URL").kill_on_drop(true);
     bench.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
     let bench = bench.spawn().unwrap();
@@ -122,6 +124,14 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
     let claim = claim.unwrap_or_else(|| panic!("no claim among {statements:#?}"));
     assert!((claim["calls_per_request"].as_f64().unwrap() - 1.0).abs() < 0.05, "{claim:#}");
     assert!(claim["exec_us_per_request"].as_f64().unwrap() > 0.0, "{claim:#}");
+    // And its plan as it ran: the key row inserted, the payment with it, the account's row checked.
+    let plans = new["plans"].as_array().unwrap();
+    let plan = plans.iter().find(|p| p["statement"] == claim["statement"]);
+    let plan = plan.unwrap_or_else(|| panic!("no plan of the claim among {plans:#?}")).to_string();
+    for node in ["CTE inserted: Insert on idempotency_keys", "CTE created: Insert on payments", "rows 1"] {
+        assert!(plan.contains(node), "{node} not in {plan}");
+    }
+    assert!(table.contains("plans of `new`'s costliest statements"), "{table}");
     assert!(new["outbox"]["deliveries"].as_u64() >= new["payments_created"].as_u64(), "every event delivered");
     // Each refund request made one refund, and no payment; each refund's event was delivered.
     let refund = &report["scenarios"]["refund"];

@@ -40,11 +40,13 @@ pub enum Nodes {
 impl OwnDatabase {
     /// Starts a durable cluster under `root` with these server settings, and makes the database
     /// and an account named `account` in it.
-    pub async fn start(root: &Path, settings: &'static [&'static str], account: &str) -> anyhow::Result<OwnDatabase> {
+    pub async fn start(root: &Path, settings: Vec<String>, account: &str) -> anyhow::Result<OwnDatabase> {
         let root = root.to_owned();
-        let cluster =
-            tokio::task::spawn_blocking(move || Cluster::start_with_settings(&root, Durability::Durable, settings))
-                .await??;
+        let cluster = tokio::task::spawn_blocking(move || {
+            let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+            Cluster::start_with_settings(&root, Durability::Durable, &settings)
+        })
+        .await??;
         execute(&cluster.url("postgres"), &format!("CREATE DATABASE {DATABASE}")).await?;
         let url = cluster.url(DATABASE);
         let api_key = migrate_and_open(&url, &["migrate"], account).await?;

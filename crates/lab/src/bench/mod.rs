@@ -25,6 +25,7 @@ mod charts;
 mod database;
 pub mod endpoint;
 mod load;
+mod plans;
 mod procfs;
 mod reference;
 mod report;
@@ -44,6 +45,7 @@ use crate::progress::Progress;
 use charts::Charts;
 use database::{Counters, Probe, StatementTotals, drain};
 use load::{Driver, Finished};
+use plans::{PLANS_SHOWN, ServerLog};
 use procfs::{Watched, rss_kib};
 use reference::{BareEndpoint, Pgbench};
 use report::{
@@ -84,7 +86,12 @@ pub struct Plan {
     /// Also run the scenarios on a Citus cluster of a coordinator and this many workers, after
     /// one PostgreSQL (own deployment only).
     pub citus_workers: Option<u16>,
+    /// One statement in this many is explained as it runs (see [`plans`]).
+    pub explain_every: u32,
 }
+
+/// See [`Plan::explain_every`].
+pub const DEFAULT_EXPLAIN_EVERY: u32 = 200;
 
 /// What to measure.
 pub enum Deployment {
@@ -99,7 +106,7 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
     let progress = Progress::new();
     let starting = progress.step("starting the service");
     let world = match &plan.deployment {
-        Deployment::Own => World::start(None).await?,
+        Deployment::Own => World::start(None, plan.explain_every).await?,
         Deployment::Existing { url, api_key, database_url, pids } => {
             World::existing(url.clone(), api_key.clone(), database_url.clone(), *pids)?
         }
@@ -132,7 +139,7 @@ pub async fn run(plan: Plan) -> anyhow::Result<()> {
 /// The same scenarios on a Citus cluster of the benchmark's own, beside `single`'s figures.
 async fn on_citus(plan: &Plan, workers: u16, single: &Scenarios, progress: &Progress) -> anyhow::Result<CitusReport> {
     let starting = progress.step(&format!("starting the service on Citus ({workers} workers)"));
-    let world = World::start(Some(workers)).await?;
+    let world = World::start(Some(workers), plan.explain_every).await?;
     starting.finish(&format!("at {}", world.api_url));
     let measured = measure(plan, &world, false, progress).await;
     let stopping = progress.step("stopping");
@@ -285,6 +292,8 @@ impl Run<'_> {
     async fn scenario(&self, scenario: Scenario, finished: Option<Finished>) -> anyhow::Result<(ScenarioReport, Seen)> {
         let name = format!("{scenario:?}").to_lowercase();
         let statements_before = self.statement_totals().await?;
+        let server_log = self.world.server_log.clone().map(ServerLog::new);
+        let log_from = server_log.as_ref().map(ServerLog::position);
         let counters_before = self.counters().await?;
         let deliveries_before = self.world.deliveries();
         let cpu_before = self.processes.sample();
@@ -305,6 +314,15 @@ impl Run<'_> {
         let counters_after = self.counters().await?;
         let statements_after = self.statement_totals().await?;
         let deliveries_after = self.world.deliveries();
+
+        let statements = statement_costs(&statements_before, &statements_after, load.requests);
+        let plans = match server_log.zip(log_from) {
+            Some((log, from)) => {
+                let costliest: Vec<&str> = statements.iter().take(PLANS_SHOWN).map(|s| s.statement.as_str()).collect();
+                log.plans_since(from, &costliest)?
+            }
+            None => Vec::new(),
+        };
 
         let mut load_report = LoadReport::of(&load);
         let cost = |counters_after: Option<Counters>, cpu_after| {
@@ -342,7 +360,8 @@ impl Run<'_> {
                 drain_ms: drained_in.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
                 deliveries: deliveries_before.zip(deliveries_after).map(|(before, after)| after - before),
             },
-            statements: statement_costs(&statements_before, &statements_after, load.requests),
+            statements,
+            plans,
         };
         Ok((report, Seen { latency_us: Some(load.latency_us), samples }))
     }

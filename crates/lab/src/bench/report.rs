@@ -7,6 +7,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use super::load::{Load, Scenario};
+use super::plans::StatementPlan;
 use super::reference::PgbenchRun;
 
 #[derive(Serialize)]
@@ -132,7 +133,14 @@ pub struct ScenarioReport {
     /// The statements that took the most of PostgreSQL's execution time, per request, from just
     /// before the load to the end of the drain (`pg_stat_statements`; empty without it).
     pub statements: Vec<StatementCost>,
+    /// The plans of the costliest three, each the sampled run of median duration (own
+    /// PostgreSQL only; see [`super::plans`]).
+    pub plans: Vec<StatementPlan>,
 }
+
+/// The scenarios whose plans the tables show (the JSON has every scenario's): a new payment's and
+/// a refund's statements; the others run the same ones.
+const SCENARIOS_WITH_PLANS: &[&str] = &["new", "refund"];
 
 /// One statement's cost, per request of its scenario.
 #[derive(Serialize)]
@@ -353,6 +361,26 @@ impl Report {
                     statement.exec_us_per_request,
                     statement.rows_per_request
                 );
+            }
+        }
+        for (name, s) in &scenarios {
+            if s.plans.is_empty() || !SCENARIOS_WITH_PLANS.contains(name) {
+                continue;
+            }
+            let _ = writeln!(
+                out,
+                "\nplans of `{name}`'s costliest statements, as they ran (auto_explain: the sampled run of median duration)"
+            );
+            for plan in &s.plans {
+                let _ = writeln!(
+                    out,
+                    "\n`{}`: {:.3} ms, of {} sampled\n```",
+                    plan.statement, plan.duration_ms, plan.sampled
+                );
+                for line in &plan.plan {
+                    let _ = writeln!(out, "{line}");
+                }
+                out.push_str("```\n");
             }
         }
         let rss = &self.api_rss_kib;

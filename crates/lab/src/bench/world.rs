@@ -16,9 +16,18 @@ use crate::webhook::WebhookSink;
 use crate::{Nodes, OwnDatabase, Scratch};
 
 /// What the benchmark's own cluster runs with beyond the usual: statement counts, `BEGIN` and
-/// `COMMIT` included. Nothing that trades durability for speed: fsync and synchronous_commit stay on.
-const SERVER_SETTINGS: &[&str] =
-    &["shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_utility=on"];
+/// `COMMIT` included; and a sample of statements explained to the log as they ran, with their
+/// actual times, rows, buffers and triggers (see [`super::plans`]). Nothing that trades durability
+/// for speed: fsync and synchronous_commit stay on.
+const SERVER_SETTINGS: &[&str] = &[
+    "shared_preload_libraries=pg_stat_statements,auto_explain",
+    "pg_stat_statements.track_utility=on",
+    "auto_explain.log_min_duration=0",
+    "auto_explain.log_analyze=on",
+    "auto_explain.log_buffers=on",
+    "auto_explain.log_triggers=on",
+    "auto_explain.log_format=json",
+];
 
 /// The benchmark's scratch directories: `/tmp/payments-bench-<pid>`.
 const SCRATCH_PREFIX: &str = "payments-bench-";
@@ -40,6 +49,8 @@ pub struct World {
     pub pids: Pids,
     /// Where the benchmark keeps its files (the references' SQL, logs), removed at the end.
     pub scratch: PathBuf,
+    /// The log of its own PostgreSQL, where the sampled plans are (none on Citus or elsewhere).
+    pub server_log: Option<PathBuf>,
     /// Fields drop in order: the processes before the cluster they use, the scratch directory
     /// holding that cluster last.
     own: Option<Own>,
@@ -55,19 +66,25 @@ struct Own {
 
 impl World {
     /// Starts a deployment of the benchmark's own: on one PostgreSQL, or on a Citus cluster of a
-    /// coordinator and `citus_workers` workers.
-    pub async fn start(citus_workers: Option<u16>) -> anyhow::Result<World> {
+    /// coordinator and `citus_workers` workers; one statement in `explain_every` explained to
+    /// the log.
+    pub async fn start(citus_workers: Option<u16>, explain_every: u32) -> anyhow::Result<World> {
         let scratch = Scratch::create(SCRATCH_PREFIX)?;
+        let mut settings: Vec<String> = SERVER_SETTINGS.iter().map(|s| s.to_string()).collect();
+        settings.push(format!("auto_explain.sample_rate={}", 1.0 / f64::from(explain_every)));
         let database = match citus_workers {
-            None => OwnDatabase::start(&scratch.path().join("pg"), SERVER_SETTINGS, "bench").await?,
+            None => OwnDatabase::start(&scratch.path().join("pg"), settings, "bench").await?,
             Some(workers) => OwnDatabase::start_citus(&scratch.path().join("citus"), workers.into(), "bench").await?,
         };
         let (database_url, api_key) = (database.url.clone(), database.api_key.clone());
         // PostgreSQL's CPU time is that of one postmaster's processes: on Citus it would be the
         // coordinator's alone, so it is left out there.
-        let postgres = match &database.nodes {
-            Nodes::One(_) => postmaster_pid(&scratch.path().join("pg")),
-            Nodes::Citus(_) => None,
+        let (postgres, server_log) = match &database.nodes {
+            Nodes::One(_) => {
+                let root = scratch.path().join("pg");
+                (postmaster_pid(&root), Some(root.join("postgres.log")))
+            }
+            Nodes::Citus(_) => (None, None),
         };
 
         let quiet = [("RUST_LOG", "warn")];
@@ -95,6 +112,7 @@ impl World {
             database_url: Some(database_url),
             pids,
             scratch: scratch.path().to_owned(),
+            server_log,
             own: Some(Own { serve, gateway, webhook, database: Some(database) }),
             _scratch: scratch,
         })
@@ -109,6 +127,7 @@ impl World {
             database_url,
             pids,
             scratch: scratch.path().to_owned(),
+            server_log: None,
             own: None,
             _scratch: scratch,
         })

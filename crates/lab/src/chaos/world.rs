@@ -98,7 +98,7 @@ impl World {
     pub async fn start(citus_workers: Option<u16>) -> anyhow::Result<World> {
         let scratch = Scratch::create(SCRATCH_PREFIX)?;
         let database = match citus_workers {
-            None => OwnDatabase::start(&scratch.path().join("pg"), &[], "chaos").await?,
+            None => OwnDatabase::start(&scratch.path().join("pg"), Vec::new(), "chaos").await?,
             Some(workers) => OwnDatabase::start_citus(&scratch.path().join("citus"), workers.into(), "chaos").await?,
         };
         // Fixed ports, so that a restarted server is where the clients and the relay look for it.
