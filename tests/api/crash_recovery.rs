@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
-use crate::helpers::{GatewayControl, Process, TestDatabase, new_key, payment_body, wait_for};
+use crate::helpers::{GatewayControl, Process, TestApp, TestDatabase, new_key, payment_body, wait_for};
 
 /// Short enough that a crashed request's lock goes stale quickly: the shortest the service accepts
 /// for this gateway timeout (three calls, 7.5 s of phase attempts, a 1 s checkout, 1 s to spare).
@@ -71,6 +71,31 @@ impl Crashed {
     /// `started` in its statement.
     async fn at_after_a_payment(point: &str) -> Crashed {
         Crashed::of("/v1/payments", point, true).await
+    }
+
+    /// A payment whose first run crashed the process after its charge, and whose retry, taking it
+    /// up, crashed the process again at `point`: a run that made the payment records the answer
+    /// with the key's finish, so a key stops at `charge_created` only on such a run.
+    async fn resumed_at(point: &str) -> Crashed {
+        let crashed = Crashed::at("after_charge").await;
+        let env = [
+            ("PAYMENTS_FAULT_INJECTION", "1"),
+            ("PAYMENTS_GATEWAY_TIMEOUT_MS", GATEWAY_TIMEOUT_MS),
+            ("PAYMENTS_LOCK_TIMEOUT_MS", LOCK_TIMEOUT_MS),
+        ];
+        let mut doomed = Process::serve(&crashed.database.url, &crashed.gateway.url, &["--no-workers"], &env).await;
+        wait_for(Duration::from_secs(30), "the retry gets past the stale lock, and crashes", || async {
+            match crashed.post(&doomed.url, Some(point)).await {
+                Ok(response) if response.status() == StatusCode::CONFLICT => None,
+                Ok(response) => panic!("the retry was answered {}", response.status()),
+                Err(_) => Some(()),
+            }
+        })
+        .await;
+        let status = doomed.exited().await;
+        assert_eq!(status.signal(), Some(nix::sys::signal::Signal::SIGABRT as i32), "aborted, no clean-up");
+        assert_eq!(crashed.recovery_point().await, "charge_created");
+        crashed
     }
 
     /// A request to `path` that crashed the process at `point`, after a payment made just before on
@@ -227,7 +252,33 @@ async fn a_crash_after_the_charge_is_recovered_by_the_retry_with_one_charge() {
 
 #[tokio::test]
 async fn a_crash_after_charge_created_is_recovered_by_the_retry_with_one_charge() {
-    recovered_by_the_clients_retry("after_charge_created").await;
+    recovered_by_the_retry(Crashed::resumed_at("after_charge_created").await).await;
+}
+
+/// A payment its run made records the gateway's answer with the key's finish, in one statement:
+/// there is no point between the two to stop at.
+#[tokio::test]
+async fn a_payment_made_by_its_run_is_recorded_and_finished_at_once() {
+    let database = TestDatabase::create().await;
+    let Doomed { api_key, gateway, doomed, .. } = Doomed::start(&database, "at once").await;
+    let http = reqwest::Client::new();
+    let pay = |key: String| {
+        http.post(format!("{}/v1/payments", doomed.url))
+            .bearer_auth(&api_key)
+            .header("Idempotency-Key", key)
+            .header("X-Fault-Inject", "crash=after_charge_created")
+            .json(&payment_body())
+            .send()
+    };
+    // The process's first payment, its claim alone, and one after it, with its claim.
+    for _ in 0..2 {
+        let paid = pay(new_key()).await.expect("no crash");
+        assert_eq!(paid.status(), StatusCode::CREATED);
+    }
+    let recorded = "(SELECT count(*) = 2 FROM audit_records WHERE action = 'payment.charge_recorded')";
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    assert!(TestApp::database_says_on(&mut conn, recorded).await, "each answer recorded, in the trail as before");
+    assert_eq!(GatewayControl::new(&gateway.url).stats().await.charges, 2);
 }
 
 #[tokio::test]
@@ -242,7 +293,7 @@ async fn a_crash_after_the_charge_is_finished_by_the_completer_without_a_retry()
 
 #[tokio::test]
 async fn a_crash_after_charge_created_is_finished_by_the_completer_without_a_retry() {
-    finished_by_the_completer("after_charge_created").await;
+    completed(Crashed::resumed_at("after_charge_created").await, "after_charge_created").await;
 }
 
 #[tokio::test]

@@ -1,18 +1,18 @@
-//! What a payment and a refund cost the database: the claim with `started`, then two phases, one
-//! statement each, each prepared once per connection; and a replay that costs nothing, answered
-//! from memory.
+//! What a payment and a refund cost the database: the claim with `started`, then the phases after
+//! the gateway's answer, one statement each, each prepared once per connection; and a replay that
+//! costs nothing, answered from memory.
 
 use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::helpers::{TestApp, new_key, payment_body, record_statements, statements};
 
-/// The claim with `started` in its statement, then `charge_created` and `finished`: its writes and
-/// the fenced key update, one statement each.
-pub const STATEMENTS_PER_PAYMENT: usize = 3;
+/// The claim with `started` in its statement, then `charge_created` with `finished`: their writes
+/// and the fenced key update, one statement.
+pub const STATEMENTS_PER_PAYMENT: usize = 2;
 /// The first payment of a process: the claim alone, then `started` on its own (it asks the
-/// gateway who it is, which the claim cannot wait for), then the same two.
-const STATEMENTS_PER_FIRST_PAYMENT: usize = 4;
+/// gateway who it is, which the claim cannot wait for), then the same one.
+const STATEMENTS_PER_FIRST_PAYMENT: usize = 3;
 /// The claim with `started`, then `refund_created` and `finished`.
 pub const STATEMENTS_PER_REFUND: usize = 3;
 /// The claim with `started`, which finds nothing left to refund, then `finished` storing that.
@@ -21,7 +21,7 @@ const STATEMENTS_PER_REFUSED_REFUND: usize = 2;
 const STATEMENTS_PER_AUTHENTICATION: usize = 1;
 
 #[tokio::test]
-async fn a_payment_costs_the_claim_with_started_and_two_phases_with_every_statement_kept_prepared() {
+async fn a_payment_costs_the_claim_with_started_and_one_phase_with_every_statement_kept_prepared() {
     record_statements();
     let app = TestApp::spawn().await;
     let database = app.database.name.clone();

@@ -37,7 +37,9 @@ impl Protocol {
                     Gateway::FailsAfter => "it charges, then fails or times out",
                 }
             ),
-            Action::Record(d) => format!("{} commits `charge_created`", who(d)),
+            Action::Record(d) => {
+                format!("{} commits `charge_created` (with `finished`, answering, if it made the payment)", who(d))
+            }
             Action::Finish(d) => format!("{} commits `finished` and answers", who(d)),
             Action::Release(d) => format!(
                 "{} lets the key go where it stands and answers 503: the outcome unknown, or its lease over",

@@ -202,29 +202,21 @@ impl Model for Protocol {
                     }
                     key.point = Point::ChargeCreated;
                     state.payment.as_mut()?.charge = Some(charge);
-                    state.renew(d);
-                    state.drivers[d].pc = Pc::Recorded;
+                    // A run that made the payment records the answer with the key's finish.
+                    match payments_protocol::recording(state.drivers[d].made_now) {
+                        payments_protocol::Recording::WithFinish => state.finish(d, self.completer())?,
+                        payments_protocol::Recording::ThenFinish => {
+                            state.renew(d);
+                            state.drivers[d].pc = Pc::Recorded;
+                        }
+                    }
                 }
             }
             Action::Finish(d) => {
                 if !state.fenced(d, rules) {
                     state.answer(d, Answer::InFlight);
                 } else {
-                    let charge = state.payment.as_ref()?.charge?;
-                    let key = state.key.as_mut()?;
-                    if key.point == Point::Finished && key.answer != Some(charge) {
-                        state.seen.finished_key_changed = true;
-                    }
-                    key.point = Point::Finished;
-                    key.answer = Some(charge);
-                    key.token = None;
-                    key.lease_over = false;
-                    if d == self.completer() {
-                        state.seen.completer_finished = true;
-                        state.drivers[d].pc = Pc::Done;
-                    } else {
-                        state.answer(d, Answer::Payment(charge));
-                    }
+                    state.finish(d, self.completer())?;
                 }
             }
             Action::Release(d) => return Some(state.released(d, rules)),
@@ -359,6 +351,27 @@ impl State {
     }
 
     /// Driver `d`'s phase committed: its lease is renewed from now, by the database's clock.
+    /// Driver `d`'s finish, under its lock: the key finished with the payment's charge as its
+    /// answer, and the answer given (the completer gives none).
+    fn finish(&mut self, d: usize, completer: usize) -> Option<()> {
+        let charge = self.payment.as_ref()?.charge?;
+        let key = self.key.as_mut()?;
+        if key.point == Point::Finished && key.answer != Some(charge) {
+            self.seen.finished_key_changed = true;
+        }
+        key.point = Point::Finished;
+        key.answer = Some(charge);
+        key.token = None;
+        key.lease_over = false;
+        if d == completer {
+            self.seen.completer_finished = true;
+            self.drivers[d].pc = Pc::Done;
+        } else {
+            self.answer(d, Answer::Payment(charge));
+        }
+        Some(())
+    }
+
     fn renew(&mut self, d: usize) {
         if let Some(key) = self.key.as_mut() {
             key.lease_over = false;

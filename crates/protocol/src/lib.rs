@@ -97,6 +97,28 @@ pub fn first_call(resumed: bool) -> FirstCall {
     }
 }
 
+/// How a driver records the gateway's definitive answer about a payment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Recording {
+    /// With the key's finish, in one statement: nothing happens between the two that could fail
+    /// alone, and the driver knows the whole answer before the database records it.
+    WithFinish,
+    /// On its own (`charge_created`), then the finish as a statement of its own.
+    ThenFinish,
+}
+
+/// A run that made the payment (`made_now`) reads the database's clock from it (its creation, by
+/// the database's `now()`, and the time since on the run's own clock), so it knows every time the
+/// answer shows (when an authorization lapses, when a charge was cancelled) before the database
+/// records it: it records the answer and finishes at once. A run that took up a payment an earlier
+/// run made records the answer, with the database's own clock, and finishes after.
+pub fn recording(made_now: bool) -> Recording {
+    match made_now {
+        true => Recording::WithFinish,
+        false => Recording::ThenFinish,
+    }
+}
+
 /// What a look-up by the downstream key settles.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum AfterLookUp<T> {

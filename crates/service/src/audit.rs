@@ -49,16 +49,27 @@ pub struct AuditRecord<'a> {
 /// `{audit.resource_id}`, `{audit.actor}`, `{audit.data}` and `{audit.request_id}`, the row of
 /// `audit_records` it writes.
 impl Parameters for AuditRecord<'_> {
-    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        match name {
-            "audit.account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
-            "audit.action" => out.push_bind_param::<Text, _>(self.action),
-            "audit.resource_type" => out.push_bind_param::<Text, _>(self.resource_type),
-            "audit.resource_id" => out.push_bind_param::<SqlUuid, _>(&self.resource_id),
-            "audit.actor" => out.push_bind_param::<Text, _>(&self.actor),
-            "audit.data" => out.push_bind_param::<Jsonb, _>(&self.data),
-            "audit.request_id" => out.push_bind_param::<Nullable<Text>, _>(&self.request_id),
-            name => Err(no_parameter(name)),
+    fn walk_parameter<'b>(&'b self, name: &str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name.strip_prefix("audit.") {
+            Some(field) => self.walk_field(field, out).map_err(|_| no_parameter(name)),
+            None => Err(no_parameter(name)),
+        }
+    }
+}
+
+impl AuditRecord<'_> {
+    /// Binds the record's `field` (`account`, `action`, ...): for a statement that writes more
+    /// than one record, each under a name of its own.
+    pub fn walk_field<'b>(&'b self, field: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match field {
+            "account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
+            "action" => out.push_bind_param::<Text, _>(self.action),
+            "resource_type" => out.push_bind_param::<Text, _>(self.resource_type),
+            "resource_id" => out.push_bind_param::<SqlUuid, _>(&self.resource_id),
+            "actor" => out.push_bind_param::<Text, _>(&self.actor),
+            "data" => out.push_bind_param::<Jsonb, _>(&self.data),
+            "request_id" => out.push_bind_param::<Nullable<Text>, _>(&self.request_id),
+            field => Err(no_parameter(field)),
         }
     }
 }

@@ -25,7 +25,9 @@ use tokio::time::Instant;
 use super::run::{KeyRun, Request};
 use super::timeline::Timeline;
 
-/// The crash points a payment request can carry (see [`payments_service::faults`]).
+/// The crash points a payment request can carry (see [`payments_service::faults`]). A run that
+/// made its payment records the answer with the key's finish, so `after_charge_created` stops only
+/// a run that took up a payment an earlier one made.
 const CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_charge", "crash=after_charge_created"];
 
 /// The crash points a refund request can carry.

@@ -365,9 +365,21 @@ fn as_text(ty: &Type, bytes: &[u8]) -> QueryResult<String> {
         Type::BYTEA => Ok(format!("\\x{}", hex::encode(bytes))),
         Type::INT8 | Type::INT4 | Type::INT2 => signed(bytes).map(|n| n.to_string()),
         Type::BOOL => Ok(if bytes.first() == Some(&1) { "true" } else { "false" }.to_owned()),
+        // Microseconds since 2000-01-01 UTC.
+        Type::TIMESTAMPTZ => {
+            let micros = <[u8; 8]>::try_from(bytes).map_err(|_| unsupported("a time of another width"))?;
+            let micros = i64::from_be_bytes(micros).checked_add(POSTGRES_EPOCH_MICROS);
+            let at = micros
+                .and_then(chrono::DateTime::from_timestamp_micros)
+                .ok_or_else(|| unsupported("a time out of range"))?;
+            Ok(at.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string())
+        }
         _ => Err(unsupported(&format!("a parameter of type {ty}"))),
     }
 }
+
+/// PostgreSQL's epoch, 2000-01-01 UTC, in microseconds since 1970's.
+const POSTGRES_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 /// A big-endian two's-complement integer of 2, 4 or 8 bytes.
 fn signed(bytes: &[u8]) -> QueryResult<i64> {
@@ -435,6 +447,10 @@ mod tests {
         assert_eq!(as_text(&Type::JSONB, b"\x01{\"a\": 1}").unwrap(), "{\"a\": 1}");
         let id = Uuid::now_v7();
         assert_eq!(as_text(&Type::UUID, id.as_bytes()).unwrap(), id.to_string());
-        assert!(as_text(&Type::TIMESTAMPTZ, &[0; 8]).is_err());
+        assert_eq!(as_text(&Type::TIMESTAMPTZ, &0_i64.to_be_bytes()).unwrap(), "2000-01-01 00:00:00.000000+00");
+        let at = 1_000_000_000_i64 * 1_000_000 + 123_456 - POSTGRES_EPOCH_MICROS;
+        assert_eq!(as_text(&Type::TIMESTAMPTZ, &at.to_be_bytes()).unwrap(), "2001-09-09 01:46:40.123456+00");
+        assert!(as_text(&Type::TIMESTAMPTZ, &[0; 4]).is_err());
+        assert!(as_text(&Type::DATE, &[0; 4]).is_err());
     }
 }

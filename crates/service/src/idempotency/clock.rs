@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 /// How much of the time left a [`Deadline`] gives up, as a fraction (1/1000): the database's clock
 /// and ours may run at slightly different rates (NTP slews a clock by at most 500 parts per
 /// million), and over a retention of a day that is up to 43 s, by which a cache could outlive what
@@ -55,6 +57,30 @@ impl Deadline {
     }
 }
 
+/// The database's clock, from a time it gave (its `now()` in a statement) counted on by this
+/// process's [`since_boot`]: ahead of the database's own by the statement's way there (its `now()`
+/// came after it was sent) and [`RATE_MARGIN_DIVISOR`]'s share of the time since, never behind.
+#[derive(Debug, Clone, Copy)]
+pub struct DatabaseClock {
+    read: DateTime<Utc>,
+    /// On [`since_boot`]: when the statement that gave `read` was sent.
+    sent: Duration,
+}
+
+impl DatabaseClock {
+    pub(super) fn read(read: DateTime<Utc>, sent: Duration) -> DatabaseClock {
+        DatabaseClock { read, sent }
+    }
+
+    /// The database's time now, in whole microseconds, as it keeps a time.
+    pub fn now(&self) -> DateTime<Utc> {
+        let since = since_boot().saturating_sub(self.sent);
+        let since = chrono::TimeDelta::from_std(since + since / RATE_MARGIN_DIVISOR).unwrap_or(chrono::TimeDelta::MAX);
+        let now = self.read.checked_add_signed(since).unwrap_or(DateTime::<Utc>::MAX_UTC);
+        DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +93,15 @@ mod tests {
         assert!(Deadline::counted_from(sent, Duration::ZERO).has_passed());
         assert!(!Deadline::after(Duration::from_secs(60)).has_passed());
         assert_eq!(Deadline::counted_from(Duration::MAX, Duration::MAX).at, Duration::MAX, "saturates");
+    }
+
+    #[test]
+    fn the_databases_clock_runs_on_from_its_reading_in_microseconds() {
+        let read = DateTime::from_timestamp_micros(1_800_000_000_000_001).unwrap();
+        let clock = DatabaseClock::read(read, since_boot() - Duration::from_secs(10));
+        let now = clock.now();
+        assert!(now >= read + chrono::TimeDelta::milliseconds(10_010), "ten seconds on, and the margin: {now}");
+        assert!(now < read + chrono::TimeDelta::seconds(11), "{now}");
+        assert_eq!(now.timestamp_subsec_nanos() % 1000, 0, "whole microseconds");
     }
 }

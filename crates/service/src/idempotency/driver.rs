@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::prelude::QueryableByName;
 use diesel_async::AsyncPgConnection;
@@ -13,7 +14,7 @@ use uuid::Uuid;
 
 use super::abandoned::Abandoned;
 use super::claim::{Claim, claim};
-use super::clock::Deadline;
+use super::clock::{DatabaseClock, Deadline};
 use super::fingerprint::{Canonical, Fingerprint};
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Asked, Remembered, ReplayCache};
@@ -390,6 +391,13 @@ impl<'a> Run<'a> {
     /// The request, or the worker's run, that drives the key now: named in every record it writes.
     pub fn request_id(&self) -> &RequestId {
         &self.request_id
+    }
+
+    /// The database's clock, from `read`: its `now()` in the statement that last renewed the
+    /// lease (the claim, or the last phase), such as the `created_at` of a row that statement
+    /// made.
+    pub fn database_clock(&self, read: DateTime<Utc>) -> DatabaseClock {
+        DatabaseClock::read(read, self.lock.renewed_at())
     }
 
     /// Runs one atomic phase (see [`atomic_phase`]) on the run's connection.

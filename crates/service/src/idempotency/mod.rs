@@ -43,7 +43,7 @@ pub use abandoned::{
     mark_needs_attention, needing_attention, retry_needing_attention,
 };
 pub use claim::{Claim, claim};
-pub use clock::Deadline;
+pub use clock::{DatabaseClock, Deadline};
 pub use driver::{
     Context, DriveError, KeyedRequest, LeaseRunningOut, Phases, Reply, Run, TakenIn, answer, from_memory, release,
     take_in,

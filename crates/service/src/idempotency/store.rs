@@ -193,6 +193,12 @@ impl KeyLock {
         &self.token
     }
 
+    /// When the statement that last renewed the lease (the claim, or the last phase) was sent,
+    /// on [`since_boot`].
+    pub(super) fn renewed_at(&self) -> Duration {
+        self.expires.saturating_sub(self.lease)
+    }
+
     /// How long a lease lasts, from each statement that renews it.
     pub(super) fn lease(&self) -> Duration {
         self.lease

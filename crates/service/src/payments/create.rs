@@ -3,9 +3,11 @@
 //! ```text
 //!         claim + started           gateway call                 (no foreign effect)
 //!   (new) ─────────► started ────────────────────► charge_created ────────────────► finished
-//!                    key row locked,               outcome recorded                 response stored,
-//!                    payment pending               on the payment                   event staged, unlocked
-//!                    + audit records
+//!                    key row locked,     │         outcome recorded                 response stored,
+//!                    payment pending     │         on the payment                   event staged, unlocked
+//!                    + audit records     │                                               ▲
+//!                                        └───────────────────────────────────────────────┘
+//!                                          both at once, for a run that made the payment
 //! ```
 //!
 //! Every arrow is one transaction, and the gateway call between `started` and `charge_created`
@@ -27,6 +29,10 @@
 //!   never asked again.
 //! - `finished` stores the response, stages the outbox event and unlocks, all at once: a request
 //!   is either finished with a stored answer and its event, or not finished at all.
+//! - Nothing between the two can fail on its own, so a run that made the payment commits them as
+//!   one statement ([`protocol::recording`]): it knows the whole answer before the database
+//!   records it, its times read off the database's clock from the payment's creation. A run that
+//!   took up an earlier run's payment records the answer with the database's clock, then finishes.
 //!
 //! An indeterminate gateway outcome (a timeout, a connection error, a 5xx, a 409 or 429, anything
 //! after which money may have moved without our knowing) commits nothing: the key is unlocked at
@@ -35,13 +41,14 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use diesel::QueryResult;
 use diesel_async::AsyncPgConnection;
-use payments_protocol::{self as protocol, FirstCall};
+use payments_protocol::{self as protocol, FirstCall, Recording};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::model::{CaptureMethod, ChargeOutcome, NewPayment, Payment, PaymentStatus};
+use super::model::{CaptureMethod, ChargeChanges, ChargeOutcome, NewPayment, Payment, PaymentStatus};
 use super::request::{CreatePaymentBody, PaymentRequest};
 use super::view::{PaymentView, expired_key_response, final_response};
 use super::writes::{self, PaymentChange};
@@ -52,7 +59,8 @@ use crate::faults::{Fault, FaultPoint, fault_at};
 use crate::fields::ValidationError;
 use crate::gateway::{self, Charge, ChargeRequest, ChargeState, GatewayError, Settles};
 use crate::idempotency::{
-    DriveError, Endpoint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Run, StoredResponse, Transition,
+    DatabaseClock, DriveError, Endpoint, IdempotencyKey, NewKey, PhaseWrites, Phases, RecoveryPoint, Run,
+    StoredResponse, Transition,
 };
 use crate::keyed::{Keyed, Resource};
 use crate::outbox::StagedEvent;
@@ -171,10 +179,16 @@ impl Phases for PaymentPhases<'_> {
                     None => self.start(run).await?,
                 };
                 tracing::Span::current().record("payment.id", started.payment.id.to_string());
+                // Read now, while the statement that started it is the last to have renewed the
+                // lease: a payment it made was made at its `now()`.
+                let clock = run.database_clock(started.payment.created_at);
                 fault_at(self.fault, FaultPoint::AfterStarted);
                 let charged = self.charge(run, &started).await?;
                 fault_at(self.fault, FaultPoint::AfterCharge);
-                self.record_charge(run, started.payment.id, charged).await
+                match protocol::recording(started.made_now) {
+                    Recording::WithFinish => self.record_and_finish(run, started.payment, charged, clock).await,
+                    Recording::ThenFinish => self.record_charge(run, started.payment.id, charged).await,
+                }
             }
             CHARGE_CREATED => {
                 fault_at(self.fault, FaultPoint::AfterChargeCreated);
@@ -314,16 +328,69 @@ impl<'a> PaymentPhases<'a> {
         let Charged { outcome, answered_by, gateway } = charged;
         let request_id = run.request_id().clone();
         let changes = outcome.changes(self.capture_method(), self.request.amount);
-        let data = json!({ "recovery_point": CHARGE_CREATED, "status": changes.status,
-                           "gateway_charge_id": changes.gateway_charge_id, "failure_code": changes.failure_code,
-                           "capture_method": changes.capture_method, "amount_captured": changes.amount_captured,
-                           "answered_by": answered_by, "gateway": &*gateway });
-        let account_id = run.lock().account_id;
-        let audit = audit(account_id, payment_id, run.actor(), "payment.charge_recorded", data, &request_id);
+        let audit = charge_recorded(run, payment_id, &changes, answered_by, &gateway, &request_id);
         let authorization_ttl_ms = i64::try_from(self.state.settings.authorization_ttl.as_millis()).unwrap_or(i64::MAX);
         let change = PaymentChange::Outcome { changes, gateway: &gateway, authorization_ttl_ms };
         let writes = writes::ChangePayment { payment_id, change, audit };
         self.payment = Some(run.phase(Transition::Advance(CHARGE_CREATED), writes).await?);
+        Ok(())
+    }
+
+    /// `charge_created` and `finished` in one statement (see [`writes::RecordAndFinish`]), for a
+    /// payment this run made: the payment as the answer leaves it, times and all, is known before
+    /// the database records it, and so are its response and event.
+    async fn record_and_finish(
+        &mut self,
+        run: &mut Run<'_>,
+        payment: Payment,
+        charged: Charged,
+        clock: DatabaseClock,
+    ) -> Result<(), DriveError> {
+        let Charged { outcome, answered_by, gateway } = charged;
+        let request_id = run.request_id().clone();
+        let changes = outcome.changes(self.capture_method(), self.request.amount);
+        let now = clock.now();
+        let ttl = chrono::TimeDelta::from_std(self.state.settings.authorization_ttl).unwrap_or(chrono::TimeDelta::MAX);
+        let (capture_before, canceled_at) = match changes.status {
+            PaymentStatus::RequiresCapture => {
+                (Some(now.checked_add_signed(ttl).unwrap_or(DateTime::<Utc>::MAX_UTC)), None)
+            }
+            PaymentStatus::Canceled => (None, Some(now)),
+            _ => (None, None),
+        };
+        let recorded = Payment {
+            gateway: Some(gateway.to_string()),
+            status: changes.status,
+            gateway_charge_id: changes.gateway_charge_id.map(str::to_owned),
+            failure_code: changes.failure_code.map(str::to_owned),
+            failure_message: changes.failure_message.map(str::to_owned),
+            capture_method: changes.capture_method,
+            captured: changes.amount_captured,
+            capture_before,
+            canceled_at,
+            updated_at: now,
+            ..payment
+        };
+        let audit = charge_recorded(run, recorded.id, &changes, answered_by, &gateway, &request_id);
+        let (response, event, finished) = finishing(run, &recorded, &request_id)?;
+        let writes = writes::RecordAndFinish {
+            payment_id: recorded.id,
+            account_id: recorded.account_id,
+            gateway: &gateway,
+            changes: &changes,
+            capture_before,
+            canceled_at,
+            event: &event,
+            recorded: audit,
+            finished,
+        };
+        #[cfg(debug_assertions)]
+        let answered = response.body.clone();
+        let stored: Payment = run.finish(response, Some(recorded.id), writes).await?;
+        // The answer says what the database recorded: the tests' builds check it.
+        #[cfg(debug_assertions)]
+        assert_eq!(final_response(&stored, &request_id)?.body, answered, "payment {} as recorded", stored.id);
+        self.finished(&stored);
         Ok(())
     }
 
@@ -339,32 +406,63 @@ impl<'a> PaymentPhases<'a> {
                 .await?
                 .ok_or_else(|| DriveError::inconsistent(format!("key {key_id} is past `started` without a payment")))?,
         };
-        let response = final_response(&payment, &request_id)?;
-        // The event says what `charge_created` recorded. An authorization (the one outcome that
-        // sets `capture_before`) says it was authorized, whatever became of it since (captured,
-        // cancelled or lapsed before the key finished: that change stages its own event); one the
-        // gateway captured or cancelled before its answer was recorded says so, as its own
-        // capture or cancel would have.
-        let event = match (payment.status, payment.capture_before.is_some(), payment.capture_method) {
-            (PaymentStatus::Failed, _, _) => "payment.failed",
-            (_, true, _) => "payment.authorized",
-            (PaymentStatus::Succeeded, false, CaptureMethod::Automatic) => "payment.succeeded",
-            (PaymentStatus::Succeeded, false, CaptureMethod::Manual) => "payment.captured",
-            (PaymentStatus::Canceled, false, _) => "payment.canceled",
-            (status @ (PaymentStatus::Pending | PaymentStatus::RequiresCapture), false, _) => {
-                return Err(DriveError::inconsistent(format!("payment {} is {status} at `finished`", payment.id)));
-            }
-        };
-        let event = StagedEvent::new(account_id, event, PaymentView::from(&payment));
-        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
-        let audit = audit(account_id, payment.id, run.actor(), "payment.finished", data, &request_id);
+        let (response, event, audit) = finishing(run, &payment, &request_id)?;
         let writes = writes::Finish { payment_id: payment.id, event: &event, audit };
         let _: Payment = run.finish(response, Some(payment.id), writes).await?;
+        self.finished(&payment);
+        Ok(())
+    }
+
+    /// After a payment's key finished: the outbox woken for its event, and the payment counted.
+    fn finished(&self, payment: &Payment) {
         self.state.wake.wake(Wake::Outbox);
         let failure = payment.failure().map_or("none", |failure| failure.as_str());
         self.state.metrics.payment_finished(payment.status.as_str(), failure);
-        Ok(())
     }
+}
+
+/// `charge_created`'s audit record: the gateway's answer, who gave it, and how it was found.
+fn charge_recorded<'a>(
+    run: &Run<'_>,
+    payment_id: Uuid,
+    changes: &ChargeChanges<'_>,
+    answered_by: AnsweredBy,
+    gateway: &str,
+    request_id: &'a RequestId,
+) -> AuditRecord<'a> {
+    let data = json!({ "recovery_point": CHARGE_CREATED, "status": changes.status,
+                       "gateway_charge_id": changes.gateway_charge_id, "failure_code": changes.failure_code,
+                       "capture_method": changes.capture_method, "amount_captured": changes.amount_captured,
+                       "answered_by": answered_by, "gateway": gateway });
+    audit(run.lock().account_id, payment_id, run.actor(), "payment.charge_recorded", data, request_id)
+}
+
+/// What `finished` writes for `payment` as recorded: the response to store, the outbox event and
+/// the audit record. The event says what `charge_created` recorded. An authorization (the one
+/// outcome that sets `capture_before`) says it was authorized, whatever became of it since
+/// (captured, cancelled or lapsed before the key finished: that change stages its own event); one
+/// the gateway captured or cancelled before its answer was recorded says so, as its own capture or
+/// cancel would have.
+fn finishing<'a>(
+    run: &Run<'_>,
+    payment: &Payment,
+    request_id: &'a RequestId,
+) -> Result<(StoredResponse, StagedEvent, AuditRecord<'a>), DriveError> {
+    let response = final_response(payment, request_id)?;
+    let event = match (payment.status, payment.capture_before.is_some(), payment.capture_method) {
+        (PaymentStatus::Failed, _, _) => "payment.failed",
+        (_, true, _) => "payment.authorized",
+        (PaymentStatus::Succeeded, false, CaptureMethod::Automatic) => "payment.succeeded",
+        (PaymentStatus::Succeeded, false, CaptureMethod::Manual) => "payment.captured",
+        (PaymentStatus::Canceled, false, _) => "payment.canceled",
+        (status @ (PaymentStatus::Pending | PaymentStatus::RequiresCapture), false, _) => {
+            return Err(DriveError::inconsistent(format!("payment {} is {status} at `finished`", payment.id)));
+        }
+    };
+    let event = StagedEvent::new(payment.account_id, event, PaymentView::from(payment));
+    let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
+    let audit = audit(payment.account_id, payment.id, run.actor(), "payment.finished", data, request_id);
+    Ok((response, event, audit))
 }
 
 /// What a charge's answer means for a payment of `amount`: where the charge stands at the gateway

@@ -6,15 +6,16 @@
 //! column. The account is a parameter wherever a table is read by it, never joined from another
 //! CTE: what a database distributed by account routes by.
 
+use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::AstPass;
-use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use uuid::Uuid;
 
 use super::model::{ChargeChanges, NewPayment, PaymentStatus};
 use crate::audit::AuditRecord;
-use crate::db::sql::{Parameters, no_parameter, walk_text};
+use crate::db::sql::{Parameters, no_parameter, walk_sql, walk_text};
 use crate::gateway::reports::KEEPS_REPORTS;
 use crate::idempotency::PhaseWrites;
 use crate::outbox::StagedEvent;
@@ -176,27 +177,113 @@ impl Parameters for ChangePayment<'_> {
             ("gateway", PaymentChange::Outcome { gateway, .. } | PaymentChange::Gateway(gateway)) => {
                 out.push_bind_param::<Text, _>(*gateway)
             }
-            ("status", PaymentChange::Outcome { changes, .. }) => out.push_bind_param::<Text, _>(&changes.status),
-            ("charge_id", PaymentChange::Outcome { changes, .. }) => {
-                out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id)
-            }
-            ("failure_code", PaymentChange::Outcome { changes, .. }) => {
-                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_code)
-            }
-            ("failure_message", PaymentChange::Outcome { changes, .. }) => {
-                out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message)
-            }
-            ("capture_method", PaymentChange::Outcome { changes, .. }) => {
-                out.push_bind_param::<Text, _>(&changes.capture_method)
-            }
-            ("amount_captured", PaymentChange::Outcome { changes, .. }) => {
-                out.push_bind_param::<Nullable<BigInt>, _>(&changes.amount_captured)
-            }
             ("authorization_ttl_ms", PaymentChange::Outcome { authorization_ttl_ms, .. }) => {
                 out.push_bind_param::<BigInt, _>(authorization_ttl_ms)
             }
+            (name, PaymentChange::Outcome { changes, .. }) if OUTCOME.contains(&name) => {
+                walk_outcome(changes, name, out)
+            }
             (name, _) if name.starts_with("audit.") => self.audit.walk_parameter(name, out),
             (name, _) => Err(no_parameter(name)),
+        }
+    }
+}
+
+/// The parameters that set the gateway's answer on a payment: [`walk_outcome`]'s.
+const OUTCOME: [&str; 6] =
+    ["status", "charge_id", "failure_code", "failure_message", "capture_method", "amount_captured"];
+
+/// Binds one of [`OUTCOME`]'s parameters, from what the answer changes.
+fn walk_outcome<'b>(changes: &'b ChargeChanges<'_>, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+    match name {
+        "status" => out.push_bind_param::<Text, _>(&changes.status),
+        "charge_id" => out.push_bind_param::<Nullable<Text>, _>(&changes.gateway_charge_id),
+        "failure_code" => out.push_bind_param::<Nullable<Text>, _>(&changes.failure_code),
+        "failure_message" => out.push_bind_param::<Nullable<Text>, _>(&changes.failure_message),
+        "capture_method" => out.push_bind_param::<Text, _>(&changes.capture_method),
+        "amount_captured" => out.push_bind_param::<Nullable<BigInt>, _>(&changes.amount_captured),
+        name => Err(no_parameter(name)),
+    }
+}
+
+/// `charge_created` and `finished` as one phase, for a run that knows the whole answer before the
+/// database records it ([`payments_protocol::recording`]): the gateway's answer on the payment (an
+/// authorization also in `open_authorizations`, the lapse's queue), the outbox event, and both
+/// phases' audit records, in order, after a fence that finishes the key with the response. The
+/// times it sets are the run's reading of the database's clock, which the response shows too.
+pub struct RecordAndFinish<'a> {
+    pub payment_id: Uuid,
+    pub account_id: Uuid,
+    pub gateway: &'a str,
+    pub changes: &'a ChargeChanges<'a>,
+    /// When an authorization lapses, and when a charge the gateway had cancelled was; else none.
+    pub capture_before: Option<DateTime<Utc>>,
+    pub canceled_at: Option<DateTime<Utc>>,
+    pub event: &'a StagedEvent,
+    /// `charge_created`'s record, then `finished`'s.
+    pub recorded: AuditRecord<'a>,
+    pub finished: AuditRecord<'a>,
+}
+
+/// An authorization's place in the lapse's queue, as [`RecordAndFinish`] writes it.
+const AUTHORIZED: &str = ", authorized AS (
+     INSERT INTO {open_authorizations} (account_id, payment_id, capture_before)
+     SELECT account_id, id, capture_before FROM changed
+ )";
+
+impl PhaseWrites for RecordAndFinish<'_> {
+    fn sql(&self) -> &'static str {
+        "changed AS (
+             UPDATE {payments}
+             SET gateway = {gateway}, status = {status}, gateway_charge_id = {charge_id},
+                 failure_code = {failure_code}, failure_message = {failure_message}, updated_at = now(),
+                 capture_method = {capture_method}, amount_captured = {amount_captured},
+                 capture_before = {capture_before}, canceled_at = {canceled_at}
+             WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
+             RETURNING {payment.*}
+         ){authorized}, staged AS (
+             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
+             SELECT {event.account}, {event.name}, {event.args} FROM changed
+         ), audited AS (
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT {recorded.account}, {recorded.action}, {recorded.resource_type}, {recorded.resource_id},
+                    {recorded.actor}, {recorded.data}, {recorded.request_id}
+             FROM changed
+             UNION ALL
+             SELECT {finished.account}, {finished.action}, {finished.resource_type}, {finished.resource_id},
+                    {finished.actor}, {finished.data}, {finished.request_id}
+             FROM changed
+         )
+         SELECT {payment.*} FROM changed"
+    }
+
+    fn requirement(&self) -> &'static str {
+        PAYMENT_EXISTS
+    }
+
+    fn attention_on_finish(&self) -> &'static str {
+        KEEPS_REPORTS
+    }
+}
+
+impl Parameters for RecordAndFinish<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "payment.*" => walk_text(PAYMENT, out),
+            "payment.id" => out.push_bind_param::<SqlUuid, _>(&self.payment_id),
+            "account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
+            "gateway" => out.push_bind_param::<Text, _>(self.gateway),
+            "capture_before" => out.push_bind_param::<Nullable<Timestamptz>, _>(&self.capture_before),
+            "canceled_at" => out.push_bind_param::<Nullable<Timestamptz>, _>(&self.canceled_at),
+            "authorized" if self.changes.status == PaymentStatus::RequiresCapture => walk_sql(AUTHORIZED, self, out),
+            "authorized" => Ok(()),
+            name if OUTCOME.contains(&name) => walk_outcome(self.changes, name, out),
+            name if name.starts_with("event.") => self.event.walk_parameter(name, out),
+            name => match name.split_once('.') {
+                Some(("recorded", field)) => self.recorded.walk_field(field, out),
+                Some(("finished", field)) => self.finished.walk_field(field, out),
+                _ => Err(no_parameter(name)),
+            },
         }
     }
 }
