@@ -676,8 +676,8 @@ async fn on_citus_a_refund_that_crashed_its_process_is_finished_by_the_completer
     let Some((_turn, database)) = distributed("on_citus_a_refund_that_crashed_finished_by_the_completer").await else {
         return;
     };
-    completed(Crashed::of_in(database, "/v1/refunds", "after_refund_created", true).await, "after_refund_created")
-        .await;
+    let crashed = Crashed::resumed_in(database, "/v1/refunds", "after_refund", "after_refund_created").await;
+    completed(crashed, "after_refund_created").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -74,10 +74,17 @@ impl Crashed {
     }
 
     /// A payment whose first run crashed the process after its charge, and whose retry, taking it
-    /// up, crashed the process again at `point`: a run that made the payment records the answer
-    /// with the key's finish, so a key stops at `charge_created` only on such a run.
+    /// up, crashed the process again at `point`.
     async fn resumed_at(point: &str) -> Crashed {
-        let crashed = Crashed::at("after_charge").await;
+        Crashed::resumed_in(TestDatabase::create().await, "/v1/payments", "after_charge", point).await
+    }
+
+    /// A request to `path` whose first run crashed the process after its gateway call (`after`),
+    /// and whose retry, taking it up, crashed the process again at `point`: a run that made its
+    /// payment or refund records the answer with the key's finish, so a key stops at
+    /// `charge_created` or `refund_created` only on such a run.
+    pub async fn resumed_in(database: TestDatabase, path: &'static str, after: &str, point: &str) -> Crashed {
+        let crashed = Crashed::of_in(database, path, after, false).await;
         let env = [
             ("PAYMENTS_FAULT_INJECTION", "1"),
             ("PAYMENTS_GATEWAY_TIMEOUT_MS", GATEWAY_TIMEOUT_MS),
@@ -94,7 +101,7 @@ impl Crashed {
         .await;
         let status = doomed.exited().await;
         assert_eq!(status.signal(), Some(nix::sys::signal::Signal::SIGABRT as i32), "aborted, no clean-up");
-        assert_eq!(crashed.recovery_point().await, "charge_created");
+        assert_eq!(crashed.recovery_point().await, point.trim_start_matches("after_"));
         crashed
     }
 
@@ -323,7 +330,9 @@ async fn a_refund_crashed_after_the_gateway_refunded_is_recovered_by_the_retry_w
 
 #[tokio::test]
 async fn a_refund_crashed_after_refund_created_is_finished_by_the_completer() {
-    completed(Crashed::of("/v1/refunds", "after_refund_created", true).await, "after_refund_created").await;
+    let database = TestDatabase::create().await;
+    let crashed = Crashed::resumed_in(database, "/v1/refunds", "after_refund", "after_refund_created").await;
+    completed(crashed, "after_refund_created").await;
 }
 
 #[tokio::test]

@@ -13,8 +13,8 @@ pub const STATEMENTS_PER_PAYMENT: usize = 2;
 /// The first payment of a process: the claim alone, then `started` on its own (it asks the
 /// gateway who it is, which the claim cannot wait for), then the same one.
 const STATEMENTS_PER_FIRST_PAYMENT: usize = 3;
-/// The claim with `started`, then `refund_created` and `finished`.
-pub const STATEMENTS_PER_REFUND: usize = 3;
+/// The claim with `started`, then `refund_created` with `finished`.
+pub const STATEMENTS_PER_REFUND: usize = 2;
 /// The claim with `started`, which finds nothing left to refund, then `finished` storing that.
 const STATEMENTS_PER_REFUSED_REFUND: usize = 2;
 /// Authentication, once per API key and process (then kept for a minute).
@@ -54,7 +54,7 @@ async fn a_payment_costs_the_claim_with_started_and_one_phase_with_every_stateme
 }
 
 #[tokio::test]
-async fn a_refund_costs_the_claim_with_started_and_two_phases_and_a_refusal_the_claim_and_finished() {
+async fn a_refund_costs_the_claim_with_started_and_one_phase_and_a_refusal_the_claim_and_finished() {
     record_statements();
     let app = TestApp::spawn().await;
     let database = app.database.name.clone();

@@ -97,7 +97,7 @@ pub fn first_call(resumed: bool) -> FirstCall {
     }
 }
 
-/// How a driver records the gateway's definitive answer about a payment.
+/// How a driver records the gateway's definitive answer about a payment or a refund.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Recording {
     /// With the key's finish, in one statement: nothing happens between the two that could fail
@@ -107,11 +107,12 @@ pub enum Recording {
     ThenFinish,
 }
 
-/// A run that made the payment (`made_now`) reads the database's clock from it (its creation, by
-/// the database's `now()`, and the time since on the run's own clock), so it knows every time the
-/// answer shows (when an authorization lapses, when a charge was cancelled) before the database
-/// records it: it records the answer and finishes at once. A run that took up a payment an earlier
-/// run made records the answer, with the database's own clock, and finishes after.
+/// A run that made the payment or the refund (`made_now`) knows everything its answer shows before
+/// the database records it, times included: it reads the database's clock from what it made (its
+/// creation, by the database's `now()`, and the time since on the run's own clock), for when an
+/// authorization lapses or a charge was cancelled. It records the answer and finishes at once. A
+/// run that took up what an earlier run made records the answer, with the database's own clock,
+/// and finishes after.
 pub fn recording(made_now: bool) -> Recording {
     match made_now {
         true => Recording::WithFinish,

@@ -28,7 +28,7 @@
 
 use diesel::QueryResult;
 use diesel_async::AsyncPgConnection;
-use payments_protocol::{self as protocol, FirstCall};
+use payments_protocol::{self as protocol, FirstCall, Recording};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -145,7 +145,11 @@ impl Phases for RefundPhases<'_> {
                         fault_at(self.fault, FaultPoint::AfterStarted);
                         let (answer, answered_by) = self.refund(run, &reserved).await?;
                         fault_at(self.fault, FaultPoint::AfterRefund);
-                        self.record_refund(run, &reserved, answer, answered_by).await
+                        let outcome = RefundOutcome::of(answer)?;
+                        match protocol::recording(reserved.made_now) {
+                            Recording::WithFinish => self.record_and_finish(run, &reserved, outcome, answered_by).await,
+                            Recording::ThenFinish => self.record_refund(run, &reserved, outcome, answered_by).await,
+                        }
                     }
                 }
             }
@@ -240,40 +244,59 @@ impl<'a> RefundPhases<'a> {
         &mut self,
         run: &mut Run<'_>,
         reserved: &Reserved,
-        answer: Result<gateway::Refund, GatewayError>,
+        outcome: RefundOutcome,
         answered_by: AnsweredBy,
     ) -> Result<(), DriveError> {
-        let (status, gateway_refund_id, failure_code, failure_message) = match answer {
-            Ok(refund) => match refund.status {
-                gateway::RefundStatus::Succeeded => (RefundStatus::Succeeded, Some(refund.id), None, None),
-                gateway::RefundStatus::Pending => (RefundStatus::Pending, Some(refund.id), None, None),
-                gateway::RefundStatus::Failed { code } => (RefundStatus::Failed, Some(refund.id), Some(code), None),
-            },
-            Err(
-                error @ (GatewayError::Rejected { .. }
-                | GatewayError::Declined { .. }
-                | GatewayError::UnknownSource { .. }),
-            ) => {
-                tracing::error!(%error, "the gateway refused a refund");
-                (RefundStatus::Failed, None, Some(GATEWAY_REJECTED.to_owned()), Some(error.to_string()))
-            }
-            Err(error) => return Err(indeterminate(error)),
-        };
-        let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
-        let data = json!({ "recovery_point": REFUND_CREATED, "status": status,
-                           "gateway_refund_id": gateway_refund_id, "failure_code": failure_code,
-                           "answered_by": answered_by });
-        let audit = audit(account_id, reserved.refund_id, run.actor(), "refund.outcome_recorded", data, &request_id);
-        let writes = writes::RecordRefund {
-            account_id,
-            refund_id: reserved.refund_id,
-            status,
-            gateway_refund_id: gateway_refund_id.as_deref(),
-            failure_code: failure_code.as_deref(),
-            failure_message: failure_message.as_deref().map(|message| crate::fields::truncated(message, 500)),
-            audit,
-        };
+        let request_id = run.request_id().clone();
+        let writes = outcome.writes(run, reserved.refund_id, answered_by, &request_id);
         self.refund = Some(run.phase(Transition::Advance(REFUND_CREATED), writes).await?);
+        Ok(())
+    }
+
+    /// `refund_created` and `finished` in one statement (see [`writes::RecordAndFinishRefund`]),
+    /// for a refund this run made: the refund as the answer leaves it is known before the database
+    /// records it, and so are its response and event.
+    async fn record_and_finish(
+        &mut self,
+        run: &mut Run<'_>,
+        reserved: &Reserved,
+        outcome: RefundOutcome,
+        answered_by: AnsweredBy,
+    ) -> Result<(), DriveError> {
+        let request_id = run.request_id().clone();
+        let record = outcome.writes(run, reserved.refund_id, answered_by, &request_id);
+        let refund = Refund {
+            id: reserved.refund_id,
+            account_id: record.account_id,
+            payment_id: self.request.payment,
+            idempotency_key_id: run.lock().key_id,
+            idempotency_key: run.key().as_str().to_owned(),
+            amount: reserved.amount,
+            currency: reserved.currency.clone(),
+            reason: self.request.reason.map(|reason| reason.as_str().to_owned()),
+            metadata: json!(self.request.metadata),
+            status: outcome.status,
+            gateway: reserved.gateway.clone(),
+            gateway_refund_id: outcome.gateway_refund_id.clone(),
+            failure_code: outcome.failure_code.clone(),
+            failure_message: record.failure_message.map(str::to_owned),
+            created_at: reserved.created_at,
+            updated_at: reserved.created_at,
+        };
+        let (response, event, finished) = finishing(run, &refund, &request_id);
+        let writes = writes::RecordAndFinishRefund {
+            record,
+            settle_in_ms: writes::millis(FIRST_SETTLE_DELAY),
+            event: &event,
+            finished,
+        };
+        #[cfg(debug_assertions)]
+        let answered = response.body.clone();
+        let stored: Refund = run.finish(response, Some(refund.id), writes).await?;
+        // The answer says what the database recorded: the tests' builds check it.
+        #[cfg(debug_assertions)]
+        assert_eq!(final_response(&stored, &request_id).body, answered, "refund {} as recorded", stored.id);
+        self.finished(&stored);
         Ok(())
     }
 
@@ -289,10 +312,7 @@ impl<'a> RefundPhases<'a> {
                 .await?
                 .ok_or_else(|| DriveError::inconsistent(format!("key {key_id} is past `started` without a refund")))?,
         };
-        let response = final_response(&refund, &request_id);
-        let event = StagedEvent::new(account_id, event_of(refund.status), RefundView::from(&refund));
-        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
-        let audit = audit(account_id, refund.id, run.actor(), "refund.finished", data, &request_id);
+        let (response, event, audit) = finishing(run, &refund, &request_id);
         let writes = writes::FinishRefund {
             account_id,
             refund_id: refund.id,
@@ -301,16 +321,97 @@ impl<'a> RefundPhases<'a> {
             audit,
         };
         let _: writes::Finished = run.finish(response, Some(refund.id), writes).await?;
+        self.finished(&refund);
+        Ok(())
+    }
+
+    /// After a refund's key finished: the outbox woken for its event, a pending refund's settler
+    /// too (at once if its gateway's event came already, else after its first delay), and the
+    /// refund counted.
+    fn finished(&self, refund: &Refund) {
         self.state.wake.wake(Wake::Outbox);
-        // A pending refund is due for the settler at once if its gateway's event came already,
-        // else after its first delay.
         if refund.status == RefundStatus::Pending {
             self.state.wake.wake(Wake::Settler);
             self.state.wake.wake_after(Wake::Settler, FIRST_SETTLE_DELAY);
         }
         self.state.metrics.refund_finished(refund.status.as_str());
-        Ok(())
     }
+}
+
+/// The gateway's answer about a refund, as `refund_created` records it.
+struct RefundOutcome {
+    status: RefundStatus,
+    gateway_refund_id: Option<String>,
+    failure_code: Option<String>,
+    failure_message: Option<String>,
+}
+
+impl RefundOutcome {
+    /// What an answer records: where the refund stands, or its refusal (a failure); an answer
+    /// that leaves it unknown records nothing.
+    fn of(answer: Result<gateway::Refund, GatewayError>) -> Result<RefundOutcome, DriveError> {
+        let recorded = |status, id, code, message| RefundOutcome {
+            status,
+            gateway_refund_id: id,
+            failure_code: code,
+            failure_message: message,
+        };
+        Ok(match answer {
+            Ok(refund) => match refund.status {
+                gateway::RefundStatus::Succeeded => recorded(RefundStatus::Succeeded, Some(refund.id), None, None),
+                gateway::RefundStatus::Pending => recorded(RefundStatus::Pending, Some(refund.id), None, None),
+                gateway::RefundStatus::Failed { code } => {
+                    recorded(RefundStatus::Failed, Some(refund.id), Some(code), None)
+                }
+            },
+            Err(
+                error @ (GatewayError::Rejected { .. }
+                | GatewayError::Declined { .. }
+                | GatewayError::UnknownSource { .. }),
+            ) => {
+                tracing::error!(%error, "the gateway refused a refund");
+                recorded(RefundStatus::Failed, None, Some(GATEWAY_REJECTED.to_owned()), Some(error.to_string()))
+            }
+            Err(error) => return Err(indeterminate(error)),
+        })
+    }
+
+    /// `refund_created`'s writes, with its audit record.
+    fn writes<'a>(
+        &'a self,
+        run: &Run<'_>,
+        refund_id: Uuid,
+        answered_by: AnsweredBy,
+        request_id: &'a RequestId,
+    ) -> writes::RecordRefund<'a> {
+        let account_id = run.lock().account_id;
+        let data = json!({ "recovery_point": REFUND_CREATED, "status": self.status,
+                           "gateway_refund_id": self.gateway_refund_id, "failure_code": self.failure_code,
+                           "answered_by": answered_by });
+        writes::RecordRefund {
+            account_id,
+            refund_id,
+            status: self.status,
+            gateway_refund_id: self.gateway_refund_id.as_deref(),
+            failure_code: self.failure_code.as_deref(),
+            failure_message: self.failure_message.as_deref().map(|message| crate::fields::truncated(message, 500)),
+            audit: audit(account_id, refund_id, run.actor(), "refund.outcome_recorded", data, request_id),
+        }
+    }
+}
+
+/// What `finished` writes for `refund` as recorded: the response to store, the event and the
+/// audit record.
+fn finishing<'a>(
+    run: &Run<'_>,
+    refund: &Refund,
+    request_id: &'a RequestId,
+) -> (StoredResponse, StagedEvent, AuditRecord<'a>) {
+    let response = final_response(refund, request_id);
+    let event = StagedEvent::new(refund.account_id, event_of(refund.status), RefundView::from(refund));
+    let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
+    let audit = audit(refund.account_id, refund.id, run.actor(), "refund.finished", data, request_id);
+    (response, event, audit)
 }
 
 /// The event that announces a refund in `status`.

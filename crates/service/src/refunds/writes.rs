@@ -6,10 +6,11 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::AstPass;
-use diesel::sql_types::{BigInt, Jsonb, Nullable, Text, Uuid as SqlUuid};
+use diesel::sql_types::{BigInt, Bool, Jsonb, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use uuid::Uuid;
 
 use super::model::{REFUND_COLUMNS, RefundStatus};
@@ -55,6 +56,14 @@ pub struct Reserved {
     pub gateway: String,
     #[diesel(sql_type = Text)]
     pub charge_id: String,
+    /// The payment's, which the refund's answer shows.
+    #[diesel(sql_type = Text)]
+    pub currency: String,
+    #[diesel(sql_type = Timestamptz)]
+    pub created_at: DateTime<Utc>,
+    /// Made by this run's `started`, not found from an earlier run's.
+    #[diesel(sql_type = Bool)]
+    pub made_now: bool,
 }
 
 impl PhaseWrites for Start<'_> {
@@ -65,7 +74,7 @@ impl PhaseWrites for Start<'_> {
     // after the charge did, so the snapshot holds that charge.
     fn sql(&self) -> &'static str {
         "earlier AS (
-             SELECT id, amount, gateway, payment_id FROM {refunds}
+             SELECT id, amount, gateway, payment_id, currency, created_at FROM {refunds}
              WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence)
          ), payment AS (
              SELECT account_id, id, status, currency, gateway, gateway_charge_id,
@@ -92,23 +101,23 @@ impl PhaseWrites for Start<'_> {
              SELECT {refund.id}, {account}, d.id, f.id, {key}, d.amount, d.currency, {reason}, {metadata}, d.gateway
              FROM decided d, fence f, reserved r
              WHERE d.refusal IS NULL
-             RETURNING id, amount, gateway, payment_id
+             RETURNING id, amount, gateway, payment_id, currency, created_at
          ), audited AS (
              INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM created
          )
-         SELECT c.id AS refund_id, c.amount, c.gateway, d.gateway_charge_id AS charge_id, NULL::text AS refusal,
-                NULL::bigint AS refusal_amount
+         SELECT c.id AS refund_id, c.amount, c.gateway, d.gateway_charge_id AS charge_id, c.currency, c.created_at,
+                true AS made_now, NULL::text AS refusal, NULL::bigint AS refusal_amount
          FROM created c, decided d
          UNION ALL
-         SELECT r.id, r.amount, r.gateway, p.gateway_charge_id, NULL, NULL
+         SELECT r.id, r.amount, r.gateway, p.gateway_charge_id, r.currency, r.created_at, false, NULL, NULL
          FROM earlier r JOIN {payments p} ON p.account_id = {account} AND p.id = r.payment_id
          UNION ALL
-         SELECT NULL, NULL, NULL, NULL, d.refusal, d.refundable FROM decided d WHERE d.refusal IS NOT NULL
+         SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, d.refusal, d.refundable FROM decided d WHERE d.refusal IS NOT NULL
          UNION ALL
-         SELECT NULL, NULL, NULL, NULL, 'payment_not_found', NULL FROM fence
+         SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'payment_not_found', NULL FROM fence
          WHERE NOT EXISTS (SELECT FROM earlier) AND NOT EXISTS (SELECT FROM payment)"
     }
 }
@@ -175,6 +184,73 @@ impl Parameters for RecordRefund<'_> {
             "failure_code" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_code),
             "failure_message" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_message),
             name => self.audit.walk_parameter(name, out),
+        }
+    }
+}
+
+/// `refund_created` and `finished` as one phase, for a run that made the refund
+/// ([`payments_protocol::recording`]): the gateway's answer on the refund (and, once settled, on
+/// the payment's totals), a refund left pending handed to the settler as [`FinishRefund`] does,
+/// the event, and both phases' audit records, in order, after a fence that finishes the key.
+pub struct RecordAndFinishRefund<'a> {
+    pub record: RecordRefund<'a>,
+    /// Milliseconds from now, for a refund left pending.
+    pub settle_in_ms: i64,
+    pub event: &'a StagedEvent,
+    /// `finished`'s record (`refund_created`'s is `record`'s).
+    pub finished: AuditRecord<'a>,
+}
+
+impl PhaseWrites for RecordAndFinishRefund<'_> {
+    fn sql(&self) -> &'static str {
+        "refund AS (
+             UPDATE {refunds}
+             SET status = {status}, gateway_refund_id = {gateway_refund_id}, failure_code = {failure_code},
+                 failure_message = {failure_message}, updated_at = now(),
+                 settle_at = CASE WHEN {status} = 'pending'
+                                  THEN now() + CASE WHEN EXISTS (SELECT FROM {gateway_events}
+                                                                 WHERE account_id = {account}
+                                                                   AND idempotency_key_id = (SELECT id FROM fence))
+                                                    THEN interval '0'
+                                                    ELSE {settle_in_ms} * interval '1 millisecond' END
+                             END
+             WHERE account_id = {account} AND id = {refund.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
+             RETURNING {refund.*}
+         ), {settled_totals}, staged AS (
+             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
+             SELECT {event.account}, {event.name}, {event.args} FROM refund
+         ), audited AS (
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                    {audit.data}, {audit.request_id}
+             FROM refund
+             UNION ALL
+             SELECT {finished.account}, {finished.action}, {finished.resource_type}, {finished.resource_id},
+                    {finished.actor}, {finished.data}, {finished.request_id}
+             FROM refund
+         )
+         SELECT {refund.*} FROM refund"
+    }
+
+    fn requirement(&self) -> &'static str {
+        self.record.requirement()
+    }
+
+    fn attention_on_finish(&self) -> &'static str {
+        KEEPS_REPORTS
+    }
+}
+
+impl Parameters for RecordAndFinishRefund<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "settle_in_ms" => out.push_bind_param::<BigInt, _>(&self.settle_in_ms),
+            "settled_totals" => walk_sql(SETTLED_TOTALS, self, out),
+            name if name.starts_with("event.") => self.event.walk_parameter(name, out),
+            name => match name.strip_prefix("finished.") {
+                Some(field) => self.finished.walk_field(field, out),
+                None => self.record.walk_parameter(name, out),
+            },
         }
     }
 }
