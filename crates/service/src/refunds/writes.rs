@@ -207,13 +207,7 @@ impl PhaseWrites for RecordAndFinishRefund<'_> {
              UPDATE {refunds}
              SET status = {status}, gateway_refund_id = {gateway_refund_id}, failure_code = {failure_code},
                  failure_message = {failure_message}, updated_at = now(),
-                 settle_at = CASE WHEN {status} = 'pending'
-                                  THEN now() + CASE WHEN EXISTS (SELECT FROM {gateway_events}
-                                                                 WHERE account_id = {account}
-                                                                   AND idempotency_key_id = (SELECT id FROM fence))
-                                                    THEN interval '0'
-                                                    ELSE {settle_in_ms} * interval '1 millisecond' END
-                             END
+                 settle_at = CASE WHEN {status} = 'pending' THEN {settle_at} END
              WHERE account_id = {account} AND id = {refund.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
              RETURNING {refund.*}
          ), {settled_totals}, staged AS (
@@ -245,6 +239,7 @@ impl Parameters for RecordAndFinishRefund<'_> {
     fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         match name {
             "settle_in_ms" => out.push_bind_param::<BigInt, _>(&self.settle_in_ms),
+            "settle_at" => walk_sql(SETTLE_AT, self, out),
             "settled_totals" => walk_sql(SETTLED_TOTALS, self, out),
             name if name.starts_with("event.") => self.event.walk_parameter(name, out),
             name => match name.strip_prefix("finished.") {
@@ -298,11 +293,7 @@ impl PhaseWrites for FinishRefund<'_> {
     fn sql(&self) -> &'static str {
         "settling AS (
              UPDATE {refunds}
-             SET settle_at = now() + CASE WHEN EXISTS (SELECT FROM {gateway_events}
-                                                        WHERE account_id = {account}
-                                                          AND idempotency_key_id = (SELECT id FROM fence))
-                                          THEN interval '0'
-                                          ELSE {settle_in_ms} * interval '1 millisecond' END
+             SET settle_at = {settle_at}
              WHERE account_id = {account} AND id = {refund.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
              RETURNING id
          ), staged AS (
@@ -322,9 +313,17 @@ impl PhaseWrites for FinishRefund<'_> {
     }
 }
 
+/// `{settle_at}`: when a refund the gateway left pending is first due for the settler, `{settle_in_ms}`
+/// from now, or now if the gateway's event about it came already (see [`FinishRefund`]).
+const SETTLE_AT: &str = "now() + CASE WHEN EXISTS (SELECT FROM {gateway_events}
+                                         WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence))
+                           THEN interval '0'
+                           ELSE {settle_in_ms} * interval '1 millisecond' END";
+
 impl Parameters for FinishRefund<'_> {
     fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         match name {
+            "settle_at" => walk_sql(SETTLE_AT, self, out),
             "account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
             "refund.id" => out.push_bind_param::<SqlUuid, _>(&self.refund_id),
             "settle_in_ms" => out.push_bind_param::<BigInt, _>(&self.settle_in_ms),
