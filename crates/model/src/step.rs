@@ -350,7 +350,6 @@ impl State {
         Some(())
     }
 
-    /// Driver `d`'s phase committed: its lease is renewed from now, by the database's clock.
     /// Driver `d`'s finish, under its lock: the key finished with the payment's charge as its
     /// answer, and the answer given (the completer gives none).
     fn finish(&mut self, d: usize, completer: usize) -> Option<()> {
@@ -372,6 +371,7 @@ impl State {
         Some(())
     }
 
+    /// Driver `d`'s phase committed: its lease is renewed from now, by the database's clock.
     fn renew(&mut self, d: usize) {
         if let Some(key) = self.key.as_mut() {
             key.lease_over = false;

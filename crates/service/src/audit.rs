@@ -51,7 +51,7 @@ pub struct AuditRecord<'a> {
 impl Parameters for AuditRecord<'_> {
     fn walk_parameter<'b>(&'b self, name: &str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         match name.strip_prefix("audit.") {
-            Some(field) => self.walk_field(field, out).map_err(|_| no_parameter(name)),
+            Some(field) => self.walk_field(field, out),
             None => Err(no_parameter(name)),
         }
     }
