@@ -43,7 +43,7 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     }
     let state = Arc::new(AppState::new(
         db::pool(&database_url, POOL_SIZE),
-        Routing::new(&database_url),
+        Routing::new(&database_url, POOL_SIZE),
         GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     ));

@@ -215,6 +215,70 @@ async fn app_on_citus_keeping_keys(test: &str, retention: std::time::Duration) -
     Some((citus, app.spawn_on(database).await))
 }
 
+/// How many times the statements that name `run_on_shard` ran in `url`'s database since its
+/// statistics were reset.
+async fn delegated_calls(url: &str) -> i64 {
+    #[derive(QueryableByName)]
+    struct Calls {
+        #[diesel(sql_type = BigInt)]
+        calls: i64,
+    }
+    let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+    let counted: Calls = diesel::sql_query(
+        "SELECT coalesce(sum(calls), 0)::bigint AS calls FROM pg_stat_statements
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND query LIKE '%run_on_shard(%'",
+    )
+    .get_result(&mut conn)
+    .await
+    .unwrap();
+    counted.calls
+}
+
+#[tokio::test]
+async fn on_citus_a_keys_statements_go_straight_to_its_accounts_node_never_through_the_coordinator() {
+    let Some((citus, app)) = app_on_citus("on_citus_a_keys_statements_go_straight").await else { return };
+    let mut coordinator = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    coordinator.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.unwrap();
+    // The account's node, as the catalog gives it, in the coordinator's URL.
+    #[derive(QueryableByName)]
+    struct Port {
+        #[diesel(sql_type = diesel::sql_types::Integer)]
+        nodeport: i32,
+    }
+    let node: Port = diesel::sql_query(
+        "SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n ON n.groupid = p.groupid
+         WHERE p.shardid = get_shard_id_for_distribution_column('idempotency_keys', $1)",
+    )
+    .bind::<diesel::sql_types::Uuid, _>(app.account_id)
+    .get_result(&mut coordinator)
+    .await
+    .unwrap();
+    let node_url: Vec<String> = citus
+        .url
+        .split(' ')
+        .map(|part| match part.starts_with("port=") {
+            true => format!("port={}", node.nodeport),
+            false => part.to_owned(),
+        })
+        .collect();
+    let node_url = node_url.join(" ");
+    for url in [&citus.url, &node_url] {
+        let mut conn = AsyncPgConnection::establish(url).await.unwrap();
+        conn.batch_execute("SELECT pg_stat_statements_reset()").await.unwrap();
+    }
+
+    let payment: Value = app.post_payment(&new_key(), &crate::helpers::payment_body()).await.json().await.unwrap();
+    let refund = app.post_refund(&new_key(), &json!({ "payment": payment["id"], "amount": 100 })).await;
+    assert_eq!(refund.status(), StatusCode::CREATED);
+
+    // Two statements a request at least (the claim with its first phase, and the last phase):
+    // each ran on the account's node, called there by the service, and none on the coordinator.
+    assert_eq!(delegated_calls(&citus.url).await, 0, "calls through the coordinator");
+    let straight = delegated_calls(&node_url).await;
+    assert!(straight >= 4, "{straight} calls on the account's node");
+}
+
 #[tokio::test]
 async fn on_citus_a_late_retry_of_an_expired_key_is_410_naming_its_payment_before_and_after_the_reaper() {
     let retention = std::time::Duration::from_secs(2);

@@ -132,7 +132,7 @@ impl TestAppBuilder {
         let database_url = self.database_url.as_deref().unwrap_or(&database.url);
         let state = Arc::new(AppState::new(
             payments_service::db::pool(database_url, 10),
-            Routing::new(database_url),
+            Routing::new(database_url, 10),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.settings.gateway_timeout).unwrap(),
             self.settings,
         ));
@@ -347,7 +347,7 @@ impl TestApp {
     pub fn state_at_gateway(&self, gateway_url: &str) -> Arc<AppState> {
         Arc::new(AppState::new(
             payments_service::db::pool(&self.database.url, 4),
-            Routing::new(&self.database.url),
+            Routing::new(&self.database.url, 4),
             GatewayClient::new(&gateway_url.parse().unwrap(), self.state.settings.gateway_timeout).unwrap(),
             self.state.settings.clone(),
         ))

@@ -24,20 +24,29 @@
 //! What a statement returns is named by the columns PostgreSQL describes for it: asked once per
 //! statement and process, on a connection of the [`Routing`]'s own, so that the pool's
 //! connections send exactly what they send on one node.
+//!
+//! The call goes straight to the account's node, on a connection of the service's own to it, where
+//! the process can reach it (see [`super::nodes`]); otherwise to the coordinator, which passes it
+//! on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as SyncMutex};
 
+use diesel::QueryableByName;
 use diesel::pg::{FailedToLookupTypeError, Pg, PgMetadataCacheKey, PgMetadataLookup, PgQueryBuilder, PgTypeMetadata};
 use diesel::query_builder::bind_collector::RawBytesBindCollector;
 use diesel::query_builder::{AstPass, Query, QueryBuilder, QueryFragment, QueryId};
 use diesel::result::{DatabaseErrorKind, Error as DieselError, QueryResult};
 use diesel::sql_types::{Array, Nullable, Text, Untyped, Uuid as SqlUuid};
+use diesel_async::{AsyncPgConnection, RunQueryDsl};
 use tokio::sync::{Mutex, OnceCell};
 use tokio_postgres::types::Type;
 use uuid::Uuid;
 
+use super::nodes::{Node, Nodes, PLACEMENT_SQL};
 use super::sql::{marked_prefix, split_result};
+use super::tables::COLOCATED_WITH;
+use super::{Pool, PooledConnection, discard};
 use crate::runtime::ProcessRuntime;
 
 /// The function a statement is delegated through, by its signature.
@@ -59,6 +68,10 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 /// says why. It waits for a row lock no longer than the pool's connections do (Citus does not
 /// pass a session's settings on to the node). It runs with its caller's rights.
 ///
+/// The statement runs as a statement prepared in the session, named after its text and its shard
+/// tables, so that PostgreSQL plans it once per connection, as it does on one node, and not at
+/// every call; the shards' lookups are three queries whatever the number of tables.
+///
 /// A shard has no defaults for its table's identity columns (Citus fills them in where it plans
 /// an insert); the function gives them to it first where it has none (see
 /// [`create_defaults_function`]).
@@ -68,35 +81,47 @@ pub fn create_function(colocated_with: &str) -> String {
          RETURNS SETOF record LANGUAGE plpgsql
          SET lock_timeout = {lock_timeout} SET citus.enable_manual_changes_to_shards = on AS $$
          DECLARE
-             table_name regclass;
-             shard bigint;
-             shard_table text;
-             marked text;
+             tables regclass[];
+             shards bigint[];
+             shard_tables text[];
+             elsewhere bigint;
+             prepared text;
          BEGIN
-             FOR table_name IN
-                 SELECT logicalrelid FROM pg_dist_partition
-                 WHERE colocationid = (SELECT colocationid FROM pg_dist_partition
-                                       WHERE logicalrelid = '{anchor}'::regclass)
-             LOOP
-                 marked := format('{prefix}', table_name::text);
-                 CONTINUE WHEN position(marked IN statement) = 0;
-                 shard := get_shard_id_for_distribution_column(table_name, account_id);
-                 PERFORM lock_shard_metadata(5, ARRAY[shard]);
-                 IF NOT EXISTS (SELECT FROM pg_dist_placement
-                                WHERE shardid = shard AND groupid = (SELECT groupid FROM pg_dist_local_group)) THEN
-                     IF (SELECT groupid FROM pg_dist_local_group) = 0 THEN
-                         RAISE EXCEPTION 'run_on_shard ran on the coordinator, not on the node of % shard %', table_name, shard
-                             USING ERRCODE = 'object_not_in_prerequisite_state',
-                                   HINT = 'Citus passes a call on only outside a transaction block, to a node whose metadata is synced';
-                     END IF;
-                     RAISE EXCEPTION 'the shard % of % is not on this node', shard, table_name
-                         USING ERRCODE = 'serialization_failure';
+             -- The account's shard of each table the statement names.
+             SELECT array_agg(p.logicalrelid), array_agg(get_shard_id_for_distribution_column(p.logicalrelid, account_id))
+             INTO tables, shards
+             FROM pg_dist_partition p
+             WHERE p.colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = '{anchor}'::regclass)
+               AND position(format('{prefix}', p.logicalrelid::text) IN statement) > 0;
+             PERFORM lock_shard_metadata(5, shards);
+             SELECT shard INTO elsewhere FROM unnest(shards) AS shard
+             WHERE NOT EXISTS (SELECT FROM pg_dist_placement
+                               WHERE shardid = shard AND groupid = (SELECT groupid FROM pg_dist_local_group))
+             LIMIT 1;
+             IF elsewhere IS NOT NULL THEN
+                 IF (SELECT groupid FROM pg_dist_local_group) = 0 THEN
+                     RAISE EXCEPTION 'run_on_shard ran on the coordinator, not on the node of shard %', elsewhere
+                         USING ERRCODE = 'object_not_in_prerequisite_state',
+                               HINT = 'Citus passes a call on only outside a transaction block, to a node whose metadata is synced';
                  END IF;
-                 shard_table := shard_name(table_name, shard);
-                 PERFORM give_shard_identity_defaults(table_name, shard_table);
-                 statement := replace(statement, marked, shard_table || ' AS ');
+                 RAISE EXCEPTION 'the shard % is not on this node', elsewhere USING ERRCODE = 'serialization_failure';
+             END IF;
+             FOR i IN 1 .. coalesce(array_length(tables, 1), 0) LOOP
+                 shard_tables[i] := shard_name(tables[i], shards[i]);
+                 statement := replace(statement, format('{prefix}', tables[i]::text), shard_tables[i] || ' AS ');
              END LOOP;
-             RETURN QUERY EXECUTE statement USING parameters;
+             -- Prepared once per text, shard tables and session, as the statement is on one
+             -- PostgreSQL: a text run by EXECUTE is parsed and planned at every call. The name
+             -- counts the shard tables as they are now (a shard that left and came back is
+             -- another table), whose identity defaults are given before the statement first runs.
+             prepared := 'run_on_shard_' || md5(statement || array_to_string(shard_tables::regclass[]::oid[], ','));
+             IF NOT EXISTS (SELECT FROM pg_prepared_statements WHERE name = prepared) THEN
+                 FOR i IN 1 .. coalesce(array_length(tables, 1), 0) LOOP
+                     PERFORM give_shard_identity_defaults(tables[i], shard_tables[i]);
+                 END LOOP;
+                 EXECUTE format('PREPARE %I (text[]) AS %s', prepared, statement);
+             END IF;
+             RETURN QUERY EXECUTE format('EXECUTE %I (%L)', prepared, parameters);
          END
          $$",
         lock_timeout = super::LOCK_TIMEOUT.as_millis(),
@@ -166,18 +191,23 @@ pub struct Routing {
     describer: Mutex<Option<tokio_postgres::Client>>,
     /// Each statement's [`Shape`], by its text.
     shapes: SyncMutex<HashMap<String, Arc<Shape>>>,
+    /// The connections straight to the nodes, and where each account's shards are; none where
+    /// the URL does not parse.
+    nodes: Option<Nodes>,
 }
 
 impl Routing {
-    /// The routing of a process whose pool connects to `database_url`. Made on the process's
-    /// runtime, which drives its describing connection (see [`crate::runtime`]).
-    pub fn new(database_url: &str) -> Routing {
+    /// The routing of a process whose pool of `pool_size` connects to `database_url`; on Citus,
+    /// each node it reaches straight has a pool of that size too. Made on the process's runtime,
+    /// which drives its describing connection (see [`crate::runtime`]).
+    pub fn new(database_url: &str, pool_size: u32) -> Routing {
         Routing {
             database_url: database_url.to_owned(),
             runtime: ProcessRuntime::current(),
             delegates: OnceCell::new(),
             describer: Mutex::new(None),
             shapes: SyncMutex::new(HashMap::new()),
+            nodes: Nodes::new(database_url, pool_size),
         }
     }
 
@@ -194,7 +224,57 @@ impl Routing {
         }
         let Rendered { sql, types, parameters } = Rendered::of(statement)?;
         let shape = Box::pin(self.shape_of(&sql, &types)).await?;
-        Ok(Some(Delegated { account_id, shape, parameters }))
+        let node = Box::pin(self.node_of(account_id)).await;
+        Ok(Some(Delegated { account_id, shape, parameters, node }))
+    }
+
+    /// Runs a delegated call: straight on its account's node where it can, otherwise on `conn`,
+    /// through the coordinator. A node whose connection cannot be had is passed over for a while:
+    /// nothing was sent to it.
+    pub async fn run<R>(&self, mut delegated: Delegated, conn: &mut AsyncPgConnection) -> QueryResult<Vec<R>>
+    where
+        R: QueryableByName<Pg> + Send + 'static,
+    {
+        if let (Some(nodes), Some((node, pool))) = (&self.nodes, delegated.node.take()) {
+            match pool.get_owned().await {
+                Ok(straight) => return Answering(Some(straight)).load(delegated).await,
+                Err(error) => {
+                    tracing::warn!(%error, ?node, "no connection to the account's node; through the coordinator");
+                    nodes.unreachable(&node);
+                }
+            }
+        }
+        delegated.load(conn).await
+    }
+
+    /// The node of `account_id`'s shards and its pool, if a call for it can go there straight.
+    async fn node_of(&self, account_id: Uuid) -> Option<(Node, Pool)> {
+        let nodes = self.nodes.as_ref()?;
+        let node = match nodes.known(account_id) {
+            Some(node) => node,
+            None => match self.placement(account_id).await {
+                Ok(node) => {
+                    nodes.placed(account_id, node.clone());
+                    node
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "where the account's shards are is not known; through the coordinator");
+                    None
+                }
+            },
+        }?;
+        let pool = nodes.pool(&node)?;
+        Some((node, pool))
+    }
+
+    /// Where `account_id`'s shards are, as the catalog of the database the process connects to
+    /// says ([`PLACEMENT_SQL`]).
+    async fn placement(&self, account_id: Uuid) -> QueryResult<Option<Node>> {
+        let describer = self.describer().await?;
+        let client = describer.as_ref().expect("opened above");
+        let row =
+            client.query_opt(PLACEMENT_SQL, &[&COLOCATED_WITH, &account_id.to_string()]).await.map_err(unavailable)?;
+        Ok(row.map(|row| Node { host: row.get(0), port: row.get::<_, i32>(1) as u16 }))
     }
 
     /// Whether this database delegates: whether [`FUNCTION`] exists, which only distributing the
@@ -296,6 +376,36 @@ pub struct Delegated {
     account_id: Uuid,
     shape: Arc<Shape>,
     parameters: Vec<Option<String>>,
+    /// The account's node and its pool, where the call can go straight.
+    node: Option<(Node, Pool)>,
+}
+
+/// A node's connection while a call runs on it. Should the call be cut short (the operation's
+/// timeout drops it), the connection is discarded rather than put back with the call perhaps
+/// still running on it; so is one the call failed on other than with the database's answer.
+struct Answering(Option<PooledConnection>);
+
+impl Answering {
+    async fn load<R>(mut self, delegated: Delegated) -> QueryResult<Vec<R>>
+    where
+        R: QueryableByName<Pg> + Send + 'static,
+    {
+        let conn = self.0.as_mut().expect("taken only below");
+        let rows = delegated.load(&mut **conn).await;
+        if !matches!(rows, Err(ref error) if !matches!(error, DieselError::DatabaseError(..))) {
+            // Answered: the connection goes back as it is.
+            self.0 = None;
+        }
+        rows
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.0 {
+            discard(conn);
+        }
+    }
 }
 
 impl QueryFragment<Pg> for Delegated {

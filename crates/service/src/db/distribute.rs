@@ -22,10 +22,7 @@ use diesel::sql_types::Text;
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl, SimpleAsyncConnection};
 
 use super::delegate;
-use super::tables::{BY_ACCOUNT, REFERENCE_TABLES};
-
-/// The table every distributed table is colocated with.
-const COLOCATED_WITH: &str = "idempotency_keys";
+use super::tables::{BY_ACCOUNT, COLOCATED_WITH, REFERENCE_TABLES};
 
 /// Why the schema could not be distributed.
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,7 @@
 pub mod delegate;
 pub mod distribute;
 pub mod migrate;
+pub mod nodes;
 pub mod ownership;
 pub mod schema;
 pub mod sql;
@@ -69,6 +70,31 @@ pub const OPERATION_TIMEOUT: Duration = Duration::from_millis(2500);
 /// Builds the pool without connecting: the first checkout connects, and a database that is down
 /// at start-up is reported by `/readyz` and by 503s instead of preventing the process from starting.
 pub fn pool(database_url: &str, max_size: u32) -> Pool {
+    let url = database_url.to_owned();
+    pool_connecting(database_url, max_size, move || {
+        let url = url.clone();
+        Box::pin(async move { establish(&url).await })
+    })
+}
+
+/// A pool like [`pool`]'s to the server `config` names (on Citus, one node: see
+/// [`delegate::Routing`]).
+pub fn pool_to(config: tokio_postgres::Config, max_size: u32) -> Pool {
+    let name = format!("{:?}:{:?}", config.get_hosts(), config.get_ports());
+    pool_connecting(&name, max_size, move || {
+        let config = config.clone();
+        Box::pin(async move { establish_to(&config).await })
+    })
+}
+
+/// A pool whose connections `connect` opens; `name` says what they connect to.
+fn pool_connecting<F>(name: &str, max_size: u32, connect: F) -> Pool
+where
+    F: Fn() -> futures_util::future::BoxFuture<'static, diesel::ConnectionResult<AsyncPgConnection>>
+        + Send
+        + Sync
+        + 'static,
+{
     let mut config = ManagerConfig::default();
     // The default (`Verified`) runs `SELECT 1` on every checkout: a round trip per phase. Checking
     // only whether the connection's socket has closed costs nothing and still keeps connections
@@ -88,21 +114,33 @@ pub fn pool(database_url: &str, max_size: u32) -> Pool {
     // Opened on the runtime that built the pool, whichever task checks one out (see
     // `crate::runtime`): a connection an HTTP worker opened would die with that worker.
     let runtime = ProcessRuntime::current();
-    config.custom_setup = Box::new(move |url| {
-        let (runtime, url) = (runtime.clone(), url.to_owned());
+    config.custom_setup = Box::new(move |_| {
+        let (runtime, opening) = (runtime.clone(), connect());
         Box::pin(async move {
-            runtime.run(async move { establish(&url).await }).await.unwrap_or_else(|error| {
+            runtime.run(opening).await.unwrap_or_else(|error| {
                 Err(diesel::ConnectionError::BadConnection(format!("the connection was not opened: {error}")))
             })
         })
     });
-    let manager = AsyncDieselConnectionManager::new_with_config(database_url, config);
+    let manager = AsyncDieselConnectionManager::new_with_config(name, config);
     bb8::Pool::builder().max_size(max_size).connection_timeout(CHECKOUT_TIMEOUT).build_unchecked(manager)
 }
 
 /// Opens one connection with the session settings every connection of ours carries.
 pub async fn establish(database_url: &str) -> diesel::ConnectionResult<AsyncPgConnection> {
-    let mut conn = AsyncPgConnection::establish(database_url).await?;
+    set_up_session(AsyncPgConnection::establish(database_url).await?).await
+}
+
+/// [`establish`], to the server `config` names.
+pub async fn establish_to(config: &tokio_postgres::Config) -> diesel::ConnectionResult<AsyncPgConnection> {
+    let (client, connection) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|error| diesel::ConnectionError::BadConnection(error.to_string()))?;
+    set_up_session(AsyncPgConnection::try_from_client_and_connection(client, connection).await?).await
+}
+
+async fn set_up_session(mut conn: AsyncPgConnection) -> diesel::ConnectionResult<AsyncPgConnection> {
     let setup = format!(
         "SET application_name = 'payments'; SET statement_timeout = {}; SET lock_timeout = {}; \
          SET idle_in_transaction_session_timeout = {}",

@@ -21,3 +21,7 @@ pub const BY_ACCOUNT: [&str; 10] = [
     "gateway_events",
     "key_request_counts",
 ];
+
+/// The table every table of [`BY_ACCOUNT`] is colocated with: its shard of an account is on the
+/// node where all of that account's rows are.
+pub const COLOCATED_WITH: &str = "idempotency_keys";

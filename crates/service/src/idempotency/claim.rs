@@ -102,7 +102,7 @@ where
         let sent = since_boot();
         let run = async {
             match routing.delegate(new.account_id, &query).await? {
-                Some(delegated) => db::first_row(delegated.load::<Claimed<S>>(conn)).await,
+                Some(delegated) => db::first_row(routing.run::<Claimed<S>>(delegated, conn)).await,
                 None => db::first_row(query.load::<Claimed<S>>(conn)).await,
             }
         };

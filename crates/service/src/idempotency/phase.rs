@@ -67,7 +67,7 @@ where
         let statement = PhaseStatement { fence: Fence::new(lock, &transition, &writes), writes: &writes };
         let run = async {
             match routing.delegate(lock.account_id, &statement).await? {
-                Some(delegated) => db::first_row(delegated.load::<R>(conn)).await,
+                Some(delegated) => db::first_row(routing.run::<R>(delegated, conn)).await,
                 None => db::first_row(statement.load::<R>(conn)).await,
             }
         };
