@@ -215,6 +215,22 @@ async fn on_citus_bench_reports_the_scenarios_beside_one_postgresql() {
     assert_eq!(new["payments_created"], new["requests"], "{new:#}");
     let refund = &citus["scenarios"]["refund"];
     assert_eq!(refund["refunds_created"], refund["requests"], "{refund:#}");
+    // Each node's CPU per request, named, and PostgreSQL's as theirs together.
+    let cpu = &new["cpu_us_per_request"];
+    let nodes: Vec<&str> = cpu["nodes"].as_array().unwrap().iter().map(|n| n["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes, ["coordinator", "worker 1", "worker 2"], "{cpu:#}");
+    let all: f64 = cpu["nodes"].as_array().unwrap().iter().map(|n| n["cpu_us"].as_f64().unwrap()).sum();
+    assert!(all > 0.0 && (cpu["postgres"].as_f64().unwrap() - all).abs() < 1e-6, "{cpu:#}");
+    // A projection for more workers, from those figures; the table says it is one.
+    let projected: Vec<u64> =
+        citus["projected"].as_array().unwrap().iter().map(|p| p["workers"].as_u64().unwrap()).collect();
+    assert_eq!(projected, [2, 4, 8, 16], "{citus:#}");
+    for p in citus["projected"].as_array().unwrap() {
+        let (limit, coordinator) = (p["workers_limit_per_s"].as_f64().unwrap(), p["coordinator_limit_per_s"].as_f64());
+        assert_eq!(p["payments_per_s"].as_f64(), Some(coordinator.map_or(limit, |c| c.min(limit))), "{p:#}");
+    }
+    assert!(table.contains("a projection, not a measurement"), "{table}");
     // One PostgreSQL's figures carry no Citus counts.
     assert!(report["scenarios"]["new"]["single_shard_executions_per_request"].is_null());
+    assert!(report["scenarios"]["new"]["cpu_us_per_request"]["nodes"].is_null());
 }

@@ -49,8 +49,8 @@ use plans::{PLANS_SHOWN, ServerLog};
 use procfs::{Watched, rss_kib};
 use reference::{BareEndpoint, Pgbench};
 use report::{
-    BareCpu, BareReport, Before, CitusRatios, CitusReport, Cost, LoadReport, Machine, Outbox, Ratios, References,
-    Report, ScenarioReport, Scenarios, ServiceCpu, Settings, StatementCost,
+    BareCpu, BareReport, Before, CitusRatios, CitusReport, Cost, LoadReport, Machine, NodeCpu, Outbox, Projected,
+    Ratios, References, Report, ScenarioReport, Scenarios, ServiceCpu, Settings, StatementCost,
 };
 use sampler::{Sampler, Seen};
 use world::World;
@@ -148,7 +148,8 @@ async fn on_citus(plan: &Plan, workers: u16, single: &Scenarios, progress: &Prog
     let (report, _) = measured?;
     stopped?;
     let vs_single_node = CitusRatios::of(&report.scenarios, single);
-    Ok(CitusReport { workers, scenarios: report.scenarios, vs_single_node })
+    let projected = Projected::of(report.scenarios.new.as_ref(), report.machine.cores);
+    Ok(CitusReport { workers, scenarios: report.scenarios, vs_single_node, projected })
 }
 
 /// The processes whose CPU time is reported.
@@ -157,9 +158,15 @@ struct Processes {
     gateway: Option<Watched>,
     postgres: Option<Watched>,
     bench: Watched,
+    /// On Citus, each node's postmaster with its children, by name.
+    nodes: Vec<(String, Watched)>,
 }
 
-type CpuSample = [Option<u64>; 4];
+/// Each process's CPU time so far: the four of [`Processes`], then each node's.
+struct CpuSample {
+    processes: [Option<u64>; 4],
+    nodes: Vec<Option<u64>>,
+}
 
 impl Processes {
     fn of(world: &World) -> Processes {
@@ -168,16 +175,30 @@ impl Processes {
             gateway: world.pids.gateway.map(Watched::process),
             postgres: world.pids.postgres.map(Watched::tree),
             bench: Watched::this_process(),
+            nodes: world.nodes.iter().map(|(name, pid)| (name.clone(), Watched::tree(*pid))).collect(),
         }
     }
 
     fn sample(&self) -> CpuSample {
-        [self.api, self.gateway, self.postgres, Some(self.bench)].map(|watched| watched.and_then(|w| w.cpu_us()))
+        let processes = [self.api, self.gateway, self.postgres, Some(self.bench)];
+        CpuSample {
+            processes: processes.map(|watched| watched.and_then(|w| w.cpu_us())),
+            nodes: self.nodes.iter().map(|(_, watched)| watched.cpu_us()).collect(),
+        }
     }
 
-    fn per_request(before: CpuSample, after: CpuSample, requests: u64) -> ServiceCpu {
-        let per = |i: usize| per_request(before[i].zip(after[i]).map(|(b, a)| a.saturating_sub(b)), requests);
-        ServiceCpu { api: per(0), gateway: per(1), postgres: per(2), bench: per(3) }
+    /// CPU time per request between two samples. On Citus, PostgreSQL's is every node's together.
+    fn per_request(&self, before: &CpuSample, after: &CpuSample, requests: u64) -> ServiceCpu {
+        let spent = |b: Option<u64>, a: Option<u64>| b.zip(a).map(|(b, a)| a.saturating_sub(b));
+        let per = |i: usize| per_request(spent(before.processes[i], after.processes[i]), requests);
+        let nodes: Vec<NodeCpu> = self
+            .nodes
+            .iter()
+            .zip(before.nodes.iter().zip(&after.nodes))
+            .map(|((node, _), (b, a))| NodeCpu { node: node.clone(), cpu_us: per_request(spent(*b, *a), requests) })
+            .collect();
+        let all_nodes = nodes.iter().map(|n| n.cpu_us).sum::<Option<f64>>().filter(|_| !nodes.is_empty());
+        ServiceCpu { api: per(0), gateway: per(1), postgres: per(2).or(all_nodes), bench: per(3), nodes }
     }
 }
 
@@ -325,13 +346,13 @@ impl Run<'_> {
         };
 
         let mut load_report = LoadReport::of(&load);
-        let cost = |counters_after: Option<Counters>, cpu_after| {
+        let cost = |counters_after: Option<Counters>, cpu_after: &CpuSample| {
             let delta = |f: fn(&Counters) -> Option<u64>| {
                 let (before, after) = (counters_before.as_ref().and_then(f), counters_after.as_ref().and_then(f));
                 before.zip(after).map(|(before, after)| after.saturating_sub(before))
             };
             Cost {
-                cpu_us_per_request: Processes::per_request(cpu_before, cpu_after, load.requests),
+                cpu_us_per_request: self.processes.per_request(&cpu_before, cpu_after, load.requests),
                 statements_per_request: per_request(delta(|c| c.statements), load.requests),
                 wal_bytes_per_request: per_request(delta(|c| Some(c.wal_bytes)), load.requests),
                 single_shard_executions_per_request: per_request(delta(|c| c.single_shard), load.requests),
@@ -351,8 +372,8 @@ impl Run<'_> {
         let report = ScenarioReport {
             load: load_report,
             groups: (scenario == Scenario::Duplicates).then_some(load.groups),
-            cost: cost(counters_after, cpu_after),
-            during_load: cost(counters_at_end, cpu_at_end),
+            cost: cost(counters_after, &cpu_after),
+            during_load: cost(counters_at_end, &cpu_at_end),
             payments_created,
             refunds_created,
             outbox: Outbox {

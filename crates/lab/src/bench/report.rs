@@ -31,6 +31,55 @@ pub struct CitusReport {
     pub scenarios: Scenarios,
     /// Each scenario's requests per second on Citus over the same on one PostgreSQL.
     pub vs_single_node: CitusRatios,
+    /// New payments a cluster of more workers could take, from what each node spent per payment
+    /// here: a projection (see [`Projected`]).
+    pub projected: Vec<Projected>,
+}
+
+/// The workers a projection is made for.
+pub const PROJECTED_WORKERS: [u32; 4] = [2, 4, 8, 16];
+
+/// New payments per second a cluster of `workers` workers could take, projected from the CPU
+/// each node spent per payment in the `new` scenario, on these assumptions: each node a machine
+/// of its own with as many cores as this one, all of them for PostgreSQL; the accounts spread
+/// evenly over the workers, so that each takes its share of the payments at the cost per payment
+/// measured here; the coordinator's cost per payment the same whatever the number of workers; the
+/// API's processes on machines of their own (they share nothing, so they are added as needed);
+/// and nothing limited by the network. The cluster takes what its busiest part takes.
+#[derive(Serialize)]
+pub struct Projected {
+    pub workers: u32,
+    /// What the workers together could take: `workers × cores × 1 s ÷ their CPU per payment`.
+    pub workers_limit_per_s: f64,
+    /// What the coordinator could take, the same at any size: `cores × 1 s ÷ its CPU per payment`.
+    pub coordinator_limit_per_s: Option<f64>,
+    pub payments_per_s: f64,
+}
+
+impl Projected {
+    /// The projections for [`PROJECTED_WORKERS`], from `new`'s CPU per payment on each node on a
+    /// machine of `cores`; none without those figures.
+    pub fn of(new: Option<&ScenarioReport>, cores: usize) -> Vec<Projected> {
+        let Some(cpu) = new.map(|new| &new.cost.cpu_us_per_request) else { return Vec::new() };
+        let per_node = |worker: bool| {
+            let nodes = cpu.nodes.iter().filter(|n| n.node.starts_with("worker") == worker);
+            nodes.map(|n| n.cpu_us).sum::<Option<f64>>()
+        };
+        let (Some(workers_us), coordinator_us) = (per_node(true).filter(|us| *us > 0.0), per_node(false)) else {
+            return Vec::new();
+        };
+        let capacity = |us: f64| cores as f64 * 1_000_000.0 / us;
+        let coordinator_limit_per_s = coordinator_us.filter(|us| *us > 0.0).map(capacity);
+        PROJECTED_WORKERS
+            .into_iter()
+            .map(|workers| {
+                let workers_limit_per_s = f64::from(workers) * capacity(workers_us);
+                let payments_per_s =
+                    coordinator_limit_per_s.map_or(workers_limit_per_s, |c| c.min(workers_limit_per_s));
+                Projected { workers, workers_limit_per_s, coordinator_limit_per_s, payments_per_s }
+            })
+            .collect()
+    }
 }
 
 #[derive(Serialize)]
@@ -174,6 +223,17 @@ pub struct ServiceCpu {
     pub postgres: Option<f64>,
     /// The load generator (and the webhook receiver, which runs inside it).
     pub bench: Option<f64>,
+    /// On Citus, each node's (its postmaster and all its children); `postgres` is theirs together.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeCpu>,
+}
+
+/// One Citus node's CPU time per request, in µs.
+#[derive(Serialize)]
+pub struct NodeCpu {
+    /// `coordinator`, `worker 1`, ...
+    pub node: String,
+    pub cpu_us: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -448,17 +508,59 @@ impl CitusReport {
             ("refund", &self.scenarios.refund, r.refund),
             ("capture", &self.scenarios.capture, r.capture),
         ];
-        for (name, scenario, ratio) in scenarios {
+        for (name, scenario, ratio) in &scenarios {
             let Some(s) = scenario else { continue };
             let _ = writeln!(
                 out,
                 "| {name} | {:.0} | {} | {:.2} | {} | {} | {} |",
                 s.load.throughput_per_s,
-                float(ratio, 3),
+                float(*ratio, 3),
                 s.load.latency_ms.p99,
                 float(s.cost.statements_per_request, 2),
                 float(s.cost.single_shard_executions_per_request, 2),
                 float(s.cost.multi_shard_executions_per_request, 2)
+            );
+        }
+
+        // CPU per request on each node, named as the first scenario names them.
+        let Some(first) = scenarios.iter().find_map(|(_, s, _)| s.as_ref()) else { return };
+        let names: Vec<&str> = first.cost.cpu_us_per_request.nodes.iter().map(|n| n.node.as_str()).collect();
+        out.push_str(
+            "\nCPU µs per request on each node (its postmaster and all its children), to the end of the drain:\n\n",
+        );
+        let _ = writeln!(out, "| scenario | API | {} | all nodes |", names.join(" | "));
+        let _ = writeln!(out, "|---|--:|{}--:|", "--:|".repeat(names.len()));
+        for (name, scenario, _) in &scenarios {
+            let Some(s) = scenario else { continue };
+            let cpu = &s.cost.cpu_us_per_request;
+            let nodes: Vec<String> = cpu.nodes.iter().map(|n| float(n.cpu_us, 0)).collect();
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} | {} |",
+                float(cpu.api, 0),
+                nodes.join(" | "),
+                float(cpu.postgres, 0)
+            );
+        }
+
+        if self.projected.is_empty() {
+            return;
+        }
+        out.push_str(
+            "\nProjected new payments/s for more workers, from the CPU each node spent per payment above: a \
+             projection, not a measurement. Assumed: each node a machine of its own with as many cores as this \
+             one; accounts spread evenly over the workers, each payment costing a worker and the coordinator \
+             what it did here; the API on machines of its own; no limit from the network.\n\n",
+        );
+        out.push_str("| workers | the workers' limit | the coordinator's limit | projected |\n|--:|--:|--:|--:|\n");
+        for p in &self.projected {
+            let _ = writeln!(
+                out,
+                "| {} | {:.0} | {} | {:.0} |",
+                p.workers,
+                p.workers_limit_per_s,
+                float(p.coordinator_limit_per_s, 0),
+                p.payments_per_s
             );
         }
     }

@@ -51,6 +51,9 @@ pub struct World {
     pub scratch: PathBuf,
     /// The log of its own PostgreSQL, where the sampled plans are (none on Citus or elsewhere).
     pub server_log: Option<PathBuf>,
+    /// On its own Citus cluster, each node's postmaster, named (`coordinator`, `worker 1`, ...):
+    /// its CPU time, with its children's, is reported node by node.
+    pub nodes: Vec<(String, u32)>,
     /// Fields drop in order: the processes before the cluster they use, the scratch directory
     /// holding that cluster last.
     own: Option<Own>,
@@ -77,14 +80,20 @@ impl World {
             Some(workers) => OwnDatabase::start_citus(&scratch.path().join("citus"), workers.into(), "bench").await?,
         };
         let (database_url, api_key) = (database.url.clone(), database.api_key.clone());
-        // PostgreSQL's CPU time is that of one postmaster's processes: on Citus it would be the
-        // coordinator's alone, so it is left out there.
-        let (postgres, server_log) = match &database.nodes {
+        // PostgreSQL's CPU time is that of one postmaster's processes; on Citus, of each node's.
+        let (postgres, server_log, nodes) = match &database.nodes {
             Nodes::One(_) => {
                 let root = scratch.path().join("pg");
-                (postmaster_pid(&root), Some(root.join("postgres.log")))
+                (postmaster_pid(&root), Some(root.join("postgres.log")), Vec::new())
             }
-            Nodes::Citus(_) => (None, None),
+            Nodes::Citus(citus) => {
+                let citus = citus.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let nodes = citus.nodes().enumerate().filter_map(|(index, (role, _, root))| {
+                    let name = if index == 0 { role.to_owned() } else { format!("{role} {index}") };
+                    postmaster_pid(root).map(|pid| (name, pid))
+                });
+                (None, None, nodes.collect())
+            }
         };
 
         let quiet = [("RUST_LOG", "warn")];
@@ -113,6 +122,7 @@ impl World {
             pids,
             scratch: scratch.path().to_owned(),
             server_log,
+            nodes,
             own: Some(Own { serve, gateway, webhook, database: Some(database) }),
             _scratch: scratch,
         })
@@ -128,6 +138,7 @@ impl World {
             pids,
             scratch: scratch.path().to_owned(),
             server_log: None,
+            nodes: Vec::new(),
             own: None,
             _scratch: scratch,
         })
