@@ -32,6 +32,18 @@ impl ProcessRuntime {
         }
     }
 
+    /// Makes something that starts tasks of its own as it is made (a pool, its reaper) on that
+    /// runtime, wherever it is called from.
+    pub fn make<T>(&self, make: impl FnOnce() -> T) -> T {
+        match &self.0 {
+            Some(runtime) => {
+                let _on = runtime.enter();
+                make()
+            }
+            None => make(),
+        }
+    }
+
     /// Runs `work` on that runtime (or right here, for something made outside any runtime); an
     /// error only if that runtime dropped it, stopping.
     pub async fn run<T: Send + 'static>(&self, work: impl Future<Output = T> + Send + 'static) -> Result<T, JoinError> {

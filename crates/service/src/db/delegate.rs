@@ -1,6 +1,6 @@
 //! On Citus, the statements that write under a key (the claim and every phase) are handed whole to
 //! the node that holds the account's rows, and run there as on one PostgreSQL: one round trip
-//! from the coordinator and one commit on one node, as one PostgreSQL takes.
+//! and one commit on one node, as one PostgreSQL takes.
 //!
 //! Citus sends a statement to one shard in one piece only if it can plan it whole there, and it
 //! cannot plan an `INSERT` inside a CTE that way: it runs each such CTE as a step of its own, a
@@ -70,7 +70,8 @@ pub const FUNCTION: &str = "run_on_shard(uuid, text, text[])";
 ///
 /// The statement runs as a statement prepared in the session, named after its text and its shard
 /// tables, so that PostgreSQL plans it once per connection, as it does on one node, and not at
-/// every call; the shards' lookups are three queries whatever the number of tables.
+/// every call; the shards are found, locked and checked in three queries whatever the number of
+/// tables.
 ///
 /// A shard has no defaults for its table's identity columns (Citus fills them in where it plans
 /// an insert); the function gives them to it first where it has none (see
@@ -113,13 +114,18 @@ pub fn create_function(colocated_with: &str) -> String {
              -- Prepared once per text, shard tables and session, as the statement is on one
              -- PostgreSQL: a text run by EXECUTE is parsed and planned at every call. The name
              -- counts the shard tables as they are now (a shard that left and came back is
-             -- another table), whose identity defaults are given before the statement first runs.
+             -- another table). Before a session first runs it, the shards get their identity
+             -- defaults; a setting of the session says it is done, and, unlike the prepared
+             -- statement, it is undone with the transaction that did it.
              prepared := 'run_on_shard_' || md5(statement || array_to_string(shard_tables::regclass[]::oid[], ','));
-             IF NOT EXISTS (SELECT FROM pg_prepared_statements WHERE name = prepared) THEN
+             IF current_setting('run_on_shard.' || prepared, true) IS DISTINCT FROM 'ready' THEN
                  FOR i IN 1 .. coalesce(array_length(tables, 1), 0) LOOP
                      PERFORM give_shard_identity_defaults(tables[i], shard_tables[i]);
                  END LOOP;
-                 EXECUTE format('PREPARE %I (text[]) AS %s', prepared, statement);
+                 IF NOT EXISTS (SELECT FROM pg_prepared_statements WHERE name = prepared) THEN
+                     EXECUTE format('PREPARE %I (text[]) AS %s', prepared, statement);
+                 END IF;
+                 PERFORM set_config('run_on_shard.' || prepared, 'ready', false);
              END IF;
              RETURN QUERY EXECUTE format('EXECUTE %I (%L)', prepared, parameters);
          END
@@ -207,7 +213,7 @@ impl Routing {
             delegates: OnceCell::new(),
             describer: Mutex::new(None),
             shapes: SyncMutex::new(HashMap::new()),
-            nodes: Nodes::new(database_url, pool_size),
+            nodes: Nodes::new(database_url, pool_size, ProcessRuntime::current()),
         }
     }
 
@@ -382,7 +388,8 @@ pub struct Delegated {
 
 /// A node's connection while a call runs on it. Should the call be cut short (the operation's
 /// timeout drops it), the connection is discarded rather than put back with the call perhaps
-/// still running on it; so is one the call failed on other than with the database's answer.
+/// still running on it; so is one the call failed on other than with the database's answer to
+/// the statement (a connection that closed, a command that could not be sent).
 struct Answering(Option<PooledConnection>);
 
 impl Answering {
@@ -392,7 +399,14 @@ impl Answering {
     {
         let conn = self.0.as_mut().expect("taken only below");
         let rows = delegated.load(&mut **conn).await;
-        if !matches!(rows, Err(ref error) if !matches!(error, DieselError::DatabaseError(..))) {
+        let answered = match &rows {
+            Ok(_) => true,
+            Err(DieselError::DatabaseError(kind, _)) => {
+                !matches!(kind, DatabaseErrorKind::ClosedConnection | DatabaseErrorKind::UnableToSendCommand)
+            }
+            Err(_) => false,
+        };
+        if answered {
             // Answered: the connection goes back as it is.
             self.0 = None;
         }

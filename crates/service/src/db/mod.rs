@@ -71,24 +71,25 @@ pub const OPERATION_TIMEOUT: Duration = Duration::from_millis(2500);
 /// at start-up is reported by `/readyz` and by 503s instead of preventing the process from starting.
 pub fn pool(database_url: &str, max_size: u32) -> Pool {
     let url = database_url.to_owned();
-    pool_connecting(database_url, max_size, move || {
+    pool_connecting(database_url, max_size, ProcessRuntime::current(), move || {
         let url = url.clone();
         Box::pin(async move { establish(&url).await })
     })
 }
 
 /// A pool like [`pool`]'s to the server `config` names (on Citus, one node: see
-/// [`delegate::Routing`]).
-pub fn pool_to(config: tokio_postgres::Config, max_size: u32) -> Pool {
+/// [`delegate::Routing`]), its connections opened on `runtime`, the process's, wherever the pool
+/// is first needed.
+pub fn pool_to(config: tokio_postgres::Config, max_size: u32, runtime: ProcessRuntime) -> Pool {
     let name = format!("{:?}:{:?}", config.get_hosts(), config.get_ports());
-    pool_connecting(&name, max_size, move || {
+    pool_connecting(&name, max_size, runtime, move || {
         let config = config.clone();
         Box::pin(async move { establish_to(&config).await })
     })
 }
 
-/// A pool whose connections `connect` opens; `name` says what they connect to.
-fn pool_connecting<F>(name: &str, max_size: u32, connect: F) -> Pool
+/// A pool whose connections `connect` opens on `runtime`; `name` says what they connect to.
+fn pool_connecting<F>(name: &str, max_size: u32, runtime: ProcessRuntime, connect: F) -> Pool
 where
     F: Fn() -> futures_util::future::BoxFuture<'static, diesel::ConnectionResult<AsyncPgConnection>>
         + Send
@@ -111,9 +112,9 @@ where
             }
         })
     }));
-    // Opened on the runtime that built the pool, whichever task checks one out (see
-    // `crate::runtime`): a connection an HTTP worker opened would die with that worker.
-    let runtime = ProcessRuntime::current();
+    // Opened on the process's runtime, whichever task checks one out (see `crate::runtime`): a
+    // connection an HTTP worker opened would die with that worker.
+    let reaper_runtime = runtime.clone();
     config.custom_setup = Box::new(move |_| {
         let (runtime, opening) = (runtime.clone(), connect());
         Box::pin(async move {
@@ -123,7 +124,9 @@ where
         })
     });
     let manager = AsyncDieselConnectionManager::new_with_config(name, config);
-    bb8::Pool::builder().max_size(max_size).connection_timeout(CHECKOUT_TIMEOUT).build_unchecked(manager)
+    let builder = bb8::Pool::builder().max_size(max_size).connection_timeout(CHECKOUT_TIMEOUT);
+    // Its reaper too, which the pool starts as it is built.
+    reaper_runtime.make(|| builder.build_unchecked(manager))
 }
 
 /// Opens one connection with the session settings every connection of ours carries.

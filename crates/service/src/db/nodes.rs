@@ -1,14 +1,21 @@
 //! On Citus, the node that holds an account's shards, reached without the coordinator: a
 //! statement delegated to the account's shard (see [`super::delegate`]) is sent on a connection of
 //! the service's own to that node, where the call runs at once, instead of to the coordinator,
-//! which would only pass it on. The coordinator then serves none of a key's statements, only the
-//! rest (look-ups, the workers' scans), and adding workers adds capacity for them.
+//! which would only pass it on. The coordinator then serves only the rest (look-ups, a key's
+//! release, the workers' scans, and where each account's shards are), and adding workers adds
+//! capacity for the claims and phases.
 //!
 //! Which node holds an account's shards is asked of the coordinator's catalog the first time, and
 //! again once the answer is [`PLACEMENT_AGE`] old. A call sent to a node the shards have just left
 //! still lands: Citus passes it on from any node whose metadata is synced, as the coordinator
-//! would. A node that cannot be reached is left alone for [`UNREACHABLE_FOR`], its calls sent
-//! through the coordinator meanwhile: nothing was sent to it, so nothing runs twice.
+//! would. A node no connection to which could be had in time is left alone for
+//! [`UNREACHABLE_FOR`], its calls sent through the coordinator meanwhile: nothing was sent to it,
+//! so nothing runs twice.
+//!
+//! A node's address that changes (`citus_update_node`, a failover) is followed within
+//! [`PLACEMENT_AGE`]: meanwhile the calls go to the old address, so an old primary must be fenced,
+//! as a failover requires of every client. Each process keeps a pool per node, as large as its
+//! pool to the coordinator: the nodes' `max_connections` must allow for it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,12 +25,13 @@ use quick_cache::sync::Cache;
 use uuid::Uuid;
 
 use super::{Pool, pool_to};
+use crate::runtime::ProcessRuntime;
 
 /// How long a node's placement of an account's shards is trusted before it is asked again. A
 /// shard moved meanwhile costs its calls one hop more, never a wrong answer.
 pub const PLACEMENT_AGE: Duration = Duration::from_secs(30);
 
-/// How long a node whose connection could not be opened is passed over.
+/// How long a node no connection to which could be had in time is passed over.
 pub const UNREACHABLE_FOR: Duration = Duration::from_secs(10);
 
 /// The accounts whose placement is kept: the least used are asked again.
@@ -59,22 +67,26 @@ pub struct Nodes {
     /// The database's connection settings, whose host and port each node's pool replaces.
     settings: tokio_postgres::Config,
     pool_size: u32,
+    /// The process's runtime, on which every node's connections are opened and driven.
+    runtime: ProcessRuntime,
     pools: Mutex<HashMap<Node, NodePool>>,
     placements: Cache<Uuid, Placement>,
 }
 
 struct NodePool {
     pool: Pool,
-    /// Set when a connection to the node could not be opened: until then, it is passed over.
+    /// Set when no connection to the node could be had in time: until then, it is passed over.
     unreachable_until: Option<Instant>,
 }
 
 impl Nodes {
-    /// The nodes of the database `database_url` names, each with a pool of `pool_size`; none if the
-    /// URL does not parse (its calls then go through the coordinator, which says what is wrong).
-    pub fn new(database_url: &str, pool_size: u32) -> Option<Nodes> {
+    /// The nodes of the database `database_url` names, each with a pool of `pool_size` driven on
+    /// `runtime`; none if the URL does not parse (its calls then go through the coordinator,
+    /// which says what is wrong).
+    pub fn new(database_url: &str, pool_size: u32, runtime: ProcessRuntime) -> Option<Nodes> {
         let settings = database_url.parse::<tokio_postgres::Config>().ok()?;
-        Some(Nodes { settings, pool_size, pools: Mutex::new(HashMap::new()), placements: Cache::new(ACCOUNTS_KEPT) })
+        let (pools, placements) = (Mutex::new(HashMap::new()), Cache::new(ACCOUNTS_KEPT));
+        Some(Nodes { settings, pool_size, runtime, pools, placements })
     }
 
     /// The node of `account_id`'s shards if it is known and recent: `Some(None)` when its calls go
@@ -93,7 +105,7 @@ impl Nodes {
     pub fn pool(&self, node: &Node) -> Option<Pool> {
         let mut pools = self.pools.lock().expect("never held across a panic");
         let entry = pools.entry(node.clone()).or_insert_with(|| NodePool {
-            pool: pool_to(with_address(&self.settings, node), self.pool_size),
+            pool: pool_to(with_address(&self.settings, node), self.pool_size, self.runtime.clone()),
             unreachable_until: None,
         });
         match entry.unreachable_until {
@@ -154,7 +166,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_node_that_could_not_be_reached_is_passed_over_for_a_while() {
-        let nodes = Nodes::new("postgres://app@coordinator/payments", 1).unwrap();
+        let nodes = Nodes::new("postgres://app@coordinator/payments", 1, ProcessRuntime::current()).unwrap();
         let node = Node { host: "worker-1".into(), port: 5432 };
         assert!(nodes.pool(&node).is_some());
         nodes.unreachable(&node);
@@ -165,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_placement_is_trusted_until_it_is_old() {
-        let nodes = Nodes::new("postgres://app@coordinator/payments", 1).unwrap();
+        let nodes = Nodes::new("postgres://app@coordinator/payments", 1, ProcessRuntime::current()).unwrap();
         let account = Uuid::new_v4();
         assert_eq!(nodes.known(account), None);
         let node = Node { host: "worker-1".into(), port: 5432 };
