@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use diesel_async::{AsyncConnection, AsyncPgConnection};
+use diesel_async::{AsyncConnection, AsyncPgConnection, SimpleAsyncConnection};
 use payments_service::workers::{Outcome, Worker};
 
 use crate::helpers::{GatewayControl, HeldProxy, Process, TestApp, TestDatabase, new_key};
@@ -300,6 +300,62 @@ async fn a_capture_whose_answer_was_lost_is_done_once_by_its_retry() {
 }
 
 #[tokio::test]
+async fn a_capture_or_cancel_made_by_its_run_is_recorded_and_finished_at_once() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "at once").await.unwrap();
+    let gateway = Process::gateway().await;
+    let server =
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[("PAYMENTS_FAULT_INJECTION", "1")]).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, key: &str, body: &Value, fault: Option<&str>| {
+        let request = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
+        let request = match fault {
+            Some(fault) => request.header("X-Fault-Inject", fault),
+            None => request,
+        };
+        request.json(body).send()
+    };
+    for (kind, body) in [("capture", json!({ "amount": 3000 })), ("cancel", json!({ "reason": "abandoned" }))] {
+        let authorized = post("/v1/payments", &new_key(), &authorization(5000, "tok_visa"), None).await.unwrap();
+        let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+        // No point between the answer's record and the finish to crash at: they are one statement.
+        let key = new_key();
+        let path = format!("/v1/payments/{id}/{kind}");
+        let changed = post(&path, &key, &body, Some("crash=after_change_created")).await.expect("no crash");
+        assert_eq!(changed.status(), StatusCode::OK, "{kind}");
+        let answered: Value = changed.json().await.unwrap();
+        assert_eq!(key_point(&database.url, &key).await, "finished", "{kind}");
+        // The answer says what the database holds, the time of a cancel included.
+        let stored = http.get(format!("{}/v1/payments/{id}", server.url)).bearer_auth(&api_key).send().await.unwrap();
+        assert_eq!(answered, stored.json::<Value>().await.unwrap(), "{kind}");
+        let trail = format!(
+            "(SELECT array_agg(action::text ORDER BY id) = ARRAY['payment.{kind}_started', 'payment.{kind}_recorded', \
+                                                          'payment.{kind}_finished']
+              FROM audit_records WHERE resource_type = 'payment_change')
+             AND EXISTS (SELECT FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}'
+                         AND job_name = 'payment.{}')",
+            if kind == "capture" { "captured" } else { "canceled" }
+        );
+        assert!(TestApp::database_says_on(&mut conn, &trail).await, "{kind}: recorded, finished and announced");
+        // Recorded and finished by one transaction: the change's row and the key's last versions.
+        let together = format!(
+            "(SELECT c.xmin = k.xmin FROM payment_changes c JOIN idempotency_keys k ON k.id = c.idempotency_key_id
+              WHERE c.payment_id = '{id}')"
+        );
+        assert!(TestApp::database_says_on(&mut conn, &together).await, "{kind}: in one transaction");
+        conn.batch_execute("DELETE FROM audit_records WHERE resource_type = 'payment_change'").await.unwrap();
+    }
+    assert_eq!(kind_counts(&gateway).await, (1, 1), "each done once");
+}
+
+/// The captures and the cancels the gateway made.
+async fn kind_counts(gateway: &Process) -> (u64, u64) {
+    let stats = GatewayControl::new(&gateway.url).all_stats().await;
+    (stats["captures"].as_u64().unwrap(), stats["cancels"].as_u64().unwrap())
+}
+
+#[tokio::test]
 async fn a_capture_or_cancel_crashed_before_or_after_the_gateway_is_done_once_by_its_retry() {
     let database = TestDatabase::create().await;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
@@ -314,18 +370,31 @@ async fn a_capture_or_cancel_crashed_before_or_after_the_gateway_is_done_once_by
     let changes = [("capture", json!({ "amount": 3000 }), "captures"), ("cancel", json!({}), "cancels")];
     for (kind, body, counted) in changes {
         // Between `started` and the gateway's call; between its answer and its recording; and
-        // between that and `finished`.
+        // between that and `finished`. A run that made the change records the answer with the
+        // key's finish: a key stops at `*_created` only on a run that took it up, here the
+        // retry of one crashed after the change.
         for (n, point) in ["after_started", "after_change", "after_change_created"].into_iter().enumerate() {
-            let mut server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
-            let authorized = post(&server, "/v1/payments", &new_key(), &authorization(5000, "tok_visa")).await.unwrap();
-            let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+            let id = {
+                let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+                let authorized =
+                    post(&server, "/v1/payments", &new_key(), &authorization(5000, "tok_visa")).await.unwrap();
+                authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned()
+            };
             let (key, path) = (new_key(), format!("/v1/payments/{id}/{kind}"));
-            let crash =
-                http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", &key);
-            let crashed = crash.header("X-Fault-Inject", format!("crash={point}")).json(&body).send().await;
-            assert!(crashed.is_err(), "{kind} {point}: the connection dies with the process");
-            let status = server.exited().await;
-            assert_eq!(status.signal(), Some(Signal::SIGABRT as i32), "{kind} {point}: aborted, no clean-up");
+            let crashes: &[&str] = match point {
+                "after_change_created" => &["after_change", "after_change_created"],
+                point => &[point],
+            };
+            for crash_at in crashes {
+                end_the_leases(&database.url).await;
+                let mut server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+                let crash =
+                    http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", &key);
+                let crashed = crash.header("X-Fault-Inject", format!("crash={crash_at}")).json(&body).send().await;
+                assert!(crashed.is_err(), "{kind} {crash_at}: the connection dies with the process");
+                let status = server.exited().await;
+                assert_eq!(status.signal(), Some(Signal::SIGABRT as i32), "{kind} {crash_at}: aborted, no clean-up");
+            }
             // The key stands where the crash left it: its change made, and (once the gateway's
             // answer is recorded) the answer with it.
             let left_at = match point {

@@ -1,6 +1,6 @@
-//! What a payment and a refund cost the database: the claim with `started`, then the phases after
-//! the gateway's answer, one statement each, each prepared once per connection; and a replay that
-//! costs nothing, answered from memory.
+//! What a payment, a refund, a capture and a cancel cost the database: the claim with `started`,
+//! then the phases after the gateway's answer, one statement, each prepared once per connection;
+//! and a replay that costs nothing, answered from memory.
 
 use reqwest::StatusCode;
 use serde_json::json;
@@ -17,6 +17,8 @@ const STATEMENTS_PER_FIRST_PAYMENT: usize = 3;
 pub const STATEMENTS_PER_REFUND: usize = 2;
 /// The claim with `started`, which finds nothing left to refund, then `finished` storing that.
 const STATEMENTS_PER_REFUSED_REFUND: usize = 2;
+/// The claim with `started`, then `capture_created` (or `cancel_created`) with `finished`.
+const STATEMENTS_PER_CHANGE: usize = 2;
 /// Authentication, once per API key and process (then kept for a minute).
 const STATEMENTS_PER_AUTHENTICATION: usize = 1;
 
@@ -70,6 +72,24 @@ async fn a_refund_costs_the_claim_with_started_and_one_phase_and_a_refusal_the_c
     assert_eq!(refused.status(), StatusCode::BAD_REQUEST, "more than is left");
     let all = statements(&database).executed;
     assert_eq!(all.len() - refunded.len(), STATEMENTS_PER_REFUSED_REFUND, "{:#?}", &all[refunded.len()..]);
+}
+
+#[tokio::test]
+async fn a_capture_and_a_cancel_each_cost_the_claim_with_started_and_one_phase() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    let database = app.database.name.clone();
+    for (kind, body) in [("capture", json!({ "amount": 600 })), ("cancel", json!({}))] {
+        let authorization = json!({ "amount": 1000, "currency": "usd", "source": "tok_visa", "capture": false });
+        let authorized: serde_json::Value = app.post_payment(&new_key(), &authorization).await.json().await.unwrap();
+        let path = format!("{}/v1/payments/{}/{kind}", app.address, authorized["id"].as_str().unwrap());
+        let before = statements(&database).executed.len();
+        let request = app.http.post(path).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+        let changed = request.json(&body).send().await.unwrap();
+        assert_eq!(changed.status(), StatusCode::OK, "{kind}");
+        let all = statements(&database).executed;
+        assert_eq!(all.len() - before, STATEMENTS_PER_CHANGE, "{kind}: {:#?}", &all[before..]);
+    }
 }
 
 #[tokio::test]

@@ -33,7 +33,9 @@ const CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_charge", "c
 /// The crash points a refund request can carry.
 const REFUND_CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_refund", "crash=after_refund_created"];
 
-/// The crash points a capture or a cancel can carry.
+/// The crash points a capture or a cancel can carry. As a payment's, a run that made its change
+/// records the answer with the key's finish: `after_change_created` stops only a run that took up
+/// a change an earlier one made.
 const CHANGE_CRASH_POINTS: [&str; 3] = ["crash=after_started", "crash=after_change", "crash=after_change_created"];
 
 /// How long an authorization lives before it lapses, as the run's services are told

@@ -5,10 +5,11 @@
 //! ```text
 //!         claim + started            gateway capture or cancel       (no foreign effect)
 //!   (new) ─────────► started ──────────────────────────► capture_created ───────────────► finished
-//!                    key row locked,                     or cancel_created:               response stored,
-//!                    the change made,                    the answer recorded on           event staged, unlocked
-//!                    if it is the one                    the change and the payment
-//!                    that stands
+//!                    key row locked,          │          or cancel_created:               response stored,
+//!                    the change made,         │          the answer recorded on           event staged, unlocked
+//!                    if it is the one         │          the change and the payment            ▲
+//!                    that stands              └────────────────────────────────────────────────┘
+//!                                             a change this run made: recorded and finished at once
 //! ```
 //!
 //! - `started` decides whether the payment is an authorization still open, and makes the change in
@@ -24,12 +25,17 @@
 //!   payment ends as the charge did).
 //! - `finished` stores the answer (`200` with the payment, or `502`), stages `payment.captured` or
 //!   `payment.canceled` if the authorization ended, and unlocks.
+//! - A run that made the change records the answer and finishes in one statement
+//!   ([`writes::RecordAndFinish`]), as a payment's does (`payments_protocol::recording`): nothing
+//!   but the change alters the payment while the change stands, so `started` returns the payment
+//!   as it found it, and the run knows the answer, a cancel's time included, before the database
+//!   records it. A run that took up an earlier run's change records, then finishes.
 
 use std::marker::PhantomData;
 
 use diesel::prelude::*;
 use diesel_async::{AsyncPgConnection, RunQueryDsl};
-use payments_protocol::{self as protocol, FirstCall};
+use payments_protocol::{self as protocol, FirstCall, Recording};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -45,8 +51,8 @@ use crate::fields::ValidationError;
 use crate::gateway::reports::KEEPS_REPORTS;
 use crate::gateway::{self, Authorization, Changed, GatewayError};
 use crate::idempotency::{
-    DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint, RefusableStart,
-    Reply, Run, Started, StartedRow, Starter, StoredResponse, Transition,
+    DatabaseClock, DriveError, Endpoint, IdempotencyKey, KeyedRequest, NewKey, PhaseWrites, Phases, RecoveryPoint,
+    RefusableStart, Reply, Run, Started, StartedRow, Starter, StoredResponse, Transition,
 };
 use crate::keyed::{Keyed, Resource};
 use crate::outbox::StagedEvent;
@@ -177,11 +183,19 @@ impl Phases for ChangePhases<'_> {
                 let with_claim = self.started.take();
                 match run.start(&*self, with_claim).await? {
                     Started::Refused(refusal) => self.refuse(run, refusal).await,
-                    Started::Made(made) => {
+                    Started::Made(mut made) => {
+                        // Read now, while the statement that made the change is the last to have
+                        // renewed the lease: it was made at that statement's `now()`.
+                        let now = made.now.take().map(|(payment, at)| (payment, run.database_clock(at)));
                         fault_at(self.fault, FaultPoint::AfterStarted);
                         let outcome = self.call(run, &made).await?;
                         fault_at(self.fault, FaultPoint::AfterChange);
-                        self.record(run, &made, outcome).await
+                        match (protocol::recording(now.is_some()), now) {
+                            (Recording::WithFinish, Some((payment, clock))) => {
+                                self.record_and_finish(run, &made, payment, outcome, clock).await
+                            }
+                            _ => self.record(run, &made, outcome).await,
+                        }
                     }
                 }
             }
@@ -325,7 +339,74 @@ impl<'a> ChangePhases<'a> {
     /// `capture_created` or `cancel_created`: the gateway's answer, recorded on the change and the
     /// payment.
     async fn record(&mut self, run: &mut Run<'_>, made: &Made, outcome: Outcome) -> Result<(), DriveError> {
-        let (status, ends, failure_code, failure_message) = match &outcome {
+        let request_id = run.request_id().clone();
+        let writes = self.recorded(run, made, &outcome, &request_id);
+        let done = writes.status == "succeeded";
+        let payment: Payment = run.phase(Transition::Advance(self.created_point()), writes).await?;
+        self.recorded = Some((made.change_id, payment, done));
+        Ok(())
+    }
+
+    /// `capture_created` (or `cancel_created`) and `finished` in one statement (see
+    /// [`writes::RecordAndFinish`]), for a change this run made: `payment` as the change found it,
+    /// which nothing else alters while the change stands, so the payment as the answer leaves it,
+    /// and the response and event with it, are known before the database records them.
+    async fn record_and_finish(
+        &mut self,
+        run: &mut Run<'_>,
+        made: &Made,
+        payment: Payment,
+        outcome: Outcome,
+        clock: DatabaseClock,
+    ) -> Result<(), DriveError> {
+        let request_id = run.request_id().clone();
+        let record = self.recorded(run, made, &outcome, &request_id);
+        let done = record.status == "succeeded";
+        let (now, found_updated_at) = (clock.now(), payment.updated_at);
+        let after = match record.ends {
+            Some(PaymentEnd::Captured(amount)) => {
+                Payment { status: PaymentStatus::Succeeded, captured: Some(amount), canceled_at: None, ..payment }
+            }
+            Some(PaymentEnd::Canceled) => Payment {
+                status: PaymentStatus::Canceled,
+                canceled_at: Some(now),
+                cancellation_reason: done.then(|| self.request.reason.map(|r| r.as_str().to_owned())).flatten(),
+                ..payment
+            },
+            None => payment,
+        };
+        let canceled_at = matches!(record.ends, Some(PaymentEnd::Canceled)).then_some(now);
+        let (response, event, finished) = self.finishing(run, made.change_id, &after, done, &request_id);
+        let writes = writes::RecordAndFinish { record, found_updated_at, canceled_at, event: event.as_ref(), finished };
+        #[cfg(debug_assertions)]
+        let answered = response.body.clone();
+        let stored: Payment = run.finish(response, Some(made.change_id), writes).await?;
+        // The answer says what the database recorded: the tests' builds check it.
+        #[cfg(debug_assertions)]
+        assert_eq!(self.finishing(run, made.change_id, &stored, done, &request_id).0.body, answered, "{}", stored.id);
+        if event.is_some() {
+            self.state.wake.wake(Wake::Outbox);
+        }
+        Ok(())
+    }
+
+    /// The key's point once the gateway's answer is recorded.
+    fn created_point(&self) -> RecoveryPoint {
+        match self.kind() {
+            ChangeKind::Capture => CAPTURE_CREATED,
+            ChangeKind::Cancel => CANCEL_CREATED,
+        }
+    }
+
+    /// What recording `outcome` writes on the change and the payment, with its audit record.
+    fn recorded<'w>(
+        &self,
+        run: &Run<'_>,
+        made: &Made,
+        outcome: &'w Outcome,
+        request_id: &'w RequestId,
+    ) -> writes::RecordChange<'w> {
+        let (status, ends, failure_code, failure_message) = match outcome {
             Outcome::Done(ends) => ("succeeded", Some(*ends), None, None),
             Outcome::Refused { code, message, ends } => ("failed", *ends, Some(*code), Some(message.as_str())),
         };
@@ -333,15 +414,11 @@ impl<'a> ChangePhases<'a> {
             Some(PaymentEnd::Captured(amount)) => Some(amount),
             _ => None,
         };
-        let (account_id, request_id) = (run.lock().account_id, run.request_id().clone());
-        let point = match self.kind() {
-            ChangeKind::Capture => CAPTURE_CREATED,
-            ChangeKind::Cancel => CANCEL_CREATED,
-        };
-        let data = json!({ "recovery_point": point, "status": status, "captured": captured,
+        let account_id = run.lock().account_id;
+        let data = json!({ "recovery_point": self.created_point(), "status": status, "captured": captured,
                            "failure_code": failure_code });
-        let audit = audit(account_id, made.change_id, run.actor(), action(self.kind(), "recorded"), data, &request_id);
-        let writes = writes::RecordChange {
+        let audit = audit(account_id, made.change_id, run.actor(), action(self.kind(), "recorded"), data, request_id);
+        writes::RecordChange {
             account_id,
             change_id: made.change_id,
             payment_id: self.request.payment,
@@ -350,10 +427,34 @@ impl<'a> ChangePhases<'a> {
             failure_code,
             failure_message: failure_message.map(|message| crate::fields::truncated(message, 500)),
             audit,
+        }
+    }
+
+    /// What finishing stores and stages for the change `change_id`, done or not, that left
+    /// `payment` as it is: the response, the payment's event if its authorization ended (by this
+    /// change, or otherwise, as the gateway said when it refused the change), and the record.
+    fn finishing<'w>(
+        &self,
+        run: &Run<'_>,
+        change_id: Uuid,
+        payment: &Payment,
+        done: bool,
+        request_id: &'w RequestId,
+    ) -> (StoredResponse, Option<StagedEvent>, AuditRecord<'w>) {
+        let account_id = run.lock().account_id;
+        let response = match done {
+            true => done_response(payment),
+            false => rejected_response(self.kind(), payment, request_id),
         };
-        let payment: Payment = run.phase(Transition::Advance(point), writes).await?;
-        self.recorded = Some((made.change_id, payment, status == "succeeded"));
-        Ok(())
+        let name = match payment.status {
+            PaymentStatus::Succeeded => Some("payment.captured"),
+            PaymentStatus::Canceled => Some("payment.canceled"),
+            _ => None,
+        };
+        let event = name.map(|name| StagedEvent::new(account_id, name, PaymentView::from(payment)));
+        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
+        let audit = audit(account_id, change_id, run.actor(), action(self.kind(), "finished"), data, request_id);
+        (response, event, audit)
     }
 
     /// `finished`: the response stored, the payment's event staged if its authorization ended, and
@@ -379,20 +480,7 @@ impl<'a> ChangePhases<'a> {
                 (change_id, payment, status == "succeeded")
             }
         };
-        let response = match done {
-            true => done_response(&payment),
-            false => rejected_response(self.kind(), &payment, &request_id),
-        };
-        // The payment's event if its authorization ended: by this change, or otherwise, as the
-        // gateway said when it refused the change.
-        let name = match payment.status {
-            PaymentStatus::Succeeded => Some("payment.captured"),
-            PaymentStatus::Canceled => Some("payment.canceled"),
-            _ => None,
-        };
-        let event = name.map(|name| StagedEvent::new(account_id, name, PaymentView::from(&payment)));
-        let data = json!({ "recovery_point": RecoveryPoint::FINISHED, "response_status": response.status });
-        let audit = audit(account_id, change_id, run.actor(), action(self.kind(), "finished"), data, &request_id);
+        let (response, event, audit) = self.finishing(run, change_id, &payment, done, &request_id);
         let _: writes::Finished =
             run.finish(response, Some(change_id), writes::Finish { event: event.as_ref(), audit }).await?;
         if event.is_some() {

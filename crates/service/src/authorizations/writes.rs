@@ -3,17 +3,20 @@
 //! literal per phase. Each CTE takes its rows from `fence` or from a CTE that did, so nothing is
 //! written once the lock is lost. The account is a parameter wherever a table is read by it.
 
+use chrono::{DateTime, Utc};
 use diesel::pg::Pg;
 use diesel::prelude::*;
 use diesel::query_builder::AstPass;
-use diesel::sql_types::{BigInt, Nullable, Text, Uuid as SqlUuid};
+use diesel::row::NamedRow;
+use diesel::sql_types::{BigInt, Bool, Nullable, Text, Timestamptz, Uuid as SqlUuid};
 use uuid::Uuid;
 
 use crate::audit::AuditRecord;
-use crate::db::sql::{Parameters, no_parameter, walk_text};
+use crate::db::sql::{Parameters, no_parameter, walk_sql, walk_text};
 use crate::gateway::reports::KEEPS_REPORTS;
 use crate::idempotency::PhaseWrites;
 use crate::outbox::StagedEvent;
+use crate::payments::Payment;
 use crate::payments::writes::PAYMENT;
 
 /// `started`: the change (a capture or a cancel) of the payment, made if the payment is an
@@ -45,18 +48,36 @@ pub struct Start<'a> {
 /// needs. A refusal's row (see [`crate::idempotency::StartedRow`]) carries `refusal` instead:
 /// `payment_not_found`, `payment_not_capturable`, `payment_not_cancelable` or
 /// `capture_exceeds_authorization`, and what is capturable (`refusal_amount`) when that matters.
-#[derive(Debug, QueryableByName)]
+#[derive(Debug)]
 pub struct Made {
-    #[diesel(sql_type = SqlUuid)]
     pub change_id: Uuid,
     /// A capture's amount.
-    #[diesel(sql_type = Nullable<BigInt>)]
     pub amount: Option<i64>,
     /// The gateway holding the payment's charge: the only one that may change it.
-    #[diesel(sql_type = Text)]
     pub gateway: String,
-    #[diesel(sql_type = Text)]
     pub charge_id: String,
+    /// Made by this run: the payment as the change found it, which nothing but this change can
+    /// alter while it stands, and the database's `now()` when it was made.
+    pub now: Option<(Payment, DateTime<Utc>)>,
+}
+
+impl QueryableByName<Pg> for Made {
+    fn build<'a>(row: &impl NamedRow<'a, Pg>) -> diesel::deserialize::Result<Self> {
+        let now = match NamedRow::get::<Bool, bool>(row, "made_now")? {
+            true => Some((
+                <Payment as QueryableByName<Pg>>::build(row)?,
+                NamedRow::get::<Timestamptz, DateTime<Utc>>(row, "made_at")?,
+            )),
+            false => None,
+        };
+        Ok(Made {
+            change_id: NamedRow::get::<SqlUuid, Uuid>(row, "change_id")?,
+            amount: NamedRow::get::<Nullable<BigInt>, Option<i64>>(row, "change_amount")?,
+            gateway: NamedRow::get::<Text, String>(row, "change_gateway")?,
+            charge_id: NamedRow::get::<Text, String>(row, "charge_id")?,
+            now,
+        })
+    }
 }
 
 impl PhaseWrites for Start<'_> {
@@ -65,7 +86,7 @@ impl PhaseWrites for Start<'_> {
              SELECT id, amount, gateway, payment_id FROM {payment_changes}
              WHERE account_id = {account} AND idempotency_key_id = (SELECT id FROM fence)
          ), payment AS (
-             SELECT account_id, id, status, amount, gateway, gateway_charge_id, capture_before
+             SELECT {payment.*}
              FROM {payments}
              WHERE account_id = {account} AND id = {payment.id}
                AND EXISTS (SELECT FROM fence) AND NOT EXISTS (SELECT FROM earlier)
@@ -93,20 +114,23 @@ impl PhaseWrites for Start<'_> {
                     {audit.data}, {audit.request_id}
              FROM created
          )
-         SELECT c.id AS change_id, c.amount, c.gateway, d.gateway_charge_id AS charge_id, NULL::text AS refusal,
-                NULL::bigint AS refusal_amount
-         FROM created c, decided d
-         UNION ALL
-         SELECT e.id, e.amount, e.gateway, p.gateway_charge_id, NULL, NULL
-         FROM earlier e JOIN {payments p} ON p.account_id = {account} AND p.id = e.payment_id
-         UNION ALL
-         SELECT NULL, NULL, NULL, NULL, d.refusal, d.amount FROM decided d WHERE d.refusal IS NOT NULL
-         UNION ALL
-         SELECT NULL, NULL, NULL, NULL, {not_possible}, NULL FROM decided d
-         WHERE d.refusal IS NULL AND NOT EXISTS (SELECT FROM created)
-         UNION ALL
-         SELECT NULL, NULL, NULL, NULL, 'payment_not_found', NULL FROM fence
-         WHERE NOT EXISTS (SELECT FROM earlier) AND NOT EXISTS (SELECT FROM payment)"
+         SELECT r.*, m.* FROM (
+             SELECT c.id AS change_id, c.amount AS change_amount, c.gateway AS change_gateway,
+                    d.gateway_charge_id AS charge_id, NULL::text AS refusal, NULL::bigint AS refusal_amount,
+                    true AS made_now
+             FROM created c, decided d
+             UNION ALL
+             SELECT e.id, e.amount, e.gateway, p.gateway_charge_id, NULL, NULL, false
+             FROM earlier e JOIN {payments p} ON p.account_id = {account} AND p.id = e.payment_id
+             UNION ALL
+             SELECT NULL, NULL, NULL, NULL, d.refusal, d.amount, false FROM decided d WHERE d.refusal IS NOT NULL
+             UNION ALL
+             SELECT NULL, NULL, NULL, NULL, {not_possible}, NULL, false FROM decided d
+             WHERE d.refusal IS NULL AND NOT EXISTS (SELECT FROM created)
+             UNION ALL
+             SELECT NULL, NULL, NULL, NULL, 'payment_not_found', NULL, false FROM fence
+             WHERE NOT EXISTS (SELECT FROM earlier) AND NOT EXISTS (SELECT FROM payment)
+         ) r LEFT JOIN (SELECT {payment.*}, now() AS made_at FROM decided) m ON r.made_now"
     }
 }
 
@@ -120,6 +144,7 @@ impl Parameters for Start<'_> {
             "amount" => out.push_bind_param::<Nullable<BigInt>, _>(&self.amount),
             "reason" => out.push_bind_param::<Nullable<Text>, _>(&self.reason),
             "key" => out.push_bind_param::<Text, _>(self.idempotency_key),
+            "payment.*" => walk_text(PAYMENT, out),
             "not_possible" => walk_text(
                 if self.kind == "capture" { "'payment_not_capturable'" } else { "'payment_not_cancelable'" },
                 out,
@@ -158,53 +183,79 @@ pub struct RecordChange<'a> {
     pub audit: AuditRecord<'a>,
 }
 
+/// The gateway's answer on the change and the payment, as [`RecordChange`] and
+/// [`RecordAndFinish`] write it: the CTEs `payment`, `change`, `changed` and `closed`. A cancel's
+/// `canceled_at` is `{canceled_at}`: the database's `now()`, or the time the run answered with.
+const RECORDED: &str = "payment AS (
+     SELECT id FROM {payments}
+     WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
+     FOR UPDATE
+ ), change AS (
+     UPDATE {payment_changes}
+     SET status = {status}, failure_code = {failure_code}, failure_message = {failure_message},
+         updated_at = now()
+     WHERE account_id = {account} AND id = {change.id} AND status = 'pending' AND EXISTS (SELECT FROM payment)
+     RETURNING payment_id, kind AS change_kind, cancellation_reason AS change_reason, status AS change_status
+ ), changed AS (
+     UPDATE {payments p}
+     SET status = {ends},
+         amount_captured = coalesce({captured}, p.amount_captured),
+         canceled_at = CASE WHEN {ends} = 'canceled' THEN {canceled_at} END,
+         cancellation_reason = CASE WHEN {ends} = 'canceled' AND c.change_status = 'succeeded'
+                                    THEN c.change_reason END,
+         updated_at = now()
+     FROM change c
+     WHERE p.account_id = {account} AND p.id = c.payment_id AND {ends}::text IS NOT NULL
+     RETURNING {payment.*}
+ ), closed AS (
+     DELETE FROM {open_authorizations o}
+     USING change c
+     WHERE o.account_id = {account} AND o.payment_id = c.payment_id AND {ends}::text IS NOT NULL
+ )";
+
+/// What [`RECORDED`] requires: the change, still pending.
+const CHANGE_PENDING: &str = " AND EXISTS (SELECT FROM {payment_changes} WHERE account_id = {account} AND id = {change.id} AND status = 'pending')";
+
+/// The payment as the change leaves it: as `changed` wrote it, or as it stands if the change did
+/// not end it.
+const PAYMENT_AFTER: &str = "SELECT {payment.*} FROM changed
+ UNION ALL
+ SELECT {payment.*} FROM {payments}
+ WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM change)
+   AND NOT EXISTS (SELECT FROM changed)";
+
 impl PhaseWrites for RecordChange<'_> {
     fn sql(&self) -> &'static str {
-        "payment AS (
-             SELECT id FROM {payments}
-             WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
-             FOR UPDATE
-         ), change AS (
-             UPDATE {payment_changes}
-             SET status = {status}, failure_code = {failure_code}, failure_message = {failure_message},
-                 updated_at = now()
-             WHERE account_id = {account} AND id = {change.id} AND status = 'pending' AND EXISTS (SELECT FROM payment)
-             RETURNING payment_id, kind AS change_kind, cancellation_reason AS change_reason, status AS change_status
-         ), changed AS (
-             UPDATE {payments p}
-             SET status = {ends},
-                 amount_captured = coalesce({captured}, p.amount_captured),
-                 canceled_at = CASE WHEN {ends} = 'canceled' THEN now() END,
-                 cancellation_reason = CASE WHEN {ends} = 'canceled' AND c.change_status = 'succeeded'
-                                            THEN c.change_reason END,
-                 updated_at = now()
-             FROM change c
-             WHERE p.account_id = {account} AND p.id = c.payment_id AND {ends}::text IS NOT NULL
-             RETURNING {payment.*}
-         ), closed AS (
-             DELETE FROM {open_authorizations o}
-             USING change c
-             WHERE o.account_id = {account} AND o.payment_id = c.payment_id AND {ends}::text IS NOT NULL
-         ), audited AS (
+        "{recorded}, audited AS (
              INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
                     {audit.data}, {audit.request_id}
              FROM change
          )
-         SELECT {payment.*} FROM changed
-         UNION ALL
-         SELECT {payment.*} FROM {payments}
-         WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM change)
-           AND NOT EXISTS (SELECT FROM changed)"
+         {payment_after}"
     }
 
     fn requirement(&self) -> &'static str {
-        " AND EXISTS (SELECT FROM {payment_changes} WHERE account_id = {account} AND id = {change.id} AND status = 'pending')"
+        CHANGE_PENDING
     }
 }
 
 impl Parameters for RecordChange<'_> {
-    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+    fn walk_parameter<'b>(&'b self, name: &str, out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match name {
+            "recorded" => walk_sql(RECORDED, self, out),
+            "payment_after" => walk_sql(PAYMENT_AFTER, self, out),
+            // Recorded on its own, the change is stamped by the database's clock.
+            "canceled_at" => walk_text("now()", out),
+            name if name.starts_with("audit.") => self.audit.walk_parameter(name, out),
+            name => self.walk_recorded(name, out),
+        }
+    }
+}
+
+impl RecordChange<'_> {
+    /// The parameters of [`RECORDED`] and [`PAYMENT_AFTER`] but `canceled_at`.
+    fn walk_recorded<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         match name {
             "account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
             "change.id" => out.push_bind_param::<SqlUuid, _>(&self.change_id),
@@ -223,8 +274,74 @@ impl Parameters for RecordChange<'_> {
             },
             "failure_code" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_code),
             "failure_message" => out.push_bind_param::<Nullable<Text>, _>(&self.failure_message),
-            name if name.starts_with("audit.") => self.audit.walk_parameter(name, out),
             name => Err(no_parameter(name)),
+        }
+    }
+}
+
+/// `capture_created` (or `cancel_created`) and `finished` in one statement, for a change this run
+/// made: [`RecordChange`]'s writes, the payment's event if its authorization ended, and both
+/// records, `*_recorded` then `*_finished`, while the fence stores the response and finishes the
+/// key. The run knows the payment as the answer leaves it before the database records it (see
+/// [`Made::now`]): a cancel's `canceled_at` is the run's reading of the database's clock, so that
+/// the stored answer says what the row says. Its result is the payment as it stands after.
+pub struct RecordAndFinish<'a> {
+    pub record: RecordChange<'a>,
+    /// The payment's `updated_at` as the change found it: if anything changed the payment since,
+    /// the answer the run built would not be the row's, and nothing is written.
+    pub found_updated_at: DateTime<Utc>,
+    pub canceled_at: Option<DateTime<Utc>>,
+    pub event: Option<&'a StagedEvent>,
+    pub finished: AuditRecord<'a>,
+}
+
+/// The payment's event, as [`RecordAndFinish`] stages it.
+const STAGED: &str = ", staged AS (
+     INSERT INTO {staged_jobs} (account_id, job_name, job_args)
+     SELECT {event.account}, {event.name}, {event.args} FROM change
+ )";
+
+impl PhaseWrites for RecordAndFinish<'_> {
+    fn sql(&self) -> &'static str {
+        "{recorded}{staged}, audited AS (
+             INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
+             SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
+                    {audit.data}, {audit.request_id}
+             FROM change
+             UNION ALL
+             SELECT {finished.account}, {finished.action}, {finished.resource_type}, {finished.resource_id},
+                    {finished.actor}, {finished.data}, {finished.request_id}
+             FROM change
+         )
+         {payment_after}"
+    }
+
+    fn requirement(&self) -> &'static str {
+        " AND EXISTS (SELECT FROM {payment_changes} WHERE account_id = {account} AND id = {change.id} AND status = 'pending')
+          AND EXISTS (SELECT FROM {payments} WHERE account_id = {account} AND id = {payment.id}
+                                                 AND updated_at = {found_updated_at})"
+    }
+
+    fn attention_on_finish(&self) -> &'static str {
+        KEEPS_REPORTS
+    }
+}
+
+impl Parameters for RecordAndFinish<'_> {
+    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
+        match (name, self.event) {
+            ("recorded", _) => walk_sql(RECORDED, self, out),
+            ("payment_after", _) => walk_sql(PAYMENT_AFTER, self, out),
+            ("staged", Some(_)) => walk_sql(STAGED, self, out),
+            ("staged", None) => Ok(()),
+            ("canceled_at", _) => out.push_bind_param::<Nullable<Timestamptz>, _>(&self.canceled_at),
+            ("found_updated_at", _) => out.push_bind_param::<Timestamptz, _>(&self.found_updated_at),
+            (name, Some(event)) if name.starts_with("event.") => event.walk_parameter(name, out),
+            (name, _) if name.starts_with("audit.") => self.record.audit.walk_parameter(name, out),
+            (name, _) => match name.strip_prefix("finished.") {
+                Some(field) => self.finished.walk_field(field, out),
+                None => self.record.walk_recorded(name, out),
+            },
         }
     }
 }
