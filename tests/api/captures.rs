@@ -349,6 +349,56 @@ async fn a_capture_or_cancel_made_by_its_run_is_recorded_and_finished_at_once() 
     assert_eq!(kind_counts(&gateway).await, (1, 1), "each done once");
 }
 
+#[tokio::test]
+async fn a_change_whose_payment_was_written_meanwhile_records_nothing_and_its_retry_records_the_row() {
+    let database = TestDatabase::create().await;
+    let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut conn, "guarded").await.unwrap();
+    let gateway = Process::gateway().await;
+    let server =
+        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[("PAYMENTS_FAULT_INJECTION", "1")]).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, key: &str, body: &Value, fault: Option<&str>| {
+        let request = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
+        let request = match fault {
+            Some(fault) => request.header("X-Fault-Inject", fault),
+            None => request,
+        };
+        request.json(body).send()
+    };
+    let authorized = post("/v1/payments", &new_key(), &authorization(5000, "tok_visa"), None).await.unwrap();
+    let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let (key, path, body) = (new_key(), format!("/v1/payments/{id}/capture"), json!({ "amount": 3000 }));
+
+    // The run that made the change stops after the gateway captured, before it records.
+    let stalled = tokio::spawn(post(&path, &key, &body, Some("pause=after_change")));
+    crate::helpers::wait_until(std::time::Duration::from_secs(10), "the server is stopped", || async {
+        server.is_stopped()
+    })
+    .await;
+    // Something writes the payment meanwhile, as nothing in the service does while a change
+    // stands: the answer the run built from the payment it found is no longer the row's.
+    let touched = format!("UPDATE payments SET updated_at = updated_at + interval '1 millisecond' WHERE id = '{id}'");
+    conn.batch_execute(&touched).await.unwrap();
+    server.signal(Signal::SIGCONT);
+    let woken = stalled.await.unwrap().unwrap();
+    assert!(woken.status().is_server_error(), "{}", woken.status());
+    assert_eq!(key_point(&database.url, &key).await, "started", "nothing recorded");
+    let untouched = format!(
+        "(SELECT status = 'requires_capture' FROM payments WHERE id = '{id}')
+         AND NOT EXISTS (SELECT FROM audit_records WHERE action = 'payment.capture_recorded')"
+    );
+    assert!(TestApp::database_says_on(&mut conn, &untouched).await);
+
+    // The retry takes the change up: it reads the charge, records the answer, then finishes.
+    end_the_leases(&database.url).await;
+    let retried = post(&path, &key, &body, None).await.unwrap();
+    assert_eq!(retried.status(), StatusCode::OK);
+    let answered: Value = retried.json().await.unwrap();
+    assert_eq!((&answered["status"], &answered["amount_captured"]), (&json!("succeeded"), &json!(3000)));
+    assert_eq!(kind_counts(&gateway).await, (1, 0), "captured once");
+}
+
 /// The captures and the cancels the gateway made.
 async fn kind_counts(gateway: &Process) -> (u64, u64) {
     let stats = GatewayControl::new(&gateway.url).all_stats().await;
