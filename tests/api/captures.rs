@@ -301,21 +301,10 @@ async fn a_capture_whose_answer_was_lost_is_done_once_by_its_retry() {
 
 #[tokio::test]
 async fn a_capture_or_cancel_made_by_its_run_is_recorded_and_finished_at_once() {
-    let database = TestDatabase::create().await;
+    let faulted = Faulted::start("at once").await;
+    let Faulted { database, gateway, server, http, api_key } = &faulted;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments_service::accounts::create(&mut conn, "at once").await.unwrap();
-    let gateway = Process::gateway().await;
-    let server =
-        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[("PAYMENTS_FAULT_INJECTION", "1")]).await;
-    let http = reqwest::Client::new();
-    let post = |path: &str, key: &str, body: &Value, fault: Option<&str>| {
-        let request = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
-        let request = match fault {
-            Some(fault) => request.header("X-Fault-Inject", fault),
-            None => request,
-        };
-        request.json(body).send()
-    };
+    let post = |path: &str, key: &str, body: &Value, fault: Option<&str>| faulted.post(path, key, body, fault);
     for (kind, body) in [("capture", json!({ "amount": 3000 })), ("cancel", json!({ "reason": "abandoned" }))] {
         let authorized = post("/v1/payments", &new_key(), &authorization(5000, "tok_visa"), None).await.unwrap();
         let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
@@ -327,7 +316,7 @@ async fn a_capture_or_cancel_made_by_its_run_is_recorded_and_finished_at_once() 
         let answered: Value = changed.json().await.unwrap();
         assert_eq!(key_point(&database.url, &key).await, "finished", "{kind}");
         // The answer says what the database holds, the time of a cancel included.
-        let stored = http.get(format!("{}/v1/payments/{id}", server.url)).bearer_auth(&api_key).send().await.unwrap();
+        let stored = http.get(format!("{}/v1/payments/{id}", server.url)).bearer_auth(api_key).send().await.unwrap();
         assert_eq!(answered, stored.json::<Value>().await.unwrap(), "{kind}");
         let trail = format!(
             "(SELECT array_agg(action::text ORDER BY id) = ARRAY['payment.{kind}_started', 'payment.{kind}_recorded', \
@@ -346,26 +335,15 @@ async fn a_capture_or_cancel_made_by_its_run_is_recorded_and_finished_at_once() 
         assert!(TestApp::database_says_on(&mut conn, &together).await, "{kind}: in one transaction");
         conn.batch_execute("DELETE FROM audit_records WHERE resource_type = 'payment_change'").await.unwrap();
     }
-    assert_eq!(kind_counts(&gateway).await, (1, 1), "each done once");
+    assert_eq!(kind_counts(gateway).await, (1, 1), "each done once");
 }
 
 #[tokio::test]
 async fn a_change_whose_payment_was_written_meanwhile_records_nothing_and_its_retry_records_the_row() {
-    let database = TestDatabase::create().await;
+    let faulted = Faulted::start("guarded").await;
+    let Faulted { database, gateway, server, .. } = &faulted;
     let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
-    let (_, api_key) = payments_service::accounts::create(&mut conn, "guarded").await.unwrap();
-    let gateway = Process::gateway().await;
-    let server =
-        Process::serve(&database.url, &gateway.url, &["--no-workers"], &[("PAYMENTS_FAULT_INJECTION", "1")]).await;
-    let http = reqwest::Client::new();
-    let post = |path: &str, key: &str, body: &Value, fault: Option<&str>| {
-        let request = http.post(format!("{}{path}", server.url)).bearer_auth(&api_key).header("Idempotency-Key", key);
-        let request = match fault {
-            Some(fault) => request.header("X-Fault-Inject", fault),
-            None => request,
-        };
-        request.json(body).send()
-    };
+    let post = |path: &str, key: &str, body: &Value, fault: Option<&str>| faulted.post(path, key, body, fault);
     let authorized = post("/v1/payments", &new_key(), &authorization(5000, "tok_visa"), None).await.unwrap();
     let id = authorized.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
     let (key, path, body) = (new_key(), format!("/v1/payments/{id}/capture"), json!({ "amount": 3000 }));
@@ -396,7 +374,45 @@ async fn a_change_whose_payment_was_written_meanwhile_records_nothing_and_its_re
     assert_eq!(retried.status(), StatusCode::OK);
     let answered: Value = retried.json().await.unwrap();
     assert_eq!((&answered["status"], &answered["amount_captured"]), (&json!("succeeded"), &json!(3000)));
-    assert_eq!(kind_counts(&gateway).await, (1, 0), "captured once");
+    assert_eq!(kind_counts(gateway).await, (1, 0), "captured once");
+}
+
+/// A database with an account, a gateway and a `serve` that takes fault injection, for one test.
+struct Faulted {
+    database: TestDatabase,
+    api_key: String,
+    gateway: Process,
+    server: Process,
+    http: reqwest::Client,
+}
+
+impl Faulted {
+    async fn start(account: &str) -> Faulted {
+        let database = TestDatabase::create().await;
+        let mut conn = AsyncPgConnection::establish(&database.url).await.unwrap();
+        let (_, api_key) = payments_service::accounts::create(&mut conn, account).await.unwrap();
+        let gateway = Process::gateway().await;
+        let env = [("PAYMENTS_FAULT_INJECTION", "1")];
+        let server = Process::serve(&database.url, &gateway.url, &["--no-workers"], &env).await;
+        Faulted { database, api_key, gateway, server, http: reqwest::Client::new() }
+    }
+
+    /// `body` posted to `path` under `key`, with `fault` as its `X-Fault-Inject` if any.
+    fn post(
+        &self,
+        path: &str,
+        key: &str,
+        body: &Value,
+        fault: Option<&str>,
+    ) -> impl Future<Output = reqwest::Result<reqwest::Response>> + use<> {
+        let request = self.http.post(format!("{}{path}", self.server.url)).bearer_auth(&self.api_key);
+        let request = request.header("Idempotency-Key", key);
+        let request = match fault {
+            Some(fault) => request.header("X-Fault-Inject", fault),
+            None => request,
+        };
+        request.json(body).send()
+    }
 }
 
 /// The captures and the cancels the gateway made.
