@@ -120,7 +120,7 @@ async fn bench_reports_every_figure_and_finds_no_violation() {
     // The per-statement table: the claim, a new key's first phase in it, runs once per payment.
     assert!(table.contains("| statements of `new`, per request |"), "{table}");
     let statements = new["statements"].as_array().unwrap();
-    let claim = statements.iter().find(|s| s["statement"].as_str().unwrap().starts_with("WITH existing, expired"));
+    let claim = statements.iter().find(|s| s["statement"].as_str().unwrap().starts_with("WITH inserted, key_audited"));
     let claim = claim.unwrap_or_else(|| panic!("no claim among {statements:#?}"));
     assert!((claim["calls_per_request"].as_f64().unwrap() - 1.0).abs() < 0.05, "{claim:#}");
     assert!(claim["exec_us_per_request"].as_f64().unwrap() > 0.0, "{claim:#}");

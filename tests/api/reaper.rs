@@ -8,7 +8,7 @@ use payments_service::workers::{Outcome, Worker};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Lock, TestApp, new_key, payment_body, wait_until};
+use crate::helpers::{Lock, OpenTransaction, TestApp, new_key, payment_body, wait_until};
 
 /// Backdates every key by two days (finished ones: when they finished), past the default
 /// retention of one.
@@ -100,6 +100,51 @@ async fn a_retry_after_its_key_was_reaped_is_410_and_charges_nothing() {
     assert_eq!(problem["type"], "https://payments.example/problems/idempotency-key-expired");
     assert_eq!(problem["payment"]["id"], payment["id"]);
     assert!(problem["detail"].as_str().unwrap().contains(payment["id"].as_str().unwrap()));
+    assert_eq!(app.gateway.stats().await.requests, 1, "the gateway never heard of the late retry");
+    let (keys, payments, _, _) = app.row_counts().await;
+    assert_eq!((keys, payments), (0, 1), "no new key row, no second payment");
+}
+
+/// A late retry that comes while the reaper deletes its key (the row deleted, what it made kept,
+/// neither committed yet) is 410 too. The claim's snapshot still holds the row, so a new key's
+/// short claim writes nothing and the full claim finds the key expired. An insert guarded by
+/// `key_resources` alone would wait for the reaper's commit, find the row gone, and pay again.
+#[tokio::test]
+async fn a_retry_that_comes_while_its_key_is_reaped_is_410_and_charges_nothing() {
+    let app = app_with_a_short_retention().await;
+    let key = new_key();
+    let payment: Value = app.post_payment(&key, &payment_body()).await.json().await.unwrap();
+    wait_until(Duration::from_secs(10), "the key expires", || async {
+        !app.remembers_the_answer_of(&key) && app.key_has_expired(&key).await
+    })
+    .await;
+    let mut reaping = OpenTransaction::begin(&app.database.url).await;
+    let reaped = payments_service::idempotency::reap_finished(reaping.connection(), Duration::from_secs(1), 10);
+    assert_eq!(reaped.await.unwrap(), 1, "the key is reaped, uncommitted");
+
+    let body = payment_body();
+    let late = app.post_payment(&key, &body);
+    tokio::pin!(late);
+    // Answered while the reaper's transaction is open; or, if the claim waits for it, answered
+    // once it commits. (Watched from a session of its own: the reaper's must stay free to commit.)
+    let waited = async {
+        while !reaping.is_waited_for().await {
+            tokio::task::yield_now().await;
+        }
+    };
+    let answered_first = tokio::select! {
+        late = &mut late => Some(late),
+        () = waited => None,
+    };
+    reaping.commit().await;
+    let late = match answered_first {
+        Some(late) => late,
+        None => late.await,
+    };
+
+    assert_eq!(late.status(), StatusCode::GONE);
+    let problem: Value = late.json().await.unwrap();
+    assert_eq!(problem["payment"]["id"], payment["id"]);
     assert_eq!(app.gateway.stats().await.requests, 1, "the gateway never heard of the late retry");
     let (keys, payments, _, _) = app.row_counts().await;
     assert_eq!((keys, payments), (0, 1), "no new key row, no second payment");

@@ -380,6 +380,7 @@ impl<'a> ChangePhases<'a> {
         let writes = writes::RecordAndFinish { record, found_updated_at, canceled_at, event: event.as_ref(), finished };
         #[cfg(debug_assertions)]
         let answered = response.body.clone();
+        #[cfg_attr(not(debug_assertions), allow(unused_variables))]
         let stored: Payment = run.finish(response, Some(made.change_id), writes).await?;
         // The answer says what the database recorded: the tests' builds check it.
         #[cfg(debug_assertions)]

@@ -39,7 +39,11 @@ pub enum Claim<S> {
     Expired { id: Uuid },
 }
 
-/// Claims `new.key` in one statement, which is race-free without any check-then-insert:
+/// Claims `new.key`, race-free without any check-then-insert. Most keys are new, so the claim
+/// first tries the short statement that only creates one ([`Shape::NewKey`]): `inserted` and its
+/// record, with `first` after them. It writes nothing if the key's row exists, or what a reaped
+/// key made, or a concurrent request inserted the key first; then the full claim runs, in one
+/// statement:
 /// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
 ///   its recorded expiry has come, by the database's clock;
 /// - `expired` looks, only when there is no row or an expired one, for what the key made: on its
@@ -53,9 +57,11 @@ pub enum Claim<S> {
 ///   answered as one since reaped would be, whoever reads it and whatever its own retention: no
 ///   process replays a key past its expiry, from the database or from memory. (An expired key that
 ///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
-/// - `inserted` creates the row, locked by us, when there was neither. If a concurrent request
-///   inserted it first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the
-///   statement again, which then sees that request's row;
+/// - `inserted` creates the row, locked by us, when this statement's snapshot holds neither the
+///   key's row nor what a reaped key made (the reaper deletes the one and writes the other in one
+///   transaction, so a snapshot holds exactly one of them). If a concurrent request inserted it
+///   first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the statement
+///   again, which then sees that request's row;
 /// - `taken` locks an existing row for us if it is the same request, unfinished, and unlocked or
 ///   its lease over. Its conditions are re-checked on the row's latest version under the row
 ///   lock, so of two requests racing for an expired lease exactly one takes it;
@@ -92,11 +98,12 @@ where
     S: QueryableByName<Pg> + Send + 'static,
 {
     let token = Uuid::new_v4();
-    let query = ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease), first };
+    let mut query =
+        ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease), first, shape: Shape::NewKey };
     // One retry covers the one race (both inserting a new key), and a deadlock of the first
     // phase's row locks; one more is a safety margin. (An expired key without its payment would
     // also return nothing, but the finishing phase requires the payment, and payments are never
-    // deleted.)
+    // deleted.) The short statement's finding that the key is not new is not an attempt.
     let mut attempt = 1;
     loop {
         let sent = since_boot();
@@ -108,6 +115,10 @@ where
         };
         match db::query(run).await {
             Ok(Some(claimed)) => return claimed.into_claim(new, token, lease, sent),
+            Ok(None) if query.shape == Shape::NewKey => {
+                query.shape = Shape::Any;
+                continue;
+            }
             Ok(None) if attempt < MAX_ATTEMPTS => {}
             Ok(None) => {
                 return Err(StoreError::Unavailable("the key claim kept racing with concurrent inserts".into()));
@@ -205,13 +216,24 @@ impl<S> Claimed<S> {
 }
 
 /// The claim statement (see [`claim`]), kept prepared on each connection by its SQL text: one
-/// text per endpoint's first phase, and one without.
+/// text per shape and endpoint's first phase, and one per shape without.
 struct ClaimQuery<'a, W> {
     new: &'a NewKey<'a>,
     key_id: Uuid,
     token: Uuid,
     lease_ms: i64,
     first: Option<&'a W>,
+    shape: Shape,
+}
+
+/// Which of the claim's two statements runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// Only what a new key needs ([`NEW_KEY_SQL`]): tried first, as most keys are new. Its plan
+    /// is a third of the full claim's, which every execution initialises whole.
+    NewKey,
+    /// The full claim ([`CLAIM_SQL`]): every case the protocol names.
+    Any,
 }
 
 // Run as often as the claim is, so copied: all it holds are references and ids.
@@ -223,8 +245,43 @@ impl<W> Clone for ClaimQuery<'_, W> {
 
 impl<W> Copy for ClaimQuery<'_, W> {}
 
-/// The claim's CTEs, each `{name}` a parameter or a distributed table (see [`crate::db::sql`]).
-const CLAIM_SQL: &str = "
+/// `inserted`, the CTE that creates a new key's row, locked by us, in both of the claim's
+/// statements.
+macro_rules! inserted {
+    () => {
+        "inserted AS (
+    INSERT INTO {idempotency_keys} (id, account_id, idempotency_key, request_method, request_path,
+                                  request_fingerprint, request_params, locked_until, lock_token)
+    SELECT {key_id}, {account}, {key}, {method}, {path}, {fingerprint}, {params},
+           now() + {lease_ms} * interval '1 millisecond', {token}
+    WHERE NOT EXISTS (SELECT FROM {idempotency_keys k} WHERE k.account_id = {account} AND k.idempotency_key = {key})
+      AND NOT EXISTS (SELECT FROM {key_resources r} WHERE r.account_id = {account} AND r.idempotency_key = {key})
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    RETURNING account_id, id, recovery_point
+)"
+    };
+}
+
+/// The short claim's CTEs: a new key's row and its record, or nothing.
+const NEW_KEY_SQL: &str = concat!(
+    "
+",
+    inserted!(),
+    ", key_audited AS (
+    INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
+    SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, {actor}, jsonb_build_object(), {request_id}
+    FROM inserted n
+    RETURNING id
+), claimed (claim_acquired, claim_fresh, claim_key_id, claim_same_request, claim_recovery_point,
+            claim_response_status, claim_response_body, claim_made_id, claim_expires_in_ms) AS (
+    SELECT true, true, id, true, recovery_point, NULL::smallint, NULL::bytea, NULL::uuid, NULL::bigint
+    FROM inserted
+)"
+);
+
+/// The full claim's CTEs, each `{name}` a parameter or a distributed table (see [`crate::db::sql`]).
+const CLAIM_SQL: &str = concat!(
+    "
 existing AS (
     SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM {idempotency_keys k}
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
@@ -240,15 +297,9 @@ existing AS (
                       WHERE k.account_id = {account} AND k.idempotency_key = {key}
                         AND (k.expires_at IS NULL OR k.expires_at > now()))
     LIMIT 1
-), inserted AS (
-    INSERT INTO {idempotency_keys} (id, account_id, idempotency_key, request_method, request_path,
-                                  request_fingerprint, request_params, locked_until, lock_token)
-    SELECT {key_id}, {account}, {key}, {method}, {path}, {fingerprint}, {params},
-           now() + {lease_ms} * interval '1 millisecond', {token}
-    WHERE NOT EXISTS (SELECT FROM existing) AND NOT EXISTS (SELECT FROM expired)
-    ON CONFLICT (account_id, idempotency_key) DO NOTHING
-    RETURNING account_id, id, recovery_point
-), taken AS (
+), ",
+    inserted!(),
+    ", taken AS (
     UPDATE {idempotency_keys k}
     SET locked_until = now() + {lease_ms} * interval '1 millisecond', lock_token = {token}, last_run_at = now()
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
@@ -284,7 +335,8 @@ existing AS (
     UNION ALL
     SELECT false, false, x.id, x.same_endpoint, 'finished', NULL, NULL, CASE WHEN x.same_endpoint THEN x.id END, NULL
     FROM expired x
-)";
+)"
+);
 
 impl<W> Parameters for ClaimQuery<'_, W> {
     fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
@@ -309,7 +361,11 @@ impl<W> Parameters for ClaimQuery<'_, W> {
 impl<W: PhaseWrites> QueryFragment<Pg> for ClaimQuery<'_, W> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("WITH ");
-        walk_sql(CLAIM_SQL, self, out.reborrow())?;
+        let ctes = match self.shape {
+            Shape::NewKey => NEW_KEY_SQL,
+            Shape::Any => CLAIM_SQL,
+        };
+        walk_sql(ctes, self, out.reborrow())?;
         let Some(first) = self.first else {
             out.push_sql(" SELECT *, NULL::boolean AS claim_started FROM claimed");
             return Ok(());
