@@ -230,7 +230,7 @@ struct ClaimQuery<'a, W> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Shape {
     /// Only what a new key needs ([`NEW_KEY_SQL`]): tried first, as most keys are new. Its plan
-    /// is a third of the full claim's, which every execution initialises whole.
+    /// has less than half the nodes of the full claim's, which every execution initialises whole.
     NewKey,
     /// The full claim ([`CLAIM_SQL`]): every case the protocol names.
     Any,
