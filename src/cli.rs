@@ -8,6 +8,7 @@ use payments_service::telemetry::LogFormat;
 
 use crate::commands::bench::{BenchArgs, BenchEndpointArgs};
 use crate::commands::chaos::ChaosArgs;
+use crate::commands::listen::ListenArgs;
 use crate::commands::model::ModelCommand;
 use crate::commands::pay::{CancelArgs, CaptureArgs, PayArgs};
 use crate::commands::refund::RefundArgs;
@@ -44,6 +45,10 @@ pub enum Command {
     /// Each account's requests by how their idempotency key was taken in, and the share that
     /// repeated a key: a client that retries far more than others is broken, or being replayed.
     Stats(StatsArgs),
+    /// The reference receiver of a merchant's webhooks: answers 204 to a delivery signed as
+    /// Standard Webhooks says under any of its secrets, within five minutes of its clock, and
+    /// prints the event's type and id; 400 to anything else.
+    Listen(ListenArgs),
     /// Make one payment through the reference client: one idempotency key for all its attempts,
     /// retries with backoff on what may succeed next time, never on a definitive answer. Exit
     /// codes: 0 paid; 3 declined; 4 rejected (nothing was charged); 5 gave up: no definitive

@@ -22,6 +22,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         Command::Serve(args) => commands::serve::run(args).await.map(done),
         Command::Worker(args) => commands::worker::run(args).await.map(done),
         Command::Gateway(args) => commands::gateway::run(args).await.map(done),
+        Command::Listen(args) => commands::listen::run(args).await.map(done),
         Command::Migrate(args) => commands::migrate::run(args).await.map(done),
         Command::Accounts(AccountsCommand::Create(args)) => commands::accounts::create(args).await.map(done),
         Command::Attention(AttentionCommand::List(database)) => commands::attention::list(database).await.map(done),

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod bench;
 pub mod chaos;
 pub mod gateway;
+pub mod listen;
 pub mod migrate;
 pub mod model;
 pub mod pay;

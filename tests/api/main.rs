@@ -25,6 +25,7 @@ mod gateway_refunds;
 mod helpers;
 mod key_expiry;
 mod key_story;
+mod listen;
 mod logs;
 mod many_instances;
 mod metrics;

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod answer;
+pub mod listen;
 mod request;
 mod retry;
 
