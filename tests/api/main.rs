@@ -47,3 +47,4 @@ mod schema;
 mod statistics;
 mod validation;
 mod walkthrough;
+mod webhook_network;

@@ -24,6 +24,7 @@ pub mod startup;
 pub mod state;
 pub mod story;
 pub mod telemetry;
+pub mod webhooks;
 pub mod workers;
 
 pub use payments_wire::problem;
