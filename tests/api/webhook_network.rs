@@ -145,7 +145,7 @@ async fn a_refused_connection_and_an_error_status_are_failed_attempts_that_say_w
             .await;
     let attempted = post(&sender("127.0.0.1/32"), &url).await;
     assert_eq!((attempted.status, attempted.error.as_deref()), (Some(503), Some("answered 503")));
-    assert_eq!((attempted.retry_after, attempted.body.as_slice()), (Some(30), &b"busy"[..]));
+    assert_eq!((attempted.retry_after, attempted.body.as_slice()), (Some(Duration::from_secs(30)), &b"busy"[..]));
 
     let url = answering("HTTP/1.1 204 No Content\r\n\r\n".into(), 0).await;
     let attempted = post(&sender("127.0.0.1/32"), &url).await;

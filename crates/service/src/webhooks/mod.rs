@@ -3,3 +3,4 @@
 //! trust ([`network`]).
 
 pub mod network;
+pub mod schedule;

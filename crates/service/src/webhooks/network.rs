@@ -16,10 +16,12 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use reqwest::Url;
+
+use super::schedule::parse_retry_after;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// The most of an answer read: the rest is never taken off the socket.
@@ -154,8 +156,8 @@ pub struct Attempted {
     /// The first [`MAX_ANSWER`] bytes of its answer.
     pub body: Vec<u8>,
     pub duration: Duration,
-    /// The receiver's `Retry-After`, in seconds, if it sent one.
-    pub retry_after: Option<u64>,
+    /// The receiver's `Retry-After`, if it sent one.
+    pub retry_after: Option<Duration>,
 }
 
 impl Attempted {
@@ -211,7 +213,7 @@ impl Sender {
             .headers()
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse().ok());
+            .and_then(|value| parse_retry_after(value, SystemTime::now()));
         let mut body = Vec::new();
         let mut error = None;
         while body.len() < MAX_ANSWER {
