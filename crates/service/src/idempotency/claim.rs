@@ -1,4 +1,5 @@
-//! The claim: how a request takes its key, in one statement (see [`claim`]).
+//! The claim: how a request takes its key, in one statement for a new key and two for any other
+//! (see [`claim`]).
 
 use std::time::Duration;
 
@@ -58,10 +59,11 @@ pub enum Claim<S> {
 ///   process replays a key past its expiry, from the database or from memory. (An expired key that
 ///   made nothing, a refused refund's, is replayed from the database until it is reaped.)
 /// - `inserted` creates the row, locked by us, when this statement's snapshot holds neither the
-///   key's row nor what a reaped key made (the reaper deletes the one and writes the other in one
-///   transaction, so a snapshot holds exactly one of them). If a concurrent request inserted it
-///   first, `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the statement
-///   again, which then sees that request's row;
+///   key's row nor what a reaped key made. The reaper deletes the one and writes the other in one
+///   transaction, so a snapshot holds at least one of them for a key that made something: a key
+///   being reaped is never taken for new. If a concurrent request inserted the key first,
+///   `ON CONFLICT DO NOTHING` leaves us with no row at all and we run the statement again, which
+///   then sees that request's row;
 /// - `taken` locks an existing row for us if it is the same request, unfinished, and unlocked or
 ///   its lease over. Its conditions are re-checked on the row's latest version under the row
 ///   lock, so of two requests racing for an expired lease exactly one takes it;
@@ -100,10 +102,11 @@ where
     let token = Uuid::new_v4();
     let mut query =
         ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease), first, shape: Shape::NewKey };
-    // One retry covers the one race (both inserting a new key), and a deadlock of the first
-    // phase's row locks; one more is a safety margin. (An expired key without its payment would
-    // also return nothing, but the finishing phase requires the payment, and payments are never
-    // deleted.) The short statement's finding that the key is not new is not an attempt.
+    // The short statement's finding that the key is not new (its row, what it made, or a
+    // concurrent insert that won) is not an attempt: the full claim then sees what it found. One
+    // retry of the full claim covers a race it can still lose (a key that made nothing, reaped
+    // between the two statements, and inserted again by another request before ours), and a
+    // deadlock of the first phase's row locks; one more is a safety margin.
     let mut attempt = 1;
     loop {
         let sent = since_boot();
