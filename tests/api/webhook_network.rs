@@ -151,3 +151,32 @@ async fn a_refused_connection_and_an_error_status_are_failed_attempts_that_say_w
     let attempted = post(&sender("127.0.0.1/32"), &url).await;
     assert!(attempted.delivered() && attempted.error.is_none(), "{attempted:?}");
 }
+
+/// An attempt, as the reference receiver hears it: the event's id and type, its signature verified
+/// under each secret of a rotation; under a secret the receiver does not hold, refused.
+#[tokio::test]
+async fn an_attempt_is_signed_so_that_the_reference_receiver_verifies_it_under_either_secret_of_a_rotation() {
+    use payments_client::listen::{Heard, Receiver};
+    use payments_service::webhooks::deliver::{Outgoing, attempt};
+    use payments_wire::standard_webhooks::{SigningSecret, VerifyError};
+
+    let secret = |byte: u8| SigningSecret::from_bytes(vec![byte; 32]).unwrap();
+    let (heard, mut hearing) = tokio::sync::mpsc::unbounded_channel();
+    let receiver = Receiver::start(StdListener::bind("127.0.0.1:0").unwrap(), vec![secret(1)], heard).unwrap();
+    let url = Url::parse(&receiver.url).unwrap();
+    let body = br#"{"id":"evt_1","object":"event","type":"payment.succeeded"}"#;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let sender = sender("127.0.0.1/32");
+
+    for (secrets, event_id) in [(vec![secret(2), secret(1)], "evt_1"), (vec![secret(1)], "evt_1")] {
+        let outgoing = Outgoing { url: &url, event_id, body, secrets: &secrets };
+        let attempted = attempt(&sender, outgoing, now).await;
+        assert_eq!(attempted.status, Some(204), "{attempted:?}");
+        let expected = Heard::Event { kind: "payment.succeeded".into(), id: event_id.into() };
+        assert_eq!(hearing.recv().await, Some(expected));
+    }
+    let outgoing = Outgoing { url: &url, event_id: "evt_1", body, secrets: &[secret(3)] };
+    assert_eq!(attempt(&sender, outgoing, now).await.status, Some(400));
+    assert_eq!(hearing.recv().await, Some(Heard::Refused(VerifyError::NoMatch)));
+    receiver.stop().await;
+}

@@ -1,6 +1,8 @@
 //! Merchant webhooks: every event an account's endpoints subscribe to, delivered to them signed
 //! (Standard Webhooks, `payments_wire::standard_webhooks`), over a network the service does not
-//! trust ([`network`]).
+//! trust ([`network`]): an attempt at a time ([`deliver`]), tried again on a schedule
+//! ([`schedule`]).
 
+pub mod deliver;
 pub mod network;
 pub mod schedule;
