@@ -25,6 +25,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection};
 use reqwest::Url;
 
 use payments_service::config::DatabaseArgs;
+use payments_service::db::delegate::Routing;
 use payments_service::postgres::embedded::{EmbeddedDatabase, Sharing};
 use payments_service::startup::{METRICS_AT, MetricsServer, bind_usual_or_free};
 use payments_service::state::AppState;
@@ -144,6 +145,13 @@ pub async fn open_database(
             Ok((embedded.url.clone(), Some(embedded)))
         }
     }
+}
+
+/// How the process's statements reach `database_url`: on Citus, each account's straight to the
+/// worker that holds its shards, unless `PAYMENTS_CITUS_STRAIGHT_TO_WORKERS` is false.
+pub fn routing(args: &DatabaseArgs, database_url: &str, pool_size: u32) -> Routing {
+    let routing = Routing::new(database_url, pool_size);
+    if args.straight_to_workers { routing } else { routing.through_coordinator() }
 }
 
 /// How long a process waits, at start, to learn whether its database role can write: longer than

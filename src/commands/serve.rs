@@ -10,7 +10,6 @@ use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook, new_webho
 use payments_service::accounts::DEMO_API_KEY;
 use payments_service::config::{DEFAULT_GATEWAY_BIND, DEFAULT_METRICS_BIND, DatabaseArgs, ServeArgs, Settings};
 use payments_service::db;
-use payments_service::db::delegate::Routing;
 use payments_service::gateway::GatewayClient;
 use payments_service::gateway::signature::WebhookSecret;
 use payments_service::metrics;
@@ -21,8 +20,8 @@ use payments_service::workers::Workers;
 use tokio::sync::watch;
 
 use super::{
-    MetricsListener, advertise_gateway, open_database, refuse_a_role_that_cannot_write, warn_if_events_are_only_logged,
-    withdraw_gateway,
+    MetricsListener, advertise_gateway, open_database, refuse_a_role_that_cannot_write, routing,
+    warn_if_events_are_only_logged, withdraw_gateway,
 };
 
 /// Connections per process. Each request holds one only while it runs a phase (never across the
@@ -72,7 +71,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let state = Arc::new(AppState::new(
         db::pool(&database_url, POOL_SIZE),
-        Routing::new(&database_url, POOL_SIZE),
+        routing(&args.database, &database_url, POOL_SIZE),
         GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     ));

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use payments_service::config::WorkerCommandArgs;
 use payments_service::db;
-use payments_service::db::delegate::Routing;
 use payments_service::gateway::GatewayClient;
 use payments_service::postgres::embedded::Sharing;
 use payments_service::startup::{WORKER_RUNNING, exit_on_second_signal, shutdown_signal};
@@ -14,7 +13,8 @@ use payments_service::workers::Workers;
 use tokio::sync::watch;
 
 use super::{
-    MetricsListener, advertised_gateway, open_database, refuse_a_role_that_cannot_write, warn_if_events_are_only_logged,
+    MetricsListener, advertised_gateway, open_database, refuse_a_role_that_cannot_write, routing,
+    warn_if_events_are_only_logged,
 };
 
 /// A worker drives one request at a time per worker kind: a few connections are plenty, and one
@@ -43,7 +43,7 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     }
     let state = Arc::new(AppState::new(
         db::pool(&database_url, POOL_SIZE),
-        Routing::new(&database_url, POOL_SIZE),
+        routing(&args.database, &database_url, POOL_SIZE),
         GatewayClient::new(&gateway_url, settings.gateway_timeout)?,
         settings,
     ));

@@ -287,6 +287,34 @@ async fn on_citus_a_keys_statements_go_straight_to_its_accounts_node_never_throu
     assert!(straight >= 4, "{straight} calls on the account's node");
 }
 
+/// The switch that turns straight routing off (`PAYMENTS_CITUS_STRAIGHT_TO_WORKERS=false`): a
+/// `serve` that has it sends every call through the coordinator, which passes it on.
+#[tokio::test]
+async fn on_citus_straight_routing_turned_off_sends_a_keys_statements_through_the_coordinator() {
+    let Some(citus) = CitusDatabase::create("on_citus_straight_routing_turned_off").await else { return };
+    let gateway = Process::gateway().await;
+    let env = [("PAYMENTS_DISTRIBUTE", "1"), ("PAYMENTS_CITUS_STRAIGHT_TO_WORKERS", "false")];
+    let server = Process::serve(&citus.url, &gateway.url, &["--no-workers"], &env).await;
+    let mut coordinator = AsyncPgConnection::establish(&citus.url).await.unwrap();
+    coordinator.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").await.unwrap();
+    let (_, api_key) = payments_service::accounts::create(&mut coordinator, "through the coordinator").await.unwrap();
+    coordinator.batch_execute("SELECT pg_stat_statements_reset()").await.unwrap();
+
+    let paid = reqwest::Client::new()
+        .post(format!("{}/v1/payments", server.url))
+        .bearer_auth(&api_key)
+        .header("Idempotency-Key", new_key())
+        .json(&crate::helpers::payment_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paid.status(), StatusCode::CREATED);
+
+    // The claim with its first phase, and the last phase: both through the coordinator.
+    let through = delegated_calls(&citus.url).await;
+    assert!(through >= 2, "{through} calls through the coordinator");
+}
+
 #[tokio::test]
 async fn on_citus_a_late_retry_of_an_expired_key_is_410_naming_its_payment_before_and_after_the_reaper() {
     let retention = std::time::Duration::from_secs(2);

@@ -6,6 +6,7 @@
 //! | `PAYMENTS_DATA_DIR` | `./.payments` | where embedded mode keeps its cluster |
 //! | `PAYMENTS_DISTRIBUTE` | unset | `1`: migrate and distribute `DATABASE_URL` over Citus first |
 //! | `PAYMENTS_CITUS_WORKERS` | unset | `serve`: a local Citus cluster of N workers instead of one PostgreSQL |
+//! | `PAYMENTS_CITUS_STRAIGHT_TO_WORKERS` | `true` | on Citus, each account's statements go straight to its worker; `false`: through the coordinator |
 //! | `GATEWAY_URL` | unset: in-process mock | base URL of the payment gateway |
 //! | `PAYMENTS_MOCK_GATEWAY_BIND` | `127.0.0.1:8081`, else a free port | where `serve`'s in-process mock gateway listens |
 //! | `PAYMENTS_BIND` | `127.0.0.1:8080` | listen address of `serve` |
@@ -117,6 +118,12 @@ pub struct DatabaseArgs {
     /// --distribute` does); refuses to start on a database without the `citus` extension.
     #[arg(long, env = "PAYMENTS_DISTRIBUTE", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = false)]
     pub distribute: bool,
+    /// On Citus, send each account's statements straight to the worker that holds its shards, on
+    /// a pool of this process's own per worker. `false` sends every one through the coordinator,
+    /// which passes it on: one hop more each, and no pool to any worker (for workers whose
+    /// `max_connections` has no room for them, or that the service cannot reach).
+    #[arg(long, env = "PAYMENTS_CITUS_STRAIGHT_TO_WORKERS", value_parser = clap::builder::BoolishValueParser::new(), default_value_t = true, action = clap::ArgAction::Set)]
+    pub straight_to_workers: bool,
 }
 
 /// `payments stats`.

@@ -217,6 +217,13 @@ impl Routing {
         }
     }
 
+    /// This routing with every call sent through the coordinator, none straight to a node
+    /// (`PAYMENTS_CITUS_STRAIGHT_TO_WORKERS=false`).
+    pub fn through_coordinator(mut self) -> Routing {
+        self.nodes = None;
+        self
+    }
+
     /// `statement`, which reads and writes only rows of `account_id`, as a call delegated to the
     /// account's shard; none where statements run as they are.
     pub async fn delegate<Q: QueryFragment<Pg>>(

@@ -15,7 +15,8 @@
 //! A node's address that changes (`citus_update_node`, a failover) is followed within
 //! [`PLACEMENT_AGE`]: meanwhile the calls go to the old address, so an old primary must be fenced,
 //! as a failover requires of every client. Each process keeps a pool per node, as large as its
-//! pool to the coordinator: the nodes' `max_connections` must allow for it.
+//! pool to the coordinator: the nodes' `max_connections` must allow for it, or
+//! `PAYMENTS_CITUS_STRAIGHT_TO_WORKERS=false` sends every call through the coordinator.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
