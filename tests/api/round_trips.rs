@@ -1,6 +1,6 @@
 //! What a payment, a refund, a capture and a cancel cost the database: the claim with `started`,
 //! then the phases after the gateway's answer, one statement, each prepared once per connection;
-//! and a replay that costs nothing, answered from memory.
+//! a replay that costs nothing, answered from memory, and one statement from the database.
 
 use reqwest::StatusCode;
 use serde_json::json;
@@ -109,6 +109,28 @@ async fn a_replay_and_a_reused_key_are_answered_from_memory_with_no_statement() 
     assert_eq!(reused.status(), reqwest::StatusCode::UNPROCESSABLE_ENTITY, "another body is still a 422");
 
     assert_eq!(statements(&database).executed.len(), before, "neither asked the database");
+}
+
+/// Answered by another process, whose memory holds nothing of the key, a reused key's `422` and a
+/// replay cost one statement each: the short claim, which finds the finished key's answer.
+#[tokio::test]
+async fn a_replay_and_a_reused_key_answered_from_the_database_cost_one_statement_each() {
+    record_statements();
+    let app = TestApp::spawn().await;
+    let other = TestApp::builder().spawn_beside(&app).await;
+    let database = app.database.name.clone();
+    let key = new_key();
+    let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+    let before = statements(&database).executed.len();
+
+    let reused = other.post_payment(&key, &json!({ "amount": 1, "currency": "usd", "source": "tok_visa" })).await;
+    assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let replay = other.post_payment(&key, &payment_body()).await;
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+    assert_eq!(replay.bytes().await.unwrap(), first, "byte for byte");
+
+    let ran = &statements(&database).executed[before..];
+    assert_eq!(ran.len(), STATEMENTS_PER_AUTHENTICATION + 2, "{ran:#?}");
 }
 
 #[tokio::test]

@@ -1,5 +1,5 @@
-//! The claim: how a request takes its key, in one statement for a new key and two for any other
-//! (see [`claim`]).
+//! The claim: how a request takes its key, in one statement for a new key or a finished one and
+//! two for any other (see [`claim`]).
 
 use std::time::Duration;
 
@@ -40,11 +40,12 @@ pub enum Claim<S> {
     Expired { id: Uuid },
 }
 
-/// Claims `new.key`, race-free without any check-then-insert. Most keys are new, so the claim
-/// first tries the short statement that only creates one ([`Shape::NewKey`]): `inserted` and its
-/// record, with `first` after them. It writes nothing if the key's row exists, or what a reaped
-/// key made, or a concurrent request inserted the key first; then the full claim runs, in one
-/// statement:
+/// Claims `new.key`, race-free without any check-then-insert. Most keys are new, and most of the
+/// rest finished, so the claim first tries a short statement for those two ([`Shape::Short`]):
+/// `inserted` and its record, with `first` after them; or `finished`, the answer of a finished key
+/// that has not expired. It returns nothing if the key's row is there unfinished or expired, or
+/// what a reaped key made is kept, or a concurrent request inserted the key first; then the full
+/// claim runs, in one statement:
 /// - `existing` reads the key's row, if any (one unique-index probe), and whether it has expired:
 ///   its recorded expiry has come, by the database's clock;
 /// - `expired` looks, only when there is no row or an expired one, for what the key made: on its
@@ -101,9 +102,9 @@ where
 {
     let token = Uuid::new_v4();
     let mut query =
-        ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease), first, shape: Shape::NewKey };
-    // The short statement's finding that the key is not new (its row, what it made, or a
-    // concurrent insert that won) is not an attempt: the full claim then sees what it found. One
+        ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease), first, shape: Shape::Short };
+    // The short statement's finding that the key is neither new nor finished (its row, what it
+    // made, or a concurrent insert that won) is not an attempt: the full claim then sees it. One
     // retry of the full claim covers a race it can still lose (a key that made nothing, reaped
     // between the two statements, and inserted again by another request before ours), and a
     // deadlock of the first phase's row locks; one more is a safety margin.
@@ -118,7 +119,7 @@ where
         };
         match db::query(run).await {
             Ok(Some(claimed)) => return claimed.into_claim(new, token, lease, sent),
-            Ok(None) if query.shape == Shape::NewKey => {
+            Ok(None) if query.shape == Shape::Short => {
                 query.shape = Shape::Any;
                 continue;
             }
@@ -232,9 +233,10 @@ struct ClaimQuery<'a, W> {
 /// Which of the claim's two statements runs.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Shape {
-    /// Only what a new key needs ([`NEW_KEY_SQL`]): tried first, as most keys are new. Its plan
-    /// has less than half the nodes of the full claim's, which every execution initialises whole.
-    NewKey,
+    /// Only what a new key and a finished one need ([`SHORT_SQL`]): tried first, as most keys
+    /// are one or the other. Its plan has half the nodes of the full claim's, which every
+    /// execution initialises whole.
+    Short,
     /// The full claim ([`CLAIM_SQL`]): every case the protocol names.
     Any,
 }
@@ -265,8 +267,9 @@ macro_rules! inserted {
     };
 }
 
-/// The short claim's CTEs: a new key's row and its record, or nothing.
-const NEW_KEY_SQL: &str = concat!(
+/// The short claim's CTEs: a new key's row and its record; or a finished key's answer, while it
+/// has not expired (`finished`: for a replay, or a `422`); or nothing.
+const SHORT_SQL: &str = concat!(
     "
 ",
     inserted!(),
@@ -275,10 +278,20 @@ const NEW_KEY_SQL: &str = concat!(
     SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, {actor}, jsonb_build_object(), {request_id}
     FROM inserted n
     RETURNING id
+), finished AS (
+    SELECT k.id, k.request_fingerprint = {fingerprint} AND k.request_method = {method} AND k.request_path = {path}
+               AS same_request,
+           k.response_status, k.response_body, (extract(epoch FROM k.expires_at - now()) * 1000)::bigint AS expires_in_ms
+    FROM {idempotency_keys k}
+    WHERE k.account_id = {account} AND k.idempotency_key = {key}
+      AND k.recovery_point = 'finished' AND coalesce(k.expires_at > now(), true)
 ), claimed (claim_acquired, claim_fresh, claim_key_id, claim_same_request, claim_recovery_point,
             claim_response_status, claim_response_body, claim_made_id, claim_expires_in_ms) AS (
     SELECT true, true, id, true, recovery_point, NULL::smallint, NULL::bytea, NULL::uuid, NULL::bigint
     FROM inserted
+    UNION ALL
+    SELECT false, false, id, same_request, 'finished', response_status, response_body, NULL, expires_in_ms
+    FROM finished
 )"
 );
 
@@ -365,7 +378,7 @@ impl<W: PhaseWrites> QueryFragment<Pg> for ClaimQuery<'_, W> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("WITH ");
         let ctes = match self.shape {
-            Shape::NewKey => NEW_KEY_SQL,
+            Shape::Short => SHORT_SQL,
             Shape::Any => CLAIM_SQL,
         };
         walk_sql(ctes, self, out.reborrow())?;
