@@ -1,5 +1,5 @@
-//! The claim: how a request takes its key, in one statement for a new key or a finished one and
-//! two for any other (see [`claim`]).
+//! The claim: how a request takes its key, in one statement for a new key or a finished one that
+//! has not expired, and two for any other (see [`claim`]).
 
 use std::time::Duration;
 
@@ -82,7 +82,8 @@ pub enum Claim<S> {
 /// all. Its result comes back with the claim ([`Claim::Acquired`]'s `started`). For a key that
 /// exists, `fence` is empty and the phase writes nothing: a resumed key runs it on its own after
 /// the claim. The phase's CTEs and result columns must not reuse the claim's names (`existing`,
-/// `expired`, `inserted`, `taken`, `key_audited`, `claimed`, `fence`; columns `claim_*`).
+/// `expired`, `inserted`, `taken`, `key_audited`, `finished`, `claimed`, `fence`; columns
+/// `claim_*`).
 ///
 /// Every CTE names the account as a parameter (`account_id = $n`, never from a join), so that a
 /// database distributed by account finds each of them on one shard (see docs/performance.md, Spread by

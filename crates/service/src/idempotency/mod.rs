@@ -5,8 +5,9 @@
 //! how far it has got (the [`RecoveryPoint`]), who drives it (a lock with a fencing token), and in
 //! the end its response. The protocol:
 //!
-//! 1. [`claim`] the key, in one statement for a new key or a finished one (two for any other: the
-//!    short one, for those two, finds nothing): a different request with the key is refused (422), a
+//! 1. [`claim`] the key, in one statement for a new key or a finished one that has not expired
+//!    (two for any other: the short one, for those two, finds nothing): a different request with
+//!    the key is refused (422), a
 //!    finished one replays its stored response, a live lock means the request is in flight (409),
 //!    and otherwise the caller holds the lock and resumes at the key's recovery point. A key never
 //!    seen runs its first phase in the same statement ([`Phases::first_phase`]): the key row and
