@@ -111,8 +111,9 @@ async fn a_replay_and_a_reused_key_are_answered_from_memory_with_no_statement() 
     assert_eq!(statements(&database).executed.len(), before, "neither asked the database");
 }
 
-/// Answered by another process, whose memory holds nothing of the key, a reused key's `422` and a
-/// replay cost one statement each: the short claim, which finds the finished key's answer.
+/// Answered by another process, whose memory holds nothing of the key, a reused key's `422` (with
+/// another body, or at another endpoint) and a replay cost one statement each: the short claim,
+/// which finds the finished key's answer.
 #[tokio::test]
 async fn a_replay_and_a_reused_key_answered_from_the_database_cost_one_statement_each() {
     record_statements();
@@ -121,16 +122,19 @@ async fn a_replay_and_a_reused_key_answered_from_the_database_cost_one_statement
     let database = app.database.name.clone();
     let key = new_key();
     let first = app.post_payment(&key, &payment_body()).await.bytes().await.unwrap();
+    let payment: serde_json::Value = serde_json::from_slice(&first).unwrap();
     let before = statements(&database).executed.len();
 
     let reused = other.post_payment(&key, &json!({ "amount": 1, "currency": "usd", "source": "tok_visa" })).await;
     assert_eq!(reused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let elsewhere = other.post_refund(&key, &json!({ "payment": payment["id"], "amount": 600 })).await;
+    assert_eq!(elsewhere.status(), StatusCode::UNPROCESSABLE_ENTITY, "a key belongs to its first endpoint");
     let replay = other.post_payment(&key, &payment_body()).await;
     assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
     assert_eq!(replay.bytes().await.unwrap(), first, "byte for byte");
 
     let ran = &statements(&database).executed[before..];
-    assert_eq!(ran.len(), STATEMENTS_PER_AUTHENTICATION + 2, "{ran:#?}");
+    assert_eq!(ran.len(), STATEMENTS_PER_AUTHENTICATION + 3, "{ran:#?}");
 }
 
 #[tokio::test]
