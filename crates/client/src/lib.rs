@@ -17,10 +17,11 @@ use tokio::time::Instant;
 
 use answer::problem_slug;
 pub use answer::{Answer, KeySeen, NoAnswer};
+pub use payments_wire::retry_after::parse_retry_after;
 pub use request::{Endpoint, IdempotentRequest, NewCancel, NewCapture, NewPayment, NewRefund};
 pub use retry::{
     DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS, DEFAULT_MAX_DELAY,
-    MIN_ATTEMPT_TIME, RetryPolicy, parse_retry_after,
+    MIN_ATTEMPT_TIME, RetryPolicy,
 };
 
 /// The header that marks a stored answer replayed for a retry.

@@ -8,7 +8,7 @@
 //! comes back sooner than it was asked to. No attempt starts so close to the deadline that it
 //! could hardly be answered ([`MIN_ATTEMPT_TIME`]).
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rand::Rng;
 
@@ -85,17 +85,6 @@ impl RetryPolicy {
     }
 }
 
-/// A `Retry-After` value: seconds, or an HTTP date (RFC 9110, section 10.2.3). A date in the past
-/// means no wait; anything unreadable is ignored.
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,15 +141,5 @@ mod tests {
         // A deadline shorter than an attempt leaves room for the first attempt only.
         let tiny = RetryPolicy { deadline: Duration::from_secs(1), ..policy };
         assert_eq!(wait(&tiny, 0, None), None);
-    }
-
-    #[test]
-    fn retry_after_is_seconds_or_a_date() {
-        let now = httpdate::parse_http_date("Sun, 22 Nov 2026 10:00:00 GMT").unwrap();
-        assert_eq!(parse_retry_after("2", now), Some(Duration::from_secs(2)));
-        assert_eq!(parse_retry_after("Sun, 22 Nov 2026 10:00:05 GMT", now), Some(Duration::from_secs(5)));
-        assert_eq!(parse_retry_after("Sun, 22 Nov 2026 09:00:00 GMT", now), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after("soon", now), None);
-        assert_eq!(parse_retry_after("-1", now), None);
     }
 }

@@ -128,16 +128,9 @@ pub fn verify(
     }
 }
 
-/// `t` as the signer writes it: decimal digits, with no sign and no leading zero (but `0` itself).
-/// The HMAC covers `t` as written here, so `t=+N` or `t=0N` would be verified against `N`'s
-/// signature: another text than the one the header carries. No sign at all, so no negative `t`
-/// either: a time before 1970 is no gateway's clock.
+/// `t` as the signer writes it ([`crate::canonical_seconds`]).
 fn parse_timestamp(value: &str) -> Result<i64, SignatureError> {
-    let canonical = !value.is_empty()
-        && value.bytes().all(|byte| byte.is_ascii_digit())
-        && (value == "0" || !value.starts_with('0'));
-    // Digits too many for an `i64` do not parse either.
-    canonical.then(|| value.parse::<i64>().ok()).flatten().ok_or(SignatureError::Malformed)
+    crate::canonical_seconds(value).ok_or(SignatureError::Malformed)
 }
 
 #[cfg(test)]

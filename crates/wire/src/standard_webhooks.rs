@@ -173,14 +173,9 @@ pub fn verify<'a>(
     }
 }
 
-/// The timestamp as the signer writes it: decimal digits, with no sign and no leading zero (but
-/// `0` itself). The HMAC covers it as written, so `+N` or `0N` would be verified against `N`'s
-/// signature: another text than the one the header carries.
+/// The timestamp as the signer writes it ([`crate::canonical_seconds`]).
 fn parse_timestamp(value: &str) -> Result<i64, VerifyError> {
-    let canonical = !value.is_empty()
-        && value.bytes().all(|byte| byte.is_ascii_digit())
-        && (value == "0" || !value.starts_with('0'));
-    canonical.then(|| value.parse::<i64>().ok()).flatten().ok_or(VerifyError::BadTimestamp)
+    crate::canonical_seconds(value).ok_or(VerifyError::BadTimestamp)
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use reqwest::Url;
 
-use super::schedule::parse_retry_after;
+use payments_wire::retry_after::parse_retry_after;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 
 /// The most of an answer read: the rest is never taken off the socket.

@@ -3,7 +3,7 @@
 //! back together; never sooner than the receiver's `Retry-After` on a `429` or a `503`, which is
 //! honoured up to an hour. After the schedule's last delay the delivery has failed.
 
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use rand::Rng;
 
@@ -52,17 +52,6 @@ impl Default for RetrySchedule {
     }
 }
 
-/// A `Retry-After` value: whole seconds, or an HTTP date (counted from `now`; a past one is no
-/// wait).
-pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
-    let value = value.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    let at = httpdate::parse_http_date(value).ok()?;
-    Some(at.duration_since(now).unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,16 +94,5 @@ mod tests {
         for bad in ["", "5", "5s,", "0s", "soon", "5s,,5m"] {
             assert!(RetrySchedule::parse(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn retry_after_is_seconds_or_a_date() {
-        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(parse_retry_after(" 120 ", now), Some(Duration::from_secs(120)));
-        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
-        assert_eq!(parse_retry_after(&later, now), Some(Duration::from_secs(30)));
-        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(30));
-        assert_eq!(parse_retry_after(&earlier, now), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after("soon", now), None);
     }
 }
