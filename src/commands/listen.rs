@@ -46,6 +46,7 @@ pub async fn run(args: ListenArgs) -> anyhow::Result<()> {
             Some(heard) = hearing.recv() => match heard {
                 Heard::Event { kind, id } => println!("{kind} {id}"),
                 Heard::Refused(why) => eprintln!("refused a delivery: {why}"),
+                Heard::Unreadable => eprintln!("refused a delivery: its body is larger than an event's, or broke off"),
             },
         }
     }

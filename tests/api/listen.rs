@@ -52,8 +52,9 @@ async fn listen_answers_204_to_a_delivery_signed_under_any_of_its_secrets_and_40
         deliver(&listen.url, "evt_5", now() - 301, &[&new], &event("evt_5")).await,
         deliver(&listen.url, "evt_6", now() + 301, &[&new], &event("evt_6")).await,
         reqwest::Client::new().post(&listen.url).body(event("evt_7")).send().await.unwrap().status(),
+        reqwest::Client::new().post(&listen.url).body(vec![b' '; 2 * 1024 * 1024]).send().await.unwrap().status(),
     ];
-    assert_eq!(refused, [StatusCode::BAD_REQUEST; 4]);
+    assert_eq!(refused, [StatusCode::BAD_REQUEST; 5]);
 
     let mut stdout = listen.stdout.clone();
     let printed = tokio::time::timeout(Duration::from_secs(10), stdout.wait_for(|lines| lines.len() >= 3)).await;

@@ -7,7 +7,7 @@ use std::net::TcpListener;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use actix_web::dev::ServerHandle;
-use actix_web::web::{Bytes, Data, PayloadConfig};
+use actix_web::web::{Data, Payload};
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -31,6 +31,8 @@ pub enum Heard {
         id: String,
     },
     Refused(VerifyError),
+    /// A body larger than a delivery's, or one that broke off: refused unread.
+    Unreadable,
 }
 
 /// A running receiver.
@@ -48,16 +50,12 @@ impl Receiver {
     ) -> std::io::Result<Receiver> {
         let url = format!("http://{}", listener.local_addr()?);
         let state = Data::new(State { secrets, heard });
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(state.clone())
-                .app_data(PayloadConfig::new(MAX_BODY))
-                .default_service(actix_web::web::to(receive))
-        })
-        .listen(listener)?
-        .workers(1)
-        .disable_signals()
-        .run();
+        let server =
+            HttpServer::new(move || App::new().app_data(state.clone()).default_service(actix_web::web::to(receive)))
+                .listen(listener)?
+                .workers(1)
+                .disable_signals()
+                .run();
         let handle = server.handle();
         tokio::spawn(server);
         Ok(Receiver { url, handle })
@@ -80,7 +78,12 @@ struct Event {
     kind: String,
 }
 
-async fn receive(state: Data<State>, request: HttpRequest, body: Bytes) -> HttpResponse {
+async fn receive(state: Data<State>, request: HttpRequest, payload: Payload) -> HttpResponse {
+    // Read here, not by an extractor, so that a body too large is a `400` like every other refusal.
+    let Ok(Ok(body)) = payload.to_bytes_limited(MAX_BODY).await else {
+        let _ = state.heard.send(Heard::Unreadable);
+        return HttpResponse::BadRequest().content_type("text/plain").body("the body is larger than an event's\n");
+    };
     let header = |name: &str| request.headers().get(name).and_then(|value| value.to_str().ok());
     let delivery = Delivery {
         id: header(ID_HEADER),
