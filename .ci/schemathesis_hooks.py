@@ -10,7 +10,10 @@ links of openapi.yaml hand its id from one answer to the next request): `payment
 Each with its own problem type. A capture or a cancel may answer a schema-valid request 400 only
 against a payment this run made: `payment-not-capturable` or `payment-not-cancelable`, or
 `capture-exceeds-authorization` for more than the `capturable` it names. POST /webhooks/gateway may answer 400 only `invalid-signature`: the
-fuzzer does not hold the gateway's secret, so no event it sends is signed.
+fuzzer does not hold the gateway's secret, so no event it sends is signed. A webhook endpoint's create
+or update may answer a schema-valid body 400 only for its URL (`invalid-webhook-url`,
+`webhook-url-not-allowed`) or `*` beside other types (`invalid-request`); a rotation's 404 is stored
+under its key; a recovery's 400 only for an `until` before `since`.
 """
 
 import json
@@ -25,7 +28,11 @@ MAX_BODY_BYTES = 16 * 1024
 PROBLEMS = "https://payments.example/problems/"
 # The endpoints whose requests claim keys.
 CHANGES = {"/v1/payments/{id}/capture", "/v1/payments/{id}/cancel"}
-KEYED = {"/v1/payments", "/v1/refunds"} | CHANGES
+ENDPOINTS = "/v1/webhook_endpoints"
+ROTATE = "/v1/webhook_endpoints/{id}/rotate_secret"
+KEYED = {"/v1/payments", "/v1/refunds", ENDPOINTS, ROTATE} | CHANGES
+# A webhook endpoint's refusals of a schema-valid body: what the schema cannot judge.
+URL_REFUSALS = {"invalid-webhook-url", "webhook-url-not-allowed"}
 # Answers that mean this request claimed its key (and so bound the key to its endpoint and body).
 CLAIMING_STATUSES = {200, 201, 402, 502, 503}
 # A refund's, a capture's and a cancel's refusals, decided against the payment once the request
@@ -85,6 +92,19 @@ def tolerated_answers_have_their_cause(ctx, response, case):
         kind = str((answer if isinstance(answer, dict) else {}).get("type", "")).removeprefix(PROBLEMS)
         assert kind == "invalid-signature", f"an unsigned event refused as {kind}: {answer}"
         return None
+    if (case.method.upper() == "POST" and case.path == ENDPOINTS + "/{id}" and response.status_code == 400
+            and _is_positive(case)):
+        _check_endpoint_refusal(answer, _json(response.request.body))
+        return None
+    if case.method.upper() == "POST" and case.path == ENDPOINTS + "/{id}/recover" and response.status_code == 400:
+        body = _json(response.request.body)
+        kind = str((answer if isinstance(answer, dict) else {}).get("type", "")).removeprefix(PROBLEMS)
+        if _is_positive(case):
+            since, until = (body.get("since"), body.get("until")) if isinstance(body, dict) else (None, None)
+            numbers = all(isinstance(n, (int, float)) for n in (since, until))
+            assert kind == "invalid-request" and numbers and until < since, \
+                f"a recovery refused as {kind}: {answer}"
+        return None
     if case.method.upper() != "POST" or case.path not in KEYED:
         return None
     status, request, path = response.status_code, response.request, case.path
@@ -94,7 +114,8 @@ def tolerated_answers_have_their_cause(ctx, response, case):
     key = _key(request.headers.get("Idempotency-Key", ""))
     # The request as its key holds it: the path as sent (a capture's names its payment), and the body.
     sent = urlparse(request.url).path
-    refused = (path == "/v1/refunds" and kind in REFUSALS) or (path in CHANGES and kind in CHANGE_REFUSALS)
+    refused = ((path == "/v1/refunds" and kind in REFUSALS) or (path in CHANGES and kind in CHANGE_REFUSALS)
+               or (path == ROTATE and kind == "webhook-endpoint-not-found"))
     with _lock:
         earlier = _claimed.setdefault(key, [])
         reused = any(claimed != (sent, body) for claimed in earlier)
@@ -123,6 +144,9 @@ def tolerated_answers_have_their_cause(ctx, response, case):
             causes[400] = (kind, known_payment)
         else:
             causes[400] = ("a refusal", False)
+    elif path == ENDPOINTS and _is_positive(case) and status == 400:
+        _check_endpoint_refusal(answer, body)
+        return None
     elif _is_positive(case) and status == 400:
         # A schema-valid refund refused: only against a payment this run made, for what it was then.
         if kind == "refund-exceeds-payment":
@@ -141,3 +165,15 @@ def tolerated_answers_have_their_cause(ctx, response, case):
         assert kind == expected, f"{status} is not {expected}: {problem}"
     assert has_cause, f"{status} {expected} without its cause (key {key!r}, {len(request.body or b'')} bytes): {problem}"
     return None
+
+
+def _check_endpoint_refusal(answer, body):
+    """A schema-valid webhook endpoint (or update) refused 400: only for what the schema cannot
+    judge: its URL (one the parser refuses, or at an address the service never sends to), or `*`
+    beside other event types."""
+    kind = str((answer if isinstance(answer, dict) else {}).get("type", "")).removeprefix(PROBLEMS)
+    events = body.get("enabled_events") if isinstance(body, dict) else None
+    every_beside_others = isinstance(events, list) and "*" in events and any(e != "*" for e in events)
+    sent_url = isinstance(body, dict) and "url" in body
+    assert (kind in URL_REFUSALS and sent_url) or (kind == "invalid-request" and every_beside_others), \
+        f"a webhook endpoint refused as {kind}: {answer}"

@@ -16,6 +16,7 @@ use payments_service::metrics;
 use payments_service::postgres::embedded::{EmbeddedDatabase, Sharing};
 use payments_service::startup::{Application, LISTENING, bind_usual_or_free, exit_on_second_signal, shutdown_signal};
 use payments_service::state::AppState;
+use payments_service::webhooks::network::AllowedNetworks;
 use payments_service::workers::Workers;
 use tokio::sync::watch;
 
@@ -69,6 +70,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(_) => advertise_gateway(&args.database.data_dir, &gateway_url)?,
         None => refuse_a_role_that_cannot_write(&database_url).await?,
     }
+    // Embedded mode runs on one machine, where a receiver to try webhooks on is on loopback.
+    if embedded.is_some() && args.protocol.webhook_allowed_networks.is_none() {
+        settings.webhook_networks = AllowedNetworks::loopback();
+    }
     let state = Arc::new(AppState::new(
         db::pool(&database_url, POOL_SIZE),
         routing(&args.database, &database_url, POOL_SIZE),
@@ -108,7 +113,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     println!(
         "workers: {}",
-        if workers.is_some() { "completer, reaper, outbox, settler, lapser, analyzer" } else { "none (--no-workers)" }
+        if workers.is_some() {
+            "completer, reaper, outbox, webhooks, settler, lapser, analyzer"
+        } else {
+            "none (--no-workers)"
+        }
     );
     if let Some(embedded) = &embedded {
         let socket = EmbeddedDatabase::socket_dir(&args.database.data_dir);

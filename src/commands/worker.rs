@@ -50,7 +50,9 @@ pub async fn run(args: WorkerCommandArgs) -> anyhow::Result<()> {
     let metrics = metrics.map(|listener| listener.serve(state.clone())).transpose()?;
     let (stop, stopped) = watch::channel(false);
     let mut running = tokio::spawn(Workers::new(state, &args.workers.settings())?.run(stopped));
-    println!("{WORKER_RUNNING} (completer, reaper, outbox, settler; gateway {gateway_url})");
+    println!(
+        "{WORKER_RUNNING} (completer, reaper, outbox, webhooks, settler, lapser, analyzer; gateway {gateway_url})"
+    );
 
     tokio::select! {
         signal = stop_requested => tracing::info!(signal, "stopping: workers finish what they are on"),

@@ -46,7 +46,7 @@ async fn a_payment_made_with_capture_false_is_authorized_and_waits_for_its_captu
     let id = payment["id"].as_str().unwrap();
     assert!(app.database_says(&format!("EXISTS (SELECT FROM open_authorizations WHERE payment_id = '{id}')")).await);
     let staged = format!(
-        "(SELECT job_name = 'payment.authorized' FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+        "(SELECT event_type = 'payment.authorized' FROM events WHERE body -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
     assert!(app.database_says(&staged).await, "its event: payment.authorized");
 
@@ -322,8 +322,8 @@ async fn a_capture_or_cancel_made_by_its_run_is_recorded_and_finished_at_once() 
             "(SELECT array_agg(action::text ORDER BY id) = ARRAY['payment.{kind}_started', 'payment.{kind}_recorded', \
                                                           'payment.{kind}_finished']
               FROM audit_records WHERE resource_type = 'payment_change')
-             AND EXISTS (SELECT FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}'
-                         AND job_name = 'payment.{}')",
+             AND EXISTS (SELECT FROM events WHERE body -> 'data' -> 'object' ->> 'id' = '{id}'
+                         AND event_type = 'payment.{}')",
             if kind == "capture" { "captured" } else { "canceled" }
         );
         assert!(TestApp::database_says_on(&mut conn, &trail).await, "{kind}: recorded, finished and announced");
@@ -511,8 +511,8 @@ async fn a_capture_refused_because_the_gateway_cancelled_the_authorization_leave
         app.database_says(&format!("NOT EXISTS (SELECT FROM open_authorizations WHERE payment_id = '{id}')")).await
     );
     let staged = format!(
-        "EXISTS (SELECT FROM staged_jobs WHERE job_name = 'payment.canceled' \
-         AND job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+        "EXISTS (SELECT FROM events WHERE event_type = 'payment.canceled' \
+         AND body -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
     assert!(app.database_says(&staged).await, "its event: payment.canceled");
     // A cancel now is refused, naming the payment as it stands; nothing more at the gateway.
@@ -549,8 +549,8 @@ async fn a_capture_whose_charge_the_gateway_captured_for_another_amount_is_refus
         "{refused}"
     );
     let staged = format!(
-        "EXISTS (SELECT FROM staged_jobs WHERE job_name = 'payment.captured' \
-         AND job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+        "EXISTS (SELECT FROM events WHERE event_type = 'payment.captured' \
+         AND body -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
     assert!(app.database_says(&staged).await, "its event: payment.captured");
     assert!(
@@ -764,8 +764,8 @@ async fn an_authorization_that_lapsed_before_its_key_finished_is_announced_as_au
     let retried = app.post_payment(&key, &body).await;
     assert_eq!(retried.status(), StatusCode::CREATED);
     let staged = format!(
-        "(SELECT array_agg(job_name) = '{{payment.authorized}}' FROM staged_jobs \
-         WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+        "(SELECT array_agg(event_type) = '{{payment.authorized}}' FROM events \
+         WHERE body -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
     assert!(app.database_says(&staged).await, "announced as authorized, never as failed");
 }

@@ -134,7 +134,7 @@ impl TwoServers {
         }
         let mut conn = AsyncPgConnection::establish(&self.database.url).await.unwrap();
         let mut tables = Vec::new();
-        for table in ["payments", "refunds", "audit_records", "staged_jobs", "idempotency_keys"] {
+        for table in ["payments", "refunds", "audit_records", "events", "idempotency_keys"] {
             let rows: Vec<Row> = diesel::sql_query(format!("SELECT t::text AS row FROM {table} t ORDER BY 1"))
                 .load(&mut conn)
                 .await

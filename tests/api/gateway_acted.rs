@@ -122,8 +122,8 @@ impl Lost {
     /// The events staged for the payment, by type, in order.
     async fn events(&self, payment_id: &str) -> Vec<String> {
         self.value(&format!(
-            "SELECT coalesce(jsonb_agg(job_name ORDER BY id), '[]') FROM staged_jobs \
-             WHERE job_args -> 'data' -> 'object' ->> 'id' = '{payment_id}'"
+            "SELECT coalesce(jsonb_agg(event_type ORDER BY id), '[]') FROM events \
+             WHERE body -> 'data' -> 'object' ->> 'id' = '{payment_id}'"
         ))
         .await
     }
@@ -222,7 +222,7 @@ async fn an_authorization_the_gateway_captured_at_once_is_recorded_captured() {
     assert_eq!((&payment["amount_captured"], &payment["capture_method"]), (&json!(1000), &json!("manual")));
     let id = payment["id"].as_str().unwrap();
     let staged = format!(
-        "(SELECT array_agg(job_name) = '{{payment.captured}}' FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+        "(SELECT array_agg(event_type) = '{{payment.captured}}' FROM events WHERE body -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
     assert!(app.database_says(&staged).await, "its event: payment.captured");
 }
@@ -245,7 +245,7 @@ async fn a_charge_the_gateway_only_authorized_is_recorded_as_the_authorization_i
     let id = payment["id"].as_str().unwrap();
     assert!(app.database_says(&format!("EXISTS (SELECT FROM open_authorizations WHERE payment_id = '{id}')")).await);
     let staged = format!(
-        "(SELECT array_agg(job_name) = '{{payment.authorized}}' FROM staged_jobs WHERE job_args -> 'data' -> 'object' ->> 'id' = '{id}')"
+        "(SELECT array_agg(event_type) = '{{payment.authorized}}' FROM events WHERE body -> 'data' -> 'object' ->> 'id' = '{id}')"
     );
     assert!(app.database_says(&staged).await, "its event: payment.authorized");
 }

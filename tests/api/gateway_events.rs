@@ -386,7 +386,7 @@ pub async fn fifty_times_at_once_over_two_servers(database: TestDatabase) {
     for (sql, expected) in [
         ("SELECT count(*) AS n FROM gateway_events", 1),
         ("SELECT count(*) AS n FROM audit_records WHERE action = 'refund.settled'", 1),
-        ("SELECT count(*) AS n FROM staged_jobs WHERE job_name = 'refund.succeeded'", 1),
+        ("SELECT count(*) AS n FROM events WHERE event_type = 'refund.succeeded'", 1),
         ("SELECT amount_refunded AS n FROM payments", 600),
     ] {
         assert_eq!(diesel::sql_query(sql).get_result::<Count>(&mut conn).await.unwrap().n, expected, "{sql}");
@@ -482,7 +482,7 @@ async fn a_refund_event_before_its_key_finishes_makes_the_refund_due_for_the_set
     // refund up, records it alone, and the key stays at `refund_created`, `pending` recorded.
     let mut holder = app.db().await;
     for point in ["started", "refund_created"] {
-        holder.batch_execute("BEGIN; LOCK TABLE staged_jobs IN EXCLUSIVE MODE").await.unwrap();
+        holder.batch_execute("BEGIN; LOCK TABLE events IN EXCLUSIVE MODE").await.unwrap();
         assert_eq!(app.post_refund(&key, &body).await.status(), StatusCode::SERVICE_UNAVAILABLE);
         holder.batch_execute("ROLLBACK").await.unwrap();
         assert_eq!(app.key_row(&key).await.unwrap().recovery_point, point);

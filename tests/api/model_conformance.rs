@@ -762,7 +762,9 @@ async fn claim_where(app: &TestApp, found: Found, reaped: bool) -> Claim {
         }
     }
     let lease = Duration::from_secs(60);
-    match claim::<TestWrites, KeyRowId>(&mut app.db().await, app.routing(), &new, lease, None).await.expect("the claim")
+    match claim::<TestWrites, KeyRowId>(&mut app.db().await, app.routing(), &new, lease, None, None)
+        .await
+        .expect("the claim")
     {
         Claimed::Mismatch => Claim::Mismatch,
         Claimed::Replay { .. } => Claim::Replay,
@@ -777,6 +779,7 @@ async fn claim_where(app: &TestApp, found: Found, reaped: bool) -> Claim {
             );
             Claim::Resume { taken_over: app.database_says(&taken_over).await }
         }
+        Claimed::Answered { .. } => unreachable!("a claim given no answer finishes no key"),
     }
 }
 

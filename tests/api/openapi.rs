@@ -165,6 +165,7 @@ async fn a_request_field_takes_null_only_where_the_spec_says_it_is_nullable() {
     let app = TestApp::spawn().await;
     let spec = spec();
     let mut tried = 0;
+    let endpoint = json!({ "url": "http://127.0.0.1:9/hooks", "enabled_events": ["*"] });
     for (path, item) in spec["paths"].as_hash().expect("paths") {
         let path = path.as_str().unwrap();
         let Some(body) = item["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"].as_str() else {
@@ -199,11 +200,24 @@ async fn a_request_field_takes_null_only_where_the_spec_says_it_is_nullable() {
                 "CreatePayment" => (payment_body(), StatusCode::CREATED),
                 "CreateRefund" => (json!({ "payment": payment["id"] }), StatusCode::CREATED),
                 "CapturePayment" | "CancelPayment" => (json!({}), StatusCode::OK),
+                "CreateWebhookEndpoint" => (endpoint.clone(), StatusCode::CREATED),
+                "UpdateWebhookEndpoint" => (json!({ "status": "enabled" }), StatusCode::OK),
+                "RotateWebhookSecret" => (json!({}), StatusCode::OK),
                 other => panic!("no smallest valid body for the request schema {other}: add one here"),
             };
             sent[field] = Value::Null;
             let key = new_key();
-            let path = path.replace("{id}", payment["id"].as_str().unwrap());
+            // The resource the path names: a webhook endpoint's, or the payment.
+            let named = match path.starts_with("/v1/webhook_endpoints/") {
+                true => {
+                    let url = format!("{}/v1/webhook_endpoints", app.address);
+                    let made = app.http.post(url).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+                    let made: Value = made.json(&endpoint).send().await.unwrap().json().await.unwrap();
+                    made["id"].as_str().unwrap().to_owned()
+                }
+                false => payment["id"].as_str().unwrap().to_owned(),
+            };
+            let path = path.replace("{id}", &named);
             let response = app
                 .http
                 .post(format!("{}{path}", app.address))
@@ -232,8 +246,9 @@ async fn a_request_field_takes_null_only_where_the_spec_says_it_is_nullable() {
         }
     }
     // The payment's description, metadata and capture, the refund's amount, reason and metadata,
-    // the capture's amount and the cancel's reason.
-    assert!(tried >= 8, "only {tried} optional request fields found in the spec");
+    // the capture's amount and the cancel's reason; a webhook endpoint's description, what an
+    // update may change, and a rotation's `expires_in`.
+    assert!(tried >= 14, "only {tried} optional request fields found in the spec");
 }
 
 /// Every point a key may stand at: `started`, each registered endpoint's own, in the registry's

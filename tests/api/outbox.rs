@@ -1,6 +1,6 @@
-//! Events of finished payments leave the outbox at least once: delivered to the webhook with a
-//! stable id (exactly once in normal operation), re-sent with the same id after a crash, and
-//! dead-lettered when the receiver keeps failing.
+//! Events of finished payments reach the operator's sink at least once: fanned out once, delivered
+//! to the webhook with a stable id (exactly once in normal operation), re-sent with the same id
+//! after a crash, and dead-lettered when the receiver keeps failing; and kept, all the while.
 
 use std::time::Duration;
 
@@ -32,15 +32,26 @@ async fn app_delivering_to(receiver: &MockServer, max_attempts: u32) -> TestApp 
         .await
 }
 
-/// Stages `count` due events, as finished payments would.
+/// Stages `count` events, as finished payments would.
 async fn stage_events(app: &TestApp, count: u32) {
     app.run_sql(&format!(
-        "INSERT INTO staged_jobs (account_id, job_name, job_args)
-         SELECT '{}', 'payment.succeeded', jsonb_build_object('id', gen_random_uuid(), 'type', 'payment.succeeded')
-         FROM generate_series(1, {count})",
+        "INSERT INTO events (account_id, id, event_type, body)
+         SELECT '{}', id, 'payment.succeeded', jsonb_build_object('id', 'evt_' || replace(id::text, '-', ''), 'type', 'payment.succeeded')
+         FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, {count})) new",
         app.account_id
     ))
     .await;
+}
+
+/// Events not yet delivered to the sink: waiting for the fan-out, or in the sink's queue (dead
+/// letters included).
+async fn undelivered(app: &TestApp) -> i64 {
+    diesel::select(diesel::dsl::sql::<diesel::sql_types::BigInt>(
+        "(SELECT count(*) FROM events WHERE fanned_out_at IS NULL) + (SELECT count(*) FROM staged_jobs)",
+    ))
+    .get_result(&mut app.db().await)
+    .await
+    .unwrap()
 }
 
 async fn audited(app: &TestApp, action: &str) -> i64 {
@@ -71,7 +82,8 @@ async fn each_event_is_delivered_once_with_its_id_as_the_idempotency_key() {
         assert_eq!(delivery.headers["idempotency-key"], event["id"].as_str().unwrap());
         assert_eq!(delivery.headers["content-type"], "application/json");
     }
-    assert_eq!(app.row_counts().await.3, 0, "delivered events leave the outbox");
+    assert_eq!(undelivered(&app).await, 0, "delivered events leave the sink's queue");
+    assert_eq!(app.row_counts().await.3, 2, "and are kept");
     assert_eq!(audited(&app, "event.delivered").await, 2);
     assert_eq!(outbox.run_once().await.unwrap(), Outcome::Idle);
     assert_eq!(receiver.received_requests().await.unwrap().len(), 2, "nothing is delivered twice");
@@ -84,7 +96,7 @@ async fn without_a_webhook_events_are_logged_and_cleared() {
 
     assert_eq!(app.workers().outbox.run_once().await.unwrap(), Outcome::Worked);
 
-    assert_eq!(app.row_counts().await.3, 0);
+    assert_eq!(undelivered(&app).await, 0);
     assert_eq!(audited(&app, "event.delivered").await, 1);
 }
 
@@ -126,7 +138,7 @@ async fn a_receiver_that_keeps_failing_gets_the_event_dead_lettered() {
     let redelivered = receiver.received_requests().await.unwrap();
     assert_eq!(redelivered.len(), 1);
     assert_eq!(redelivered[0].headers["idempotency-key"], attempts[0].headers["idempotency-key"], "the same event");
-    assert_eq!(app.row_counts().await.3, 0);
+    assert_eq!(undelivered(&app).await, 0);
 }
 
 #[tokio::test]
@@ -173,7 +185,7 @@ async fn a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again_with_the
     .await;
     worker.signal(nix::sys::signal::Signal::SIGKILL);
     worker.exited().await;
-    assert_eq!(app.row_counts().await.3, 1, "the event is still staged");
+    assert_eq!(undelivered(&app).await, 1, "the event is still queued");
 
     // Its lease runs out (here: made to run out), and another worker delivers it again.
     app.run_sql("UPDATE staged_jobs SET leased_until = now()").await;
@@ -183,7 +195,7 @@ async fn a_worker_killed_mid_delivery_leaves_the_event_to_be_sent_again_with_the
     assert_eq!(deliveries.len(), 2);
     assert_eq!(deliveries[0].headers["idempotency-key"], deliveries[1].headers["idempotency-key"]);
     assert_eq!(deliveries[0].body, deliveries[1].body, "the same event, byte for byte");
-    assert_eq!(app.row_counts().await.3, 0);
+    assert_eq!(undelivered(&app).await, 0);
 }
 
 #[tokio::test]
@@ -203,7 +215,7 @@ async fn a_receiver_that_redirects_has_not_received_the_event() {
 
     let requests = receiver.received_requests().await.unwrap();
     assert_eq!(requests.len(), 1, "the redirect is not followed");
-    assert_eq!(app.row_counts().await.3, 1, "the event stays in the outbox");
+    assert_eq!(undelivered(&app).await, 1, "the event stays in the sink's queue");
     assert_eq!(audited(&app, "event.delivery_failed").await, 1);
 }
 
@@ -216,7 +228,7 @@ async fn events_are_leased_delivered_and_settled_in_batches() {
 
     assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
     assert_eq!(receiver.received_requests().await.unwrap().len(), 50, "a batch of 50 in one run");
-    assert_eq!(app.row_counts().await.3, 10, "the delivered ones settled together");
+    assert_eq!(undelivered(&app).await, 10, "the delivered ones settled together");
     assert_eq!(outbox.run_once().await.unwrap(), Outcome::Worked);
     assert_eq!(outbox.run_once().await.unwrap(), Outcome::Idle);
 
@@ -235,7 +247,13 @@ async fn a_batch_is_leased_without_reading_the_whole_backlog() {
     // A backlog the planner does not know about: the statistics say the queue is empty, as a
     // queue's statistics mostly do.
     app.run_sql("ANALYZE staged_jobs").await;
-    stage_events(&app, 5000).await;
+    app.run_sql(&format!(
+        "INSERT INTO staged_jobs (account_id, job_name, job_args)
+         SELECT '{}', 'payment.succeeded', jsonb_build_object('id', gen_random_uuid(), 'type', 'payment.succeeded')
+         FROM generate_series(1, 5000)",
+        app.account_id
+    ))
+    .await;
 
     // One transaction around the lease (which runs as a nested one) and the count of what it read.
     let mut conn = app.db().await;

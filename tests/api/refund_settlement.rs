@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use diesel::prelude::*;
 use diesel::sql_types::Timestamptz;
 use diesel_async::RunQueryDsl;
-use payments_service::db::schema::{audit_records, payments as payments_table, refunds, staged_jobs};
+use payments_service::db::schema::{audit_records, events, payments as payments_table, refunds};
 use payments_service::metrics::SettlerOutcome;
 use payments_service::workers::{Outcome, Settler, Worker};
 use reqwest::StatusCode;
@@ -77,12 +77,7 @@ async fn totals(app: &TestApp, payment: &Value) -> (i64, i64) {
 
 /// The events of type `name` staged so far.
 async fn events(app: &TestApp, name: &str) -> Vec<Value> {
-    staged_jobs::table
-        .filter(staged_jobs::job_name.eq(name))
-        .select(staged_jobs::job_args)
-        .load(&mut app.db().await)
-        .await
-        .unwrap()
+    events::table.filter(events::event_type.eq(name)).select(events::body).load(&mut app.db().await).await.unwrap()
 }
 
 /// The actors of the audit records of `action`.

@@ -317,7 +317,7 @@ async fn a_refund_the_gateway_refuses_is_a_stored_502_and_gives_the_amount_back(
         ))
         .await
     );
-    assert!(app.database_says("SELECT count(*) = 1 FROM staged_jobs WHERE job_name = 'refund.failed'").await);
+    assert!(app.database_says("SELECT count(*) = 1 FROM events WHERE event_type = 'refund.failed'").await);
     assert_eq!(app.post_refund(&key, &body).await.headers()["Idempotent-Replayed"], "true");
 }
 
@@ -333,7 +333,7 @@ async fn a_payments_refunds_are_listed_newest_first_a_page_at_a_time() {
         made.push(refund["id"].as_str().unwrap().to_owned());
     }
     assert!(
-        app.database_says("SELECT count(*) = 3 FROM staged_jobs WHERE job_name = 'refund.succeeded'").await,
+        app.database_says("SELECT count(*) = 3 FROM events WHERE event_type = 'refund.succeeded'").await,
         "one event each"
     );
 

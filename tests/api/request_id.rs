@@ -132,6 +132,19 @@ async fn every_problem_carries_its_request_id() {
     expect(problem_slug(app.get("/v1/refunds/not-a-uuid").await).await, "refund-not-found");
     expect(problem_slug(app.post_event(b"{}", None).await).await, "invalid-signature");
 
+    // Events' and webhook endpoints' own.
+    expect(problem_slug(app.get("/v1/events/evt_nothing").await).await, "event-not-found");
+    expect(problem_slug(app.get("/v1/events?type=payment.paid").await).await, "unknown-event-type");
+    expect(problem_slug(app.get("/v1/webhook_endpoints/we_nothing").await).await, "webhook-endpoint-not-found");
+    let endpoint = |body: Value| {
+        let url = format!("{}/v1/webhook_endpoints", app.address);
+        let request = app.http.post(url).bearer_auth(&app.api_key).header("Idempotency-Key", new_key());
+        async move { problem_slug(request.json(&body).send().await.unwrap()).await }
+    };
+    expect(endpoint(json!({ "url": "ftp://shop.example/", "enabled_events": ["*"] })).await, "invalid-webhook-url");
+    let not_allowed = json!({ "url": "http://127.0.0.2/", "enabled_events": ["*"] });
+    expect(endpoint(not_allowed).await, "webhook-url-not-allowed");
+
     // Captures' and cancels' own.
     let change = |id: &str, action: &str, body: Value| {
         let url = format!("{}/v1/payments/{id}/{action}", app.address);

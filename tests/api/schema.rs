@@ -58,6 +58,7 @@ fn declared_columns() -> Vec<Column> {
                 "Int2" | "Int4" | "Int8" | "Uuid" | "Text" | "Bytea" | "Jsonb" | "Timestamptz" | "Bool" => {
                     sql_type.to_lowercase()
                 }
+                "Array<Nullable<Text>>" => "_text".to_owned(),
                 other => panic!("schema.rs: an SQL type this test does not know: {other}"),
             };
             declared.push(Column { table_name: table.to_owned(), column_name: column.to_owned(), udt_name, nullable });

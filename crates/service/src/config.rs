@@ -18,13 +18,17 @@
 //! | `PAYMENTS_FAULT_INJECTION` | off | `1` honours the `X-Fault-Inject` header (tests only) |
 //! | `PAYMENTS_GATEWAY_WEBHOOK_SECRETS` | unset: events refused (embedded mode makes its own) | the secrets the gateway's events are signed with, comma-separated |
 //! | `PAYMENTS_GATEWAY_WEBHOOK_TOLERANCE_SECS` | `300` | how far an event's signed time may be from this clock, either way |
+//! | `PAYMENTS_WEBHOOK_ALLOWED_NETWORKS` | embedded mode: `127.0.0.0/8,::1/128`; else none | internal networks (CIDRs) webhooks may reach |
 //! | `PAYMENTS_WORKER_INTERVAL_MS` | `1000` | how often an idle worker looks for work (jittered) |
 //! | `PAYMENTS_COMPLETER_BACKOFF_MS` | `5000` | the completer's first wait before re-driving a key; doubles per attempt |
 //! | `PAYMENTS_COMPLETER_MAX_ATTEMPTS` | `8` | completer attempts after which a key needs attention |
 //! | `PAYMENTS_WEBHOOK_URL` | unset: log events | where finished payments' events are POSTed |
-//! | `PAYMENTS_WEBHOOK_TIMEOUT_MS` | `10000` | timeout of one event delivery |
+//! | `PAYMENTS_WEBHOOK_TIMEOUT_MS` | `15000` | timeout of one event delivery (to an endpoint, or the sink) |
 //! | `PAYMENTS_WEBHOOK_BACKOFF_MS` | `1000` | first wait before redelivering a failed event; doubles per attempt |
 //! | `PAYMENTS_WEBHOOK_MAX_ATTEMPTS` | `10` | delivery attempts after which an event is dead-lettered |
+//! | `PAYMENTS_EVENT_RETENTION_DAYS` | `30` | the reaper deletes events (`GET /v1/events`) older than this |
+//! | `PAYMENTS_WEBHOOK_RETRY_SCHEDULE` | `5s,5m,30m,2h,5h,10h,10h` | waits between attempts to deliver an event to an endpoint |
+//! | `PAYMENTS_WEBHOOK_DISABLE_AFTER_SECS` | `432000` (5 days) | an endpoint failing this long is disabled |
 //! | `PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS` | `2160` (90 days) | the reaper deletes per-account request counts older than this |
 //! | `PAYMENTS_SETTLER_BACKOFF_MS` | `15000` | the settler's wait after looking up a pending refund the first time; doubles per look-up |
 //! | `PAYMENTS_SETTLER_MAX_BACKOFF_MS` | `3600000` (an hour) | the settler's longest wait between two look-ups of a pending refund |
@@ -43,6 +47,8 @@ use clap::Args;
 use crate::db;
 use crate::gateway::signature::WebhookSecret;
 use crate::idempotency::{LEASE_MARGIN, MAX_PHASE_ATTEMPTS};
+use crate::webhooks::network::{AllowedNetworks, Guard};
+use crate::webhooks::schedule::{DEFAULT_RETRY_SCHEDULE, RetrySchedule};
 use reqwest::Url;
 
 pub const DEFAULT_DATA_DIR: &str = "./.payments";
@@ -76,13 +82,19 @@ pub const DEFAULT_COMPLETER_BACKOFF_MS: u64 = 5_000;
 /// ... + 640 s): long enough to ride out a gateway outage, short enough that an operator hears
 /// about a stuck payment the same hour.
 pub const DEFAULT_COMPLETER_MAX_ATTEMPTS: u32 = 8;
-pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+pub const DEFAULT_WEBHOOK_TIMEOUT_MS: u64 = 15_000;
 pub const DEFAULT_WEBHOOK_BACKOFF_MS: u64 = 1_000;
 /// Ten attempts with a doubling backoff span about seventeen minutes.
 pub const DEFAULT_WEBHOOK_MAX_ATTEMPTS: u32 = 10;
 /// Ninety days: `payments stats` can compare a client's retries this month with the two before,
 /// and the table holds at most 2,160 rows per account (one per hour it sent requests in).
 pub const DEFAULT_REQUEST_COUNTS_RETENTION_HOURS: u32 = 2_160;
+/// A month, like Stripe's events: time to page through them, and to send failed deliveries again.
+pub const DEFAULT_EVENT_RETENTION_DAYS: u32 = 30;
+/// Five days: an endpoint that has answered nothing good for that long is gone, or forgotten.
+pub const DEFAULT_WEBHOOK_DISABLE_AFTER_SECS: u64 = 432_000;
+/// Ten years: far past any use, and far from overflowing a timestamp.
+const MAX_EVENT_RETENTION_DAYS: i64 = 3_650;
 /// Longer than a look-up can take with the default gateway timeout (10 s, plus 2.5 s for the lease's
 /// statement), so the backoff, not the lease, decides when a refund is next looked up; short
 /// enough that a refund that settles within seconds, as the mock's do (2 s), is seen settled by the
@@ -141,6 +153,11 @@ pub struct StatsArgs {
 /// them as [`WebhookSecret`]s, which never show).
 #[derive(Clone, Args)]
 pub struct ProtocolArgs {
+    /// Internal networks (comma-separated CIDRs) that webhooks may reach; every other loopback,
+    /// private, shared, link-local, unspecified, multicast or broadcast address is refused.
+    /// Unset: none, but in embedded mode, where it is loopback (`127.0.0.0/8,::1/128`).
+    #[arg(long, env = "PAYMENTS_WEBHOOK_ALLOWED_NETWORKS")]
+    pub webhook_allowed_networks: Option<String>,
     /// Age in milliseconds after which a key's lock is stale and another request may take it over.
     #[arg(long, env = "PAYMENTS_LOCK_TIMEOUT_MS", default_value_t = DEFAULT_LOCK_TIMEOUT_MS)]
     pub lock_timeout_ms: u64,
@@ -198,6 +215,19 @@ pub struct WorkerArgs {
     #[arg(long, env = "PAYMENTS_WEBHOOK_MAX_ATTEMPTS", default_value_t = DEFAULT_WEBHOOK_MAX_ATTEMPTS,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub webhook_max_attempts: u32,
+    /// The waits between attempts to deliver an event to a merchant's endpoint (comma-separated
+    /// durations): one attempt, then one after each wait, each within 20 % either way.
+    #[arg(long, env = "PAYMENTS_WEBHOOK_RETRY_SCHEDULE", default_value = DEFAULT_RETRY_SCHEDULE,
+          value_parser = RetrySchedule::parse)]
+    pub webhook_retry_schedule: RetrySchedule,
+    /// Seconds an endpoint may answer no 2xx while its deliveries keep failing before it is
+    /// disabled (`failing`).
+    #[arg(long, env = "PAYMENTS_WEBHOOK_DISABLE_AFTER_SECS", default_value_t = DEFAULT_WEBHOOK_DISABLE_AFTER_SECS)]
+    pub webhook_disable_after_secs: u64,
+    /// Days the events (`GET /v1/events`) are kept; the reaper deletes older ones.
+    #[arg(long, env = "PAYMENTS_EVENT_RETENTION_DAYS", default_value_t = DEFAULT_EVENT_RETENTION_DAYS,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_EVENT_RETENTION_DAYS))]
+    pub event_retention_days: u32,
     /// Hours the per-account request counts (`payments stats`) are kept; the reaper deletes older
     /// ones, so `payments stats --hours N` sees nothing older than this. At most a hundred years.
     #[arg(long, env = "PAYMENTS_REQUEST_COUNTS_RETENTION_HOURS",
@@ -344,6 +374,9 @@ pub struct CreateAccountArgs {
 /// The protocol's settings, as the code uses them.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// The internal networks webhooks may reach (`PAYMENTS_WEBHOOK_ALLOWED_NETWORKS`): an
+    /// endpoint's URL at any other internal address is refused, and never sent to.
+    pub webhook_networks: AllowedNetworks,
     pub lock_timeout: Duration,
     pub key_retention: Duration,
     pub gateway_timeout: Duration,
@@ -357,6 +390,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            webhook_networks: AllowedNetworks::default(),
             lock_timeout: Duration::from_millis(DEFAULT_LOCK_TIMEOUT_MS),
             key_retention: Duration::from_secs(DEFAULT_KEY_RETENTION_SECS),
             gateway_timeout: Duration::from_millis(DEFAULT_GATEWAY_TIMEOUT_MS),
@@ -371,7 +405,13 @@ impl Default for Settings {
 impl ProtocolArgs {
     /// The settings, after checking that they keep the protocol's promises.
     pub fn settings(&self) -> anyhow::Result<Settings> {
+        let webhook_networks = match &self.webhook_allowed_networks {
+            Some(list) => AllowedNetworks::parse(list)
+                .map_err(|error| anyhow::anyhow!("PAYMENTS_WEBHOOK_ALLOWED_NETWORKS: {error}"))?,
+            None => AllowedNetworks::default(),
+        };
         let settings = Settings {
+            webhook_networks,
             lock_timeout: Duration::from_millis(self.lock_timeout_ms),
             key_retention: Duration::from_secs(self.key_retention_secs),
             gateway_timeout: Duration::from_millis(self.gateway_timeout_ms),
@@ -398,6 +438,11 @@ impl Settings {
             + db::CHECKOUT_TIMEOUT
             + self.gateway_timeout * GATEWAY_CALLS_BETWEEN_RENEWALS
             + LEASE_MARGIN
+    }
+
+    /// The guard every webhook URL and delivery goes through: see [`Guard`].
+    pub fn webhook_guard(&self) -> Guard {
+        Guard::new(self.webhook_networks.clone())
     }
 
     /// Refuses settings under which a live request could be taken for dead (and its key driven by
@@ -450,6 +495,12 @@ pub struct WorkerSettings {
     pub webhook_timeout: Duration,
     pub webhook_backoff: Duration,
     pub webhook_max_attempts: u32,
+    /// The waits between attempts to deliver an event to a merchant's endpoint.
+    pub webhook_retry_schedule: RetrySchedule,
+    /// How long an endpoint may fail before it is disabled.
+    pub webhook_disable_after: Duration,
+    /// How long events are kept.
+    pub event_retention: Duration,
     /// How long the per-account request counts are kept.
     pub request_counts_retention: Duration,
     /// The settler's first wait between two look-ups of a pending refund; doubles per look-up.
@@ -470,6 +521,9 @@ impl Default for WorkerSettings {
             webhook_timeout: Duration::from_millis(DEFAULT_WEBHOOK_TIMEOUT_MS),
             webhook_backoff: Duration::from_millis(DEFAULT_WEBHOOK_BACKOFF_MS),
             webhook_max_attempts: DEFAULT_WEBHOOK_MAX_ATTEMPTS,
+            webhook_retry_schedule: RetrySchedule::default(),
+            webhook_disable_after: Duration::from_secs(DEFAULT_WEBHOOK_DISABLE_AFTER_SECS),
+            event_retention: hours(DEFAULT_EVENT_RETENTION_DAYS * 24),
             request_counts_retention: hours(DEFAULT_REQUEST_COUNTS_RETENTION_HOURS),
             settler_backoff: Duration::from_millis(DEFAULT_SETTLER_BACKOFF_MS),
             settler_max_backoff: Duration::from_millis(DEFAULT_SETTLER_MAX_BACKOFF_MS),
@@ -488,6 +542,9 @@ impl WorkerArgs {
             webhook_timeout: Duration::from_millis(self.webhook_timeout_ms),
             webhook_backoff: Duration::from_millis(self.webhook_backoff_ms),
             webhook_max_attempts: self.webhook_max_attempts,
+            webhook_retry_schedule: self.webhook_retry_schedule.clone(),
+            webhook_disable_after: Duration::from_secs(self.webhook_disable_after_secs),
+            event_retention: hours(self.event_retention_days * 24),
             request_counts_retention: hours(self.request_counts_retention_hours),
             settler_backoff: Duration::from_millis(self.settler_backoff_ms),
             settler_max_backoff: Duration::from_millis(self.settler_max_backoff_ms),

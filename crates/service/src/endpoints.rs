@@ -9,6 +9,7 @@ use actix_web::FromRequest;
 use crate::http::{ApiError, ResourceId, idempotent};
 use crate::idempotency::Endpoint;
 use crate::keyed::{Keyed, Registered};
+use crate::webhooks::endpoints as webhook_endpoints;
 use crate::{authorizations, payments, refunds};
 
 /// The keyed endpoints.
@@ -17,6 +18,8 @@ pub static KEYED: &[Registered] = &[
     entry::<refunds::Create>(),
     entry::<authorizations::Capture>(),
     entry::<authorizations::Cancel>(),
+    entry::<webhook_endpoints::Create>(),
+    entry::<webhook_endpoints::RotateSecret>(),
 ];
 
 /// The entry of `E`, answered over HTTP by the generic handler.

@@ -230,7 +230,36 @@ mod tests {
     }
 }
 
-/// A body that parsed as JSON but breaks a rule; the message says which, for the client.
+/// A body that parsed as JSON but breaks a rule; the message says which, for the client, and the
+/// rule's kind which problem it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ValidationError(pub String);
+#[error("{message}")]
+pub struct ValidationError {
+    pub rule: Rule,
+    pub message: String,
+}
+
+/// The kinds of rule a body may break, each its own problem type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Any rule of a request's fields (`invalid-request`).
+    Request,
+    /// A webhook endpoint's `url` is not an `http` or `https` URL we can send to.
+    WebhookUrl,
+    /// A webhook endpoint's `url` is an address the service never sends to.
+    WebhookUrlNotAllowed,
+    /// An event type that no event has.
+    EventType,
+}
+
+impl ValidationError {
+    /// A broken rule of a request's fields.
+    pub fn new(message: impl Into<String>) -> ValidationError {
+        ValidationError { rule: Rule::Request, message: message.into() }
+    }
+
+    /// A broken rule of kind `rule`.
+    pub fn of(rule: Rule, message: impl Into<String>) -> ValidationError {
+        ValidationError { rule, message: message.into() }
+    }
+}

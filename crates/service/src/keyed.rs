@@ -36,6 +36,13 @@ pub trait Keyed: 'static {
     /// The request, or the rule `body` breaks; `on` is the id the path names, if it names one.
     fn validate(body: Self::Body, on: Option<Uuid>) -> Result<Self::Request, ValidationError>;
 
+    /// The rules the request must keep that this process's settings make (not the database's
+    /// rows): checked with [`Keyed::validate`]'s, before the key is claimed, so that a refusal
+    /// stores nothing. None by default.
+    fn admit(_state: &AppState, _request: &Self::Request) -> Result<(), ValidationError> {
+        Ok(())
+    }
+
     /// The phases of one request, from its key's recovery point to `finished`.
     fn phases(state: &AppState, request: Self::Request, fault: Option<Fault>) -> impl Phases + '_;
 

@@ -1,7 +1,9 @@
-//! The transactional outbox: an event is staged in the same transaction that finishes the request
-//! it announces, so it exists if and only if that request finished. The outbox worker delivers
-//! it later, at least once: it leases a batch of due events in one statement (so no two workers
-//! deliver one event at the same time), delivers them with no transaction open, then deletes the
+//! The operator's sink (`PAYMENTS_WEBHOOK_URL`): every kept event is handed to it, at least once.
+//! The fan-out takes the events not yet handed over (see
+//! [`crate::webhooks::deliveries::fan_out`]), once each, after their transactions commit, and
+//! queues each for the sink in the same statement. The outbox worker
+//! delivers them at least once: it leases a batch of due ones in one statement (so no two workers
+//! deliver one at the same time), delivers them with no transaction open, then deletes the
 //! delivered ones in one statement, and reschedules a failed one with backoff or, after too many
 //! failures, dead-letters it. Each settlement writes its audit records in the same statement. A
 //! worker that dies mid-delivery leaves its lease to run out, and the event is delivered again,
@@ -9,33 +11,12 @@
 
 use std::time::Duration;
 
-use diesel::pg::Pg;
 use diesel::prelude::*;
-use diesel::query_builder::AstPass;
 use diesel::sql_types::{Array, BigInt, Integer, Jsonb, Text, Uuid as SqlUuid};
 use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
-use serde_json::json;
 use uuid::Uuid;
 
-use crate::db::sql::{Parameters, no_parameter};
 use crate::db::{self, StoreError};
-
-/// An event about to be staged. Its id is fixed here, once, so every delivery attempt carries
-/// the same id and receivers can de-duplicate.
-#[derive(Debug)]
-pub struct StagedEvent {
-    account_id: Uuid,
-    job_name: &'static str,
-    job_args: serde_json::Value,
-}
-
-impl StagedEvent {
-    /// An event of type `name` (such as `payment.succeeded`) about `object`.
-    pub fn new(account_id: Uuid, name: &'static str, object: impl serde::Serialize) -> StagedEvent {
-        let job_args = json!({ "id": Uuid::now_v7(), "type": name, "data": { "object": object } });
-        StagedEvent { account_id, job_name: name, job_args }
-    }
-}
 
 /// An event leased for delivery.
 #[derive(Debug, QueryableByName)]
@@ -150,7 +131,7 @@ pub async fn settle_delivered(conn: &mut AsyncPgConnection, events: &[&LeasedEve
              RETURNING j.account_id, j.job_args, delivered.attempts
          )
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-         SELECT account_id, 'event.delivered', 'event', (job_args->>'id')::uuid, 'outbox',
+         SELECT account_id, 'event.delivered', 'event', replace(job_args->>'id', 'evt_', '')::uuid, 'outbox',
                 jsonb_build_object('type', job_args->>'type', 'attempts', attempts)
          FROM settled",
     )
@@ -196,7 +177,7 @@ pub async fn settle_failed(
     let sql = format!(
         "WITH settled AS ({change} RETURNING account_id, job_args)
          INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data)
-         SELECT account_id, '{action}', 'event', (job_args->>'id')::uuid, 'outbox',
+         SELECT account_id, '{action}', 'event', replace(job_args->>'id', 'evt_', '')::uuid, 'outbox',
                 jsonb_build_object('type', job_args->>'type', 'attempts', $3::int, 'error', nullif($4::text, ''),
                                    'retry_in_ms', nullif($5::bigint, 0))
          FROM settled"
@@ -213,17 +194,4 @@ pub async fn settle_failed(
 
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// An event staged by a statement: `{event.account}`, `{event.name}` and `{event.args}`, the row of
-/// `staged_jobs` it writes (`INSERT INTO staged_jobs (account_id, job_name, job_args)`).
-impl Parameters for StagedEvent {
-    fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
-        match name {
-            "event.account" => out.push_bind_param::<SqlUuid, _>(&self.account_id),
-            "event.name" => out.push_bind_param::<Text, _>(self.job_name),
-            "event.args" => out.push_bind_param::<Jsonb, _>(&self.job_args),
-            name => Err(no_parameter(name)),
-        }
-    }
 }

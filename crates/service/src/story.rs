@@ -2,6 +2,8 @@
 //! its endpoint finds it: see [`crate::keyed::Keyed::made`]), and every step of its audit trail, for a person (or support) to follow one
 //! request through its recovery points.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use diesel_async::AsyncPgConnection;
 use serde::Serialize;
@@ -82,6 +84,10 @@ pub struct KeyStory {
     payment: Option<serde_json::Value>,
     /// The refund the key made, as the API shows refunds.
     refund: Option<serde_json::Value>,
+    /// What a key of another endpoint made, in the field its endpoint names (`webhook_endpoint`),
+    /// as the API shows it; left out when there is none.
+    #[serde(flatten)]
+    made: BTreeMap<&'static str, serde_json::Value>,
     /// The audit records about the key and what it made, oldest first: at most [`TRAIL_LIMIT`],
     /// after the first `trail_after`.
     trail: Vec<AuditEntry>,
@@ -160,6 +166,7 @@ impl KeyStory {
             response_status: None,
             payment: None,
             refund: None,
+            made: BTreeMap::new(),
             trail: Vec::new(),
             trail_has_more: false,
         };
@@ -192,12 +199,14 @@ impl KeyStory {
             }
         };
         // Shown in the field the endpoint names.
-        let (payment, refund) = match made.map(|made| made.shown) {
-            Some(("payment", shown)) => (Some(shown), None),
-            Some(("refund", shown)) => (None, Some(shown)),
-            _ => (None, None),
-        };
-        KeyStory { payment, refund, ..story }
+        let (mut payment, mut refund, mut other) = (None, None, BTreeMap::new());
+        match made.map(|made| made.shown) {
+            Some(("payment", shown)) => payment = Some(shown),
+            Some(("refund", shown)) => refund = Some(shown),
+            Some((field, shown)) => drop(other.insert(field, shown)),
+            None => {}
+        }
+        KeyStory { payment, refund, made: other, ..story }
     }
 }
 

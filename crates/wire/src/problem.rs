@@ -22,6 +22,11 @@ pub enum ProblemType {
     UnsupportedMediaType,
     PaymentNotFound,
     RefundNotFound,
+    EventNotFound,
+    UnknownEventType,
+    WebhookEndpointNotFound,
+    InvalidWebhookUrl,
+    WebhookUrlNotAllowed,
     PaymentNotRefundable,
     PaymentAlreadyRefunded,
     RefundExceedsPayment,
@@ -47,7 +52,7 @@ pub enum ProblemType {
 
 impl ProblemType {
     /// Every problem type, so that a test can hold `openapi.yaml` to the full list.
-    pub const ALL: [ProblemType; 31] = [
+    pub const ALL: [ProblemType; 36] = [
         ProblemType::Unauthorized,
         ProblemType::MissingIdempotencyKey,
         ProblemType::InvalidIdempotencyKey,
@@ -58,6 +63,11 @@ impl ProblemType {
         ProblemType::UnsupportedMediaType,
         ProblemType::PaymentNotFound,
         ProblemType::RefundNotFound,
+        ProblemType::EventNotFound,
+        ProblemType::UnknownEventType,
+        ProblemType::WebhookEndpointNotFound,
+        ProblemType::InvalidWebhookUrl,
+        ProblemType::WebhookUrlNotAllowed,
         ProblemType::PaymentNotRefundable,
         ProblemType::PaymentAlreadyRefunded,
         ProblemType::RefundExceedsPayment,
@@ -95,6 +105,13 @@ impl ProblemType {
             UnsupportedMediaType => ("unsupported-media-type", "The request body must be JSON", 415),
             PaymentNotFound => ("payment-not-found", "No such payment", 404),
             RefundNotFound => ("refund-not-found", "No such refund", 404),
+            EventNotFound => ("event-not-found", "No such event", 404),
+            UnknownEventType => ("unknown-event-type", "No event has this type", 400),
+            WebhookEndpointNotFound => ("webhook-endpoint-not-found", "No such webhook endpoint", 404),
+            InvalidWebhookUrl => ("invalid-webhook-url", "The webhook endpoint's URL is invalid", 400),
+            WebhookUrlNotAllowed => {
+                ("webhook-url-not-allowed", "The webhook endpoint's URL is an address the service never sends to", 400)
+            }
             PaymentNotRefundable => ("payment-not-refundable", "The payment cannot be refunded", 400),
             PaymentAlreadyRefunded => ("payment-already-refunded", "The payment has nothing left to refund", 400),
             RefundExceedsPayment => ("refund-exceeds-payment", "The refund is more than the payment has left", 400),

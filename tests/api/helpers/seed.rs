@@ -93,7 +93,7 @@ impl KeyRequest {
     /// first phase with it).
     pub async fn claim(&self, app: &TestApp) -> KeyLock {
         let lease = std::time::Duration::from_secs(60);
-        match claim::<TestWrites, KeyRowId>(&mut app.db().await, app.routing(), &self.new_key(), lease, None)
+        match claim::<TestWrites, KeyRowId>(&mut app.db().await, app.routing(), &self.new_key(), lease, None, None)
             .await
             .unwrap()
         {

@@ -11,7 +11,7 @@ use diesel_async::{AsyncConnection, AsyncPgConnection, RunQueryDsl};
 use payments_mock_gateway::{Controls, FaultPlan, MockGateway, Webhook, new_webhook_secret};
 use payments_service::config::{Settings, WorkerSettings};
 use payments_service::db::delegate::Routing;
-use payments_service::db::schema::{audit_records, idempotency_keys, payments as payments_table, staged_jobs};
+use payments_service::db::schema::{audit_records, events, idempotency_keys, payments as payments_table};
 use payments_service::gateway::GatewayClient;
 use payments_service::gateway::signature::WebhookSecret;
 use payments_service::startup::{Application, MetricsServer};
@@ -70,6 +70,12 @@ impl TestAppBuilder {
     }
 
     /// Adjusts the settings of the workers that [`TestApp::workers`] builds.
+    /// The internal networks its webhooks may reach (by default `127.0.0.1` and `::1` alone).
+    pub fn webhook_networks(mut self, networks: payments_service::webhooks::network::AllowedNetworks) -> Self {
+        self.settings.webhook_networks = networks;
+        self
+    }
+
     pub fn workers(mut self, adjust: impl FnOnce(&mut WorkerSettings)) -> Self {
         adjust(&mut self.workers);
         self
@@ -201,7 +207,9 @@ pub struct TestApp {
 impl TestApp {
     pub fn builder() -> TestAppBuilder {
         TestAppBuilder {
-            settings: Settings::default(),
+            // Loopback's first address alone, so that a test shows a refused address with another
+            // loopback one (`127.0.0.2`), and never reaches out of the machine.
+            settings: Settings { webhook_networks: test_networks(), ..Settings::default() },
             workers: WorkerSettings::default(),
             gateway_url: None,
             database_url: None,
@@ -424,14 +432,14 @@ impl TestApp {
         .await
     }
 
-    /// How many rows each table holds: (keys, payments, audit records, staged jobs).
+    /// How many rows each table holds: (keys, payments, audit records, events).
     pub async fn row_counts(&self) -> (i64, i64, i64, i64) {
         let mut conn = self.db().await;
         let keys = idempotency_keys::table.count().get_result(&mut conn).await.unwrap();
         let payments = payments_table::table.count().get_result(&mut conn).await.unwrap();
         let audits = audit_records::table.count().get_result(&mut conn).await.unwrap();
-        let jobs = staged_jobs::table.count().get_result(&mut conn).await.unwrap();
-        (keys, payments, audits, jobs)
+        let events = events::table.count().get_result(&mut conn).await.unwrap();
+        (keys, payments, audits, events)
     }
 
     /// Every audit record, oldest first: (action, actor).
@@ -470,4 +478,9 @@ pub struct KeyRow {
     pub response_status: Option<i16>,
     pub response_body: Option<Vec<u8>>,
     pub request_params: Value,
+}
+
+/// The networks a test's webhooks may reach: `127.0.0.1` and `::1`, and no other address.
+pub fn test_networks() -> payments_service::webhooks::network::AllowedNetworks {
+    payments_service::webhooks::network::AllowedNetworks::parse("127.0.0.1/32,::1/128").unwrap()
 }

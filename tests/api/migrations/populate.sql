@@ -212,5 +212,35 @@ BEGIN
         ['account_id', 'p.account_id'],
         ['payment_id', 'p.payment_id'],
         ['capture_before', $q$p.at + interval '7 days'$q$]]);
+
+    -- What the reaper kept of each reaped key (000033).
+    PERFORM pg_temp.fill(tables, 'key_resources', p || ' WHERE p.reaped', ARRAY[
+        ['account_id', 'p.account_id'],
+        ['idempotency_key', 'p.client_key'],
+        ['request_method', $q$'POST'$q$],
+        ['request_path', $q$'/v1/payments'$q$],
+        ['resource_id', 'p.payment_id']]);
+
+    -- Every payment's event, kept (000034); the pending ones not fanned out yet.
+    PERFORM pg_temp.fill(tables, 'events', p, ARRAY[
+        ['account_id', 'p.account_id'],
+        ['id', 'p.event_id'],
+        ['event_type', $q$CASE WHEN p.failed THEN 'payment.failed' ELSE 'payment.succeeded' END$q$],
+        ['body', format($q$jsonb_build_object('id', 'evt_' || replace(p.event_id::text, '-', ''), 'object', 'event',
+            'type', CASE WHEN p.failed THEN 'payment.failed' ELSE 'payment.succeeded' END,
+            'created', extract(epoch FROM p.at)::bigint, 'data', jsonb_build_object('object', %s))$q$, payment_json)],
+        ['created_at', $q$p.at + interval '300 ms'$q$],
+        ['fanned_out_at', $q$CASE WHEN NOT p.pending THEN p.at + interval '400 ms' END$q$]]);
+
+    -- An endpoint per account, taking every event (000035).
+    PERFORM pg_temp.fill(tables, 'webhook_endpoints', format('generate_series(1, %s) a', accounts), ARRAY[
+        ['account_id', $q$md5('account:' || a)::uuid$q$],
+        ['id', $q$md5('endpoint:' || a)::uuid$q$],
+        ['url', $q$'https://shop-' || a || '.example/webhooks'$q$],
+        ['enabled_events', $q$ARRAY['*']$q$],
+        ['secret', $q$'whsec_' || encode(sha256(('secret:' || a)::bytea), 'base64')$q$],
+        ['idempotency_key_id', $q$md5('endpoint key:' || a)::uuid$q$],
+        ['idempotency_key', $q$'endpoint-' || a$q$],
+        ['created_at', $q$timestamptz '2026-09-01 00:00:00+00'$q$]]);
 END
 $$;

@@ -183,20 +183,25 @@ impl Probe {
         Ok(totals?)
     }
 
-    /// Whether every staged event has been delivered (dead letters aside): cheaper than counting,
-    /// as it stops at the first row.
+    /// Whether every staged event has been fanned out and delivered (dead letters aside): cheaper
+    /// than counting, as it stops at the first row.
     pub async fn outbox_is_empty(&self) -> anyhow::Result<bool> {
         let mut conn = self.conn.lock().await;
-        let sql = "SELECT count(*) AS count FROM (SELECT 1 FROM staged_jobs WHERE dead_at IS NULL LIMIT 1) AS due";
+        let sql = "SELECT count(*) AS count FROM (
+                       (SELECT 1 FROM events WHERE fanned_out_at IS NULL LIMIT 1)
+                       UNION ALL (SELECT 1 FROM staged_jobs WHERE dead_at IS NULL LIMIT 1)
+                   ) AS due";
         let count = diesel::sql_query(sql).get_result::<Count>(&mut *conn).await;
         self.issued.fetch_add(1, Ordering::Relaxed);
         Ok(count?.count == 0)
     }
 
-    /// Events staged and not yet delivered (dead letters aside).
+    /// Events staged and not yet delivered (dead letters aside): waiting for the fan-out, or in
+    /// the sink's queue.
     pub async fn outbox_backlog(&self) -> anyhow::Result<u64> {
         let mut conn = self.conn.lock().await;
-        let sql = "SELECT count(*) AS count FROM staged_jobs WHERE dead_at IS NULL";
+        let sql = "SELECT (SELECT count(*) FROM events WHERE fanned_out_at IS NULL)
+                        + (SELECT count(*) FROM staged_jobs WHERE dead_at IS NULL) AS count";
         let count = diesel::sql_query(sql).get_result::<Count>(&mut *conn).await;
         self.issued.fetch_add(1, Ordering::Relaxed);
         Ok(count?.count as u64)

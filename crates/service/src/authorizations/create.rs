@@ -55,10 +55,10 @@ use crate::idempotency::{
     RefusableStart, Reply, Run, Started, StartedRow, Starter, StoredResponse, Transition,
 };
 use crate::keyed::{Keyed, Resource};
-use crate::outbox::StagedEvent;
 use crate::payments::{Payment, PaymentStatus, PaymentView};
 use crate::request_id::RequestId;
 use crate::state::AppState;
+use crate::webhooks::events::StagedEvent;
 
 /// `capture_created`, `cancel_created`: the gateway's answer to a capture or a cancel is recorded
 /// on the change and the payment.
@@ -74,6 +74,7 @@ pub static CAPTURE: Endpoint = Endpoint {
     label: "captures",
     points: &[CAPTURE_CREATED],
     made_in: "payment_changes",
+    at_gateway: true,
 };
 pub static CANCEL: Endpoint = Endpoint {
     method: "POST",
@@ -81,6 +82,7 @@ pub static CANCEL: Endpoint = Endpoint {
     label: "cancels",
     points: &[CANCEL_CREATED],
     made_in: "payment_changes",
+    at_gateway: true,
 };
 
 /// `POST /v1/payments/{id}/capture` and `/cancel`, as the registry lists them: `B` is the body,
@@ -100,7 +102,7 @@ impl<B: ChangeBody> Keyed for Change<B> {
     type Request = ChangeRequest;
 
     fn validate(body: B, on: Option<Uuid>) -> Result<ChangeRequest, ValidationError> {
-        let payment = on.ok_or_else(|| ValidationError("the path names no payment".into()))?;
+        let payment = on.ok_or_else(|| ValidationError::new("the path names no payment"))?;
         body.validate(payment)
     }
 

@@ -111,7 +111,7 @@ impl ChangeBody for CaptureBody {
         if let Some(amount) = amount
             && !(1..=MAX_AMOUNT).contains(&amount)
         {
-            return Err(ValidationError(format!(
+            return Err(ValidationError::new(format!(
                 "amount must be an integer from 1 to {MAX_AMOUNT} (minor units of the payment's currency), or left out \
                  to capture all of the authorization"
             )));

@@ -15,9 +15,9 @@ use crate::audit::AuditRecord;
 use crate::db::sql::{Parameters, no_parameter, walk_sql, walk_text};
 use crate::gateway::reports::KEEPS_REPORTS;
 use crate::idempotency::PhaseWrites;
-use crate::outbox::StagedEvent;
 use crate::payments::Payment;
 use crate::payments::writes::PAYMENT;
+use crate::webhooks::events::StagedEvent;
 
 /// `started`: the change (a capture or a cancel) of the payment, made if the payment is an
 /// authorization still open and no other change stands; or why not; or, when the phase runs
@@ -297,8 +297,8 @@ pub struct RecordAndFinish<'a> {
 
 /// The payment's event, as [`RecordAndFinish`] stages it.
 const STAGED: &str = ", staged AS (
-     INSERT INTO {staged_jobs} (account_id, job_name, job_args)
-     SELECT {event.account}, {event.name}, {event.args} FROM change
+     INSERT INTO {events} (account_id, id, event_type, body)
+     SELECT {event.account}, {event.id}, {event.type}, {event.body} FROM change
  )";
 
 impl PhaseWrites for RecordAndFinish<'_> {
@@ -366,8 +366,8 @@ impl PhaseWrites for Finish<'_> {
         match self.event {
             Some(_) => {
                 "staged AS (
-                     INSERT INTO {staged_jobs} (account_id, job_name, job_args)
-                     SELECT {event.account}, {event.name}, {event.args} FROM fence
+                     INSERT INTO {events} (account_id, id, event_type, body)
+                     SELECT {event.account}, {event.id}, {event.type}, {event.body} FROM fence
                  ), audited AS (
                      INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
                      SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},

@@ -24,6 +24,18 @@ diesel::table! {
 }
 
 diesel::table! {
+    events (account_id, id) {
+        account_id -> Uuid,
+        id -> Uuid,
+        event_type -> Text,
+        body -> Jsonb,
+        created_at -> Timestamptz,
+        created_seq -> Int8,
+        fanned_out_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
     gateway_events (account_id, idempotency_key_id, event_id) {
         account_id -> Uuid,
         gateway -> Text,
@@ -193,6 +205,60 @@ diesel::table! {
     }
 }
 
+diesel::table! {
+    webhook_attempts (account_id, id) {
+        account_id -> Uuid,
+        id -> Int8,
+        delivery_id -> Uuid,
+        endpoint_id -> Uuid,
+        event_id -> Uuid,
+        event_type -> Text,
+        attempt -> Int4,
+        status_code -> Nullable<Int2>,
+        error -> Nullable<Text>,
+        response_body -> Text,
+        duration_ms -> Int4,
+        attempted_at -> Timestamptz,
+        next_attempt_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    webhook_deliveries (account_id, id) {
+        account_id -> Uuid,
+        id -> Uuid,
+        event_id -> Uuid,
+        endpoint_id -> Uuid,
+        status -> Text,
+        attempts -> Int4,
+        next_attempt_at -> Nullable<Timestamptz>,
+        leased_until -> Nullable<Timestamptz>,
+        created_at -> Timestamptz,
+        ended_at -> Nullable<Timestamptz>,
+    }
+}
+
+diesel::table! {
+    webhook_endpoints (account_id, id) {
+        account_id -> Uuid,
+        id -> Uuid,
+        url -> Text,
+        enabled_events -> Array<Nullable<Text>>,
+        description -> Nullable<Text>,
+        status -> Text,
+        disabled_reason -> Nullable<Text>,
+        secret -> Text,
+        previous_secret -> Nullable<Text>,
+        previous_secret_expires_at -> Nullable<Timestamptz>,
+        idempotency_key_id -> Uuid,
+        idempotency_key -> Text,
+        created_at -> Timestamptz,
+        updated_at -> Timestamptz,
+        created_seq -> Int8,
+        failing_since -> Nullable<Timestamptz>,
+    }
+}
+
 diesel::joinable!(audit_records -> accounts (account_id));
 diesel::joinable!(gateway_events -> accounts (account_id));
 diesel::joinable!(idempotency_keys -> accounts (account_id));
@@ -205,6 +271,7 @@ diesel::joinable!(unreadable_gateway_events -> accounts (account_id));
 diesel::allow_tables_to_appear_in_same_query!(
     accounts,
     audit_records,
+    events,
     gateway_events,
     idempotency_keys,
     key_request_counts,
@@ -215,4 +282,7 @@ diesel::allow_tables_to_appear_in_same_query!(
     refunds,
     staged_jobs,
     unreadable_gateway_events,
+    webhook_attempts,
+    webhook_deliveries,
+    webhook_endpoints,
 );

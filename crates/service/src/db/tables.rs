@@ -9,7 +9,7 @@ pub const REFERENCE_TABLES: [&str; 2] = ["accounts", "unreadable_gateway_events"
 /// The tables distributed by `account_id`, colocated: every other table of the schema. A statement
 /// that runs under a key marks each of them where it names it (`{payments}`, see
 /// [`super::sql`]), so that on Citus it runs against the account's shard of each.
-pub const BY_ACCOUNT: [&str; 10] = [
+pub const BY_ACCOUNT: [&str; 14] = [
     "idempotency_keys",
     "key_resources",
     "payments",
@@ -17,9 +17,13 @@ pub const BY_ACCOUNT: [&str; 10] = [
     "payment_changes",
     "open_authorizations",
     "audit_records",
+    "events",
     "staged_jobs",
     "gateway_events",
     "key_request_counts",
+    "webhook_endpoints",
+    "webhook_deliveries",
+    "webhook_attempts",
 ];
 
 /// The table every table of [`BY_ACCOUNT`] is colocated with: its shard of an account is on the

@@ -39,10 +39,12 @@ pub enum Wake {
     Outbox,
     /// A pending refund due to be looked up.
     Settler,
+    /// Deliveries to merchants' endpoints made by the fan-out.
+    Webhooks,
 }
 
 impl Wake {
-    const ALL: [Wake; 3] = [Wake::Completer, Wake::Outbox, Wake::Settler];
+    const ALL: [Wake; 4] = [Wake::Completer, Wake::Outbox, Wake::Settler, Wake::Webhooks];
 
     /// The channel its wake-ups go on.
     pub fn channel(self) -> &'static str {
@@ -50,6 +52,7 @@ impl Wake {
             Wake::Completer => "payments_completer",
             Wake::Outbox => "payments_outbox",
             Wake::Settler => "payments_settler",
+            Wake::Webhooks => "payments_webhooks",
         }
     }
 
@@ -63,7 +66,7 @@ pub struct Waker {
     db: Pool,
     runtime: ProcessRuntime,
     /// Which workers a write asked to wake since the last send.
-    asked: [AtomicBool; 3],
+    asked: [AtomicBool; Wake::ALL.len()],
     /// Whether a task is sending (or waiting out [`MIN_GAP`] after a send).
     sending: AtomicBool,
 }
@@ -132,7 +135,7 @@ impl Waker {
 /// notifications.
 #[derive(Default)]
 pub struct Woken {
-    workers: [Arc<Notify>; 3],
+    workers: [Arc<Notify>; Wake::ALL.len()],
 }
 
 impl Woken {

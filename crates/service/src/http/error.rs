@@ -11,7 +11,7 @@ use actix_web::http::header::{ALLOW, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::db::StoreError;
-use crate::fields::ValidationError;
+use crate::fields::{Rule, ValidationError};
 use crate::idempotency::{DriveError, KeyError, PhaseError};
 use crate::problem::{PROBLEM_JSON, Problem, ProblemType};
 use crate::request_id::RequestId;
@@ -47,6 +47,19 @@ pub enum ApiError {
     PaymentNotFound,
     #[error("There is no refund with this id in your account.")]
     RefundNotFound,
+    #[error("There is no event with this id in your account: it never was, or its retention is over.")]
+    EventNotFound,
+    #[error("There is no webhook endpoint with this id in your account.")]
+    WebhookEndpointNotFound,
+    /// A webhook endpoint's URL that is no URL we can send to.
+    #[error("{0}")]
+    InvalidWebhookUrl(String),
+    /// A webhook endpoint's URL at an address the service never sends to.
+    #[error("{0}")]
+    WebhookUrlNotAllowed(String),
+    /// An event type that no event has, or a pattern that matches none.
+    #[error("No event has this type. The types are {}; or a prefix of them with `*`, as `payment.*`.", crate::webhooks::events::EVENT_TYPES.join(", "))]
+    UnknownEventType,
     #[error("Your account has used no request with this idempotency key, or its record and its payment are gone.")]
     IdempotencyKeyNotFound,
     #[error("There is no endpoint at this path; the API is described at /openapi.yaml.")]
@@ -118,6 +131,11 @@ impl ApiError {
             ApiError::UnsupportedMediaType => ProblemType::UnsupportedMediaType,
             ApiError::PaymentNotFound => ProblemType::PaymentNotFound,
             ApiError::RefundNotFound => ProblemType::RefundNotFound,
+            ApiError::EventNotFound => ProblemType::EventNotFound,
+            ApiError::WebhookEndpointNotFound => ProblemType::WebhookEndpointNotFound,
+            ApiError::InvalidWebhookUrl(_) => ProblemType::InvalidWebhookUrl,
+            ApiError::WebhookUrlNotAllowed(_) => ProblemType::WebhookUrlNotAllowed,
+            ApiError::UnknownEventType => ProblemType::UnknownEventType,
             ApiError::IdempotencyKeyNotFound => ProblemType::IdempotencyKeyNotFound,
             ApiError::RouteNotFound | ApiError::Unversioned(_) => ProblemType::RouteNotFound,
             ApiError::MethodNotAllowed { .. } => ProblemType::MethodNotAllowed,
@@ -227,8 +245,13 @@ impl From<diesel::result::Error> for ApiError {
 }
 
 impl From<ValidationError> for ApiError {
-    fn from(error: ValidationError) -> Self {
-        ApiError::InvalidRequest(error.0)
+    fn from(ValidationError { rule, message }: ValidationError) -> Self {
+        match rule {
+            Rule::Request => ApiError::InvalidRequest(message),
+            Rule::WebhookUrl => ApiError::InvalidWebhookUrl(message),
+            Rule::WebhookUrlNotAllowed => ApiError::WebhookUrlNotAllowed(message),
+            Rule::EventType => ApiError::UnknownEventType,
+        }
     }
 }
 
@@ -282,6 +305,11 @@ mod tests {
             ApiError::UnsupportedMediaType,
             ApiError::PaymentNotFound,
             ApiError::RefundNotFound,
+            ApiError::EventNotFound,
+            ApiError::UnknownEventType,
+            ApiError::WebhookEndpointNotFound,
+            ApiError::InvalidWebhookUrl("bad".into()),
+            ApiError::WebhookUrlNotAllowed("bad".into()),
             ApiError::IdempotencyKeyNotFound,
             ApiError::RouteNotFound,
             ApiError::Unversioned("/v1/payments".into()),

@@ -3,7 +3,7 @@
 use std::future::{Ready, ready};
 use std::marker::PhantomData;
 
-use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue};
+use actix_web::http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 use futures_util::TryFutureExt;
 use futures_util::future::{Either, LocalBoxFuture, MapErr, MapOk, TryJoin, try_join};
@@ -153,7 +153,15 @@ pub struct PathId<R>(pub Uuid, pub PhantomData<R>);
 
 /// A resource a route names by id, and the answer when the id names none.
 pub trait Named {
+    /// What its ids begin with where the API shows them (`evt_`), if anything.
+    const PREFIX: &'static str = "";
+
     fn not_found() -> ApiError;
+
+    /// The id `text` names, if it is one of `R`'s.
+    fn parse_id(text: &str) -> Option<Uuid> {
+        Uuid::parse_str(text.strip_prefix(Self::PREFIX)?).ok()
+    }
 }
 
 impl<R: Named> FromRequest for PathId<R> {
@@ -161,7 +169,7 @@ impl<R: Named> FromRequest for PathId<R> {
     type Future = Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let id = req.match_info().get("id").and_then(|id| Uuid::parse_str(id).ok());
+        let id = req.match_info().get("id").and_then(R::parse_id);
         ready(id.map(|id| PathId(id, PhantomData)).ok_or_else(R::not_found))
     }
 }
@@ -203,6 +211,14 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
     >;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        if sent_nothing(req) {
+            // No body at all reads as `{}`: a body whose every field may be left out (a rotation's)
+            // may be left out whole, and any other is refused for the fields it misses.
+            let empty = serde_json::from_str::<Object<T>>("{}")
+                .map(|Object(body)| JsonBody(body))
+                .map_err(|error| ApiError::MalformedBody(format!("No body was sent, and {error}.")).into());
+            return Either::Left(ready(empty));
+        }
         match content_type_sent_once(req) {
             Err(error) => Either::Left(ready(Err(error.into()))),
             Ok(()) => Either::Right(
@@ -211,6 +227,16 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             ),
         }
     }
+}
+
+/// Whether a request carries no body at all: no `Content-Type`, and a `Content-Length` of 0 (or
+/// none, and no chunked body).
+fn sent_nothing(req: &HttpRequest) -> bool {
+    let headers = req.headers();
+    let length = headers.get(CONTENT_LENGTH).and_then(|length| length.to_str().ok());
+    !headers.contains_key(CONTENT_TYPE)
+        && !headers.contains_key(TRANSFER_ENCODING)
+        && length.is_none_or(|length| length.trim() == "0")
 }
 
 /// A raw body (a gateway event's, verified before it is parsed), bounded as [`extractor_configs`]

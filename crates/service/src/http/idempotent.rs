@@ -45,7 +45,9 @@ async fn create<E: Keyed>(
 where
     ResourceId<E::On>: FromRequest<Error = ApiError>,
 {
-    let request = KeyedRequest::new(account, key.0, E::ENDPOINT, E::validate(body.0, on.0)?);
+    let request = E::validate(body.0, on.0)?;
+    E::admit(&state, &request)?;
+    let request = KeyedRequest::new(account, key.0, E::ENDPOINT, request);
     answer(state, request, move |state, request| async move {
         keyed::answer::<E>(&state, request, fault.0, &request_id).await
     })

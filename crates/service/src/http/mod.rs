@@ -1,6 +1,7 @@
 //! The HTTP surface: the route table, extractors, handlers, and errors as problem details.
 
 pub mod error;
+mod events;
 mod extract;
 mod health;
 mod idempotency_keys;
@@ -9,6 +10,7 @@ mod observe;
 mod page;
 mod payments;
 mod refunds;
+mod webhook_endpoints;
 mod webhooks;
 
 use std::rc::Rc;
@@ -40,6 +42,38 @@ pub const ENDPOINTS: &[Endpoint] = &[
     Endpoint { method: Method::GET, path: "/v1/payments/{id}", route: || web::get().to(payments::get_payment) },
     Endpoint { method: Method::GET, path: "/v1/refunds", route: || web::get().to(refunds::list_refunds) },
     Endpoint { method: Method::GET, path: "/v1/refunds/{id}", route: || web::get().to(refunds::get_refund) },
+    Endpoint { method: Method::GET, path: "/v1/events", route: || web::get().to(events::list_events) },
+    Endpoint { method: Method::GET, path: "/v1/events/{id}", route: || web::get().to(events::get_event) },
+    Endpoint {
+        method: Method::GET,
+        path: "/v1/webhook_endpoints",
+        route: || web::get().to(webhook_endpoints::list_endpoints),
+    },
+    Endpoint {
+        method: Method::GET,
+        path: "/v1/webhook_endpoints/{id}",
+        route: || web::get().to(webhook_endpoints::get_endpoint),
+    },
+    Endpoint {
+        method: Method::POST,
+        path: "/v1/webhook_endpoints/{id}",
+        route: || web::post().to(webhook_endpoints::update_endpoint),
+    },
+    Endpoint {
+        method: Method::DELETE,
+        path: "/v1/webhook_endpoints/{id}",
+        route: || web::delete().to(webhook_endpoints::delete_endpoint),
+    },
+    Endpoint {
+        method: Method::POST,
+        path: "/v1/webhook_endpoints/{id}/recover",
+        route: || web::post().to(webhook_endpoints::recover_endpoint),
+    },
+    Endpoint {
+        method: Method::GET,
+        path: "/v1/webhook_endpoints/{id}/attempts",
+        route: || web::get().to(webhook_endpoints::list_attempts),
+    },
     Endpoint {
         method: Method::GET,
         path: "/v1/idempotency_keys",

@@ -1,4 +1,4 @@
-//! A page of a list (`GET /v1/payments`, `GET /v1/refunds`): how many items, and whether more follow.
+//! A page of a list (`GET /v1/payments`, `GET /v1/refunds`, `GET /v1/events`): how many items, and whether more follow.
 
 use super::error::ApiError;
 

@@ -71,7 +71,8 @@ const DUE: &str = "k.finished_at IS NULL AND k.needs_attention_at IS NULL
 /// key's account: on Citus, a statement that locks rows runs only where every table it reads is
 /// bound to one account, and a correlation (`k.account_id`) does not bind them.
 fn made_at(endpoints: &[&Endpoint], account: &str) -> String {
-    let tables = made_in(endpoints);
+    let at_gateway: Vec<&Endpoint> = endpoints.iter().copied().filter(|endpoint| endpoint.at_gateway).collect();
+    let tables = made_in(&at_gateway);
     let made: Vec<String> = tables
         .iter()
         .map(|table| {

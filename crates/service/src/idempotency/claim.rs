@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::clock::{Deadline, since_boot};
 use super::phase::{MAX_ATTEMPTS, PhaseWrites};
-use super::store::{KeyLock, Lease, NewKey, StoredResponse, millis};
+use super::store::{KeyLock, KnownAnswer, Lease, NewKey, StoredResponse, millis};
 use crate::db::delegate::Routing;
 use crate::db::sql::{Parameters, no_parameter, split_result, walk_sql};
 use crate::db::{self, StoreError};
@@ -33,6 +33,9 @@ pub enum Claim<S> {
     /// We hold the key: a new one, an unlocked one, or one whose lease ran out. `started` is what
     /// the key's first phase returned if it ran with the claim (a new key's, when it was given).
     Acquired { lock: KeyLock, started: Option<S> },
+    /// The claim made the key and finished it with the answer it was given ([`KnownAnswer`]), the
+    /// first phase's writes with it: the request is done. `started` is what that phase returned.
+    Answered { started: Option<S> },
     /// The key expired (its record past its recorded expiry, or already reaped), but what its
     /// request made on this endpoint remains (`id`: a payment, a refund): whatever the body, the
     /// request is a late retry and must not do it again. (Made on another endpoint, it is a
@@ -75,6 +78,12 @@ pub enum Claim<S> {
 ///   last request stopped short and let go) or `taken_over` (its lease had run out: its driver
 ///   died).
 ///
+/// With `answer`, the answer of a request of the layer's other shape, `inserted` makes the key
+/// finished with it (its response, its expiry `retention` from the database's `now()`, what it
+/// made), unlocked: with the first phase's writes after it, the request is claimed, written and
+/// finished in one transaction ([`Claim::Answered`]). A key that exists is claimed as any other,
+/// and its answer is its own.
+///
 /// With `first`, the key's first phase (see [`super::Phases::first_phase`]) runs in the same
 /// statement when the claim creates the key: its writes follow a `fence` that is the row
 /// `inserted` made (after the claim's audit record, so the trail reads in order), so the key row,
@@ -96,14 +105,27 @@ pub async fn claim<W, S>(
     new: &NewKey<'_>,
     lease: Duration,
     first: Option<&W>,
+    answer: Option<(&KnownAnswer, Duration)>,
 ) -> Result<Claim<S>, StoreError>
 where
     W: PhaseWrites,
     S: QueryableByName<Pg> + Send + 'static,
 {
     let token = Uuid::new_v4();
-    let mut query =
-        ClaimQuery { new, key_id: Uuid::now_v7(), token, lease_ms: millis(lease), first, shape: Shape::Short };
+    let answer = answer.map(|(answer, retention)| Answer {
+        known: answer,
+        status: answer.response.status as i16,
+        retention_ms: millis(retention),
+    });
+    let mut query = ClaimQuery {
+        new,
+        key_id: Uuid::now_v7(),
+        token,
+        lease_ms: millis(lease),
+        first,
+        answer: answer.as_ref(),
+        shape: Shape::Short,
+    };
     // The short statement's finding that the key is neither new nor finished (its row, what it
     // made, or a concurrent insert that won) is not an attempt: the full claim then sees it. One
     // retry of the full claim covers a race it can still lose (a key that made nothing, reaped
@@ -198,6 +220,9 @@ impl<S> Claimed<S> {
         let Claimed { row, started } = self;
         Ok(match row {
             ClaimRow { made_id: Some(id), .. } => Claim::Expired { id },
+            ClaimRow { acquired: true, fresh: true, recovery_point, .. } if recovery_point == "finished" => {
+                Claim::Answered { started }
+            }
             ClaimRow { acquired: true, id, recovery_point, fresh, .. } => {
                 let lease = Lease { token, length, sent };
                 let Some(point) = new.endpoint.point(&recovery_point) else {
@@ -228,7 +253,17 @@ struct ClaimQuery<'a, W> {
     token: Uuid,
     lease_ms: i64,
     first: Option<&'a W>,
+    /// The answer a new key is inserted finished with, for a request of the other shape.
+    answer: Option<&'a Answer<'a>>,
     shape: Shape,
+}
+
+/// A [`KnownAnswer`] as the claim binds it: its status as stored, and the key's retention in
+/// milliseconds.
+struct Answer<'a> {
+    known: &'a KnownAnswer,
+    status: i16,
+    retention_ms: i64,
 }
 
 /// Which of the claim's two statements runs.
@@ -252,7 +287,8 @@ impl<W> Clone for ClaimQuery<'_, W> {
 impl<W> Copy for ClaimQuery<'_, W> {}
 
 /// `inserted`, the CTE that creates a new key's row, locked by us, in both of the claim's
-/// statements.
+/// statements (as `short_claim!` and `full_claim!` make them); `inserted_answered!` makes it
+/// finished instead.
 macro_rules! inserted {
     () => {
         "inserted AS (
@@ -268,13 +304,35 @@ macro_rules! inserted {
     };
 }
 
-/// The short claim's CTEs: a new key's row and its record; or a finished key's answer, while it
-/// has not expired (`finished`: for a replay, or a `422`); or nothing.
-const SHORT_SQL: &str = concat!(
-    "
+/// `inserted` for a request of the other shape: the new key's row finished with the answer the
+/// request knows ([`KnownAnswer`]), as the finishing phase would leave it, never locked; and only
+/// where the first phase's requirement holds (its writes find what they write to).
+macro_rules! inserted_answered {
+    () => {
+        "inserted AS (
+    INSERT INTO {idempotency_keys} (id, account_id, idempotency_key, request_method, request_path,
+                                  request_fingerprint, request_params, recovery_point, finished_at,
+                                  response_status, response_body, expires_at, resource_id)
+    SELECT {key_id}, {account}, {key}, {method}, {path}, {fingerprint}, {params}, 'finished', now(),
+           {answer.status}, {answer.body}, now() + {answer.retention_ms} * interval '1 millisecond', {answer.made}
+    WHERE NOT EXISTS (SELECT FROM {idempotency_keys k} WHERE k.account_id = {account} AND k.idempotency_key = {key})
+      AND NOT EXISTS (SELECT FROM {key_resources r} WHERE r.account_id = {account} AND r.idempotency_key = {key}){answer.requirement}
+    ON CONFLICT (account_id, idempotency_key) DO NOTHING
+    RETURNING account_id, id, recovery_point
+)"
+    };
+}
+
+/// The short claim's CTEs, with `inserted` as `$inserted` makes it: a new key's row and its
+/// record; or a finished key's answer, while it has not expired (`finished`: for a replay, or a
+/// `422`); or nothing.
+macro_rules! short_claim {
+    ($inserted:expr) => {
+        concat!(
+            "
 ",
-    inserted!(),
-    ", key_audited AS (
+            $inserted,
+            ", key_audited AS (
     INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
     SELECT {account}, 'idempotency_key.claimed', 'idempotency_key', n.id, {actor}, jsonb_build_object(), {request_id}
     FROM inserted n
@@ -294,11 +352,21 @@ const SHORT_SQL: &str = concat!(
     SELECT false, false, id, same_request, 'finished', response_status, response_body, NULL, expires_in_ms
     FROM finished
 )"
-);
+        )
+    };
+}
 
-/// The full claim's CTEs, each `{name}` a parameter or a distributed table (see [`crate::db::sql`]).
-const CLAIM_SQL: &str = concat!(
-    "
+/// The short claim (see [`Shape::Short`]).
+const SHORT_SQL: &str = short_claim!(inserted!());
+/// The short claim of a request of the other shape.
+const SHORT_ANSWERED_SQL: &str = short_claim!(inserted_answered!());
+
+/// The full claim's CTEs, with `inserted` as `$inserted` makes it, each `{name}` a parameter or a
+/// distributed table (see [`crate::db::sql`]).
+macro_rules! full_claim {
+    ($inserted:expr) => {
+        concat!(
+            "
 existing AS (
     SELECT k.*, coalesce(k.expires_at <= now(), false) AS expired FROM {idempotency_keys k}
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
@@ -315,8 +383,8 @@ existing AS (
                         AND (k.expires_at IS NULL OR k.expires_at > now()))
     LIMIT 1
 ), ",
-    inserted!(),
-    ", taken AS (
+            $inserted,
+            ", taken AS (
     UPDATE {idempotency_keys k}
     SET locked_until = now() + {lease_ms} * interval '1 millisecond', lock_token = {token}, last_run_at = now()
     WHERE k.account_id = {account} AND k.idempotency_key = {key}
@@ -353,9 +421,16 @@ existing AS (
     SELECT false, false, x.id, x.same_endpoint, 'finished', NULL, NULL, CASE WHEN x.same_endpoint THEN x.id END, NULL
     FROM expired x
 )"
-);
+        )
+    };
+}
 
-impl<W> Parameters for ClaimQuery<'_, W> {
+/// The full claim (see [`Shape::Any`]).
+const CLAIM_SQL: &str = full_claim!(inserted!());
+/// The full claim of a request of the other shape.
+const CLAIM_ANSWERED_SQL: &str = full_claim!(inserted_answered!());
+
+impl<W: PhaseWrites> Parameters for ClaimQuery<'_, W> {
     fn walk_parameter<'b>(&'b self, name: &str, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         let new = self.new;
         match name {
@@ -370,6 +445,21 @@ impl<W> Parameters for ClaimQuery<'_, W> {
             "lease_ms" => out.push_bind_param::<BigInt, _>(&self.lease_ms),
             "request_id" => out.push_bind_param::<Text, _>(new.request_id.as_str()),
             "actor" => out.push_bind_param::<Text, _>(new.actor.as_str()),
+            // What the first phase's writes require holds before the key is inserted finished:
+            // a key is never finished with an answer whose writes found nothing to write to.
+            "answer.requirement" => match self.first {
+                Some(first) => walk_sql(first.requirement(), first, out),
+                None => Ok(()),
+            },
+            "answer.status" | "answer.body" | "answer.retention_ms" | "answer.made" => {
+                let answer = self.answer.ok_or_else(|| no_parameter(name))?;
+                match name {
+                    "answer.status" => out.push_bind_param::<SmallInt, _>(&answer.status),
+                    "answer.body" => out.push_bind_param::<Bytea, _>(&answer.known.response.body),
+                    "answer.retention_ms" => out.push_bind_param::<BigInt, _>(&answer.retention_ms),
+                    _ => out.push_bind_param::<Nullable<SqlUuid>, _>(&answer.known.made),
+                }
+            }
             other => Err(no_parameter(other)),
         }
     }
@@ -378,9 +468,11 @@ impl<W> Parameters for ClaimQuery<'_, W> {
 impl<W: PhaseWrites> QueryFragment<Pg> for ClaimQuery<'_, W> {
     fn walk_ast<'b>(&'b self, mut out: AstPass<'_, 'b, Pg>) -> QueryResult<()> {
         out.push_sql("WITH ");
-        let ctes = match self.shape {
-            Shape::Short => SHORT_SQL,
-            Shape::Any => CLAIM_SQL,
+        let ctes = match (self.shape, self.answer.is_some()) {
+            (Shape::Short, false) => SHORT_SQL,
+            (Shape::Short, true) => SHORT_ANSWERED_SQL,
+            (Shape::Any, false) => CLAIM_SQL,
+            (Shape::Any, true) => CLAIM_ANSWERED_SQL,
         };
         walk_sql(ctes, self, out.reborrow())?;
         let Some(first) = self.first else {

@@ -18,7 +18,7 @@ use super::clock::{DatabaseClock, Deadline};
 use super::fingerprint::{Canonical, Fingerprint};
 use super::phase::{PhaseError, PhaseWrites, atomic_phase};
 use super::replays::{Asked, Remembered, ReplayCache};
-use super::store::{Endpoint, KeyLock, NewKey, Reason, StoredResponse, Taken, Transition};
+use super::store::{Endpoint, KeyLock, KnownAnswer, NewKey, Reason, StoredResponse, Taken, Transition};
 use super::{IdempotencyKey, RecoveryPoint};
 use crate::audit::Actor;
 use crate::db::delegate::Routing;
@@ -105,6 +105,19 @@ pub trait Phases: Send {
     /// needs what only a call to another system can tell: the claim then runs alone, and
     /// [`Phases::advance`] runs the phase after it, as on a resumed key.
     fn first_phase<'p>(&'p mut self, new: &'p NewKey<'p>) -> Option<impl PhaseWrites + 'p>;
+
+    /// The answer of a request of the layer's other shape, one that calls no other system: known
+    /// before the claim (from the request, and what the database holds now), which then inserts a
+    /// new key finished with it, the first phase's writes in the same statement, so that the
+    /// request is claimed, written and finished in one transaction (Brandur's atomic phase with no
+    /// foreign state), and [`Phases::advance`] never runs for it. None (the default): the key is
+    /// inserted at `started`, and driven from there.
+    fn answer_with_claim(
+        &mut self,
+        _new: &NewKey<'_>,
+    ) -> impl Future<Output = Result<Option<KnownAnswer>, DriveError>> + Send {
+        async { Ok(None) }
+    }
 
     /// What the first phase returned when it ran with the claim, which created the key: no earlier
     /// run wrote anything under it. Called before [`Phases::advance`], which goes on from there
@@ -211,6 +224,7 @@ pub fn from_memory(ctx: Context<'_>, asked: &Asked<'_>) -> Option<Result<Reply, 
 pub async fn answer<P: Phases>(ctx: Context<'_>, new: &NewKey<'_>, mut phases: P) -> Result<Reply, DriveError> {
     let run = match take_in(ctx, new, &mut phases).await? {
         TakenIn::Replayed(response) => return Ok(Reply { response, replayed: true }),
+        TakenIn::Answered(response) => return Ok(Reply { response, replayed: false }),
         TakenIn::Expired { id } => {
             let response = phases.expired_answer(new, id).await?;
             return Ok(Reply { response, replayed: false });
@@ -225,6 +239,9 @@ pub async fn answer<P: Phases>(ctx: Context<'_>, new: &NewKey<'_>, mut phases: P
 pub enum TakenIn<'a> {
     /// Answered already: the stored answer of an earlier request with the key, replayed.
     Replayed(StoredResponse),
+    /// Answered by the claim: a request of the other shape, claimed, written and finished (see
+    /// [`Phases::answer_with_claim`]).
+    Answered(StoredResponse),
     /// The key's record was reaped after its retention, but what its request made remains (`id`):
     /// whatever the body, the request is a late retry and must do nothing again.
     Expired { id: Uuid },
@@ -242,9 +259,15 @@ pub async fn take_in<'a, P: Phases>(
     phases: &mut P,
 ) -> Result<TakenIn<'a>, DriveError> {
     let (metrics, account_id, endpoint) = (ctx.metrics, new.account_id, new.endpoint.label);
+    let answer = phases.answer_with_claim(new).await?;
     let mut conn = db::connect(ctx.db).await?;
+    // Counted from before the claim, at our retention: no later than the expiry it records.
+    let expires = Deadline::after(ctx.key_retention);
     let first = phases.first_phase(new);
-    let claimed = claim::<_, P::Started>(&mut conn, ctx.routing, new, ctx.lock_timeout, first.as_ref()).await;
+    let wrote_with_claim = first.is_some();
+    let with_answer = answer.as_ref().map(|answer| (answer, ctx.key_retention));
+    let claimed =
+        claim::<_, P::Started>(&mut conn, ctx.routing, new, ctx.lock_timeout, first.as_ref(), with_answer).await;
     // The first phase's writes borrow `phases`, which takes what they returned below.
     drop(first);
     if claimed.is_err() {
@@ -272,6 +295,21 @@ pub async fn take_in<'a, P: Phases>(
         Claim::Expired { id } => {
             metrics.key(account_id, endpoint, KeyOutcome::Expired);
             return Ok(TakenIn::Expired { id });
+        }
+        Claim::Answered { started } => {
+            let response = answer.map(|answer| answer.response).ok_or_else(|| {
+                DriveError::inconsistent("a key the claim finished without an answer to finish it with")
+            })?;
+            if wrote_with_claim && started.is_none() {
+                // Its requirement, held before the key was inserted, makes this a bug.
+                return Err(DriveError::inconsistent("a key finished by its claim, whose writes wrote nothing"));
+            }
+            if let Some(started) = started {
+                phases.started_with_claim(started);
+            }
+            metrics.key(account_id, endpoint, KeyOutcome::Created);
+            ctx.replays.remember(new, &response, expires);
+            return Ok(TakenIn::Answered(response));
         }
         Claim::Acquired { lock, started } => {
             if let Some(started) = started {

@@ -11,7 +11,9 @@
 //!    finished one replays its stored response, a live lock means the request is in flight (409),
 //!    and otherwise the caller holds the lock and resumes at the key's recovery point. A key never
 //!    seen runs its first phase in the same statement ([`Phases::first_phase`]): the key row and
-//!    what `started` writes commit together, or not at all.
+//!    what `started` writes commit together, or not at all. A request that calls no other system
+//!    (the layer's other shape) knows its answer before it claims ([`KnownAnswer`]): its claim
+//!    inserts the key finished, with what its first phase writes, in one transaction.
 //! 2. Work in [`atomic_phase`]s. Each is one statement, so one transaction and one round trip,
 //!    whose writes commit together with the key row's new state, and only while the caller still
 //!    holds the lock. Between two phases
@@ -57,5 +59,5 @@ pub use reap::reap_finished;
 pub use recovery_point::RecoveryPoint;
 pub use replays::{Asked, Remembered, ReplayCache};
 pub use start::{RefusableStart, Refusal, Started, StartedRow, Starter};
-pub use store::{Endpoint, KeyLock, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
+pub use store::{Endpoint, KeyLock, KnownAnswer, LEASE_MARGIN, NewKey, Reason, StoredResponse, Transition};
 pub use story::KeyRecord;

@@ -199,8 +199,14 @@ impl ReplayCache {
 mod tests {
     use super::*;
 
-    static ENDPOINT: Endpoint =
-        Endpoint { method: "POST", path: "/v1/payments", label: "payments", points: &[], made_in: "payments" };
+    static ENDPOINT: Endpoint = Endpoint {
+        method: "POST",
+        path: "/v1/payments",
+        label: "payments",
+        points: &[],
+        made_in: "payments",
+        at_gateway: true,
+    };
     use crate::idempotency::IdempotencyKey;
     use crate::request_id::RequestId;
 

@@ -41,9 +41,14 @@ pub struct Endpoint {
     /// [`RecoveryPoint::FINISHED`].
     pub points: &'static [RecoveryPoint],
     /// The table that holds what its keys make: a row per key, found by `(account_id,
-    /// idempotency_key_id)`, with its `id` and the `gateway` that holds it. A worker reads it to
-    /// know which gateway a key's request went to, and an operator's list to name what it made.
+    /// idempotency_key_id)`, with its `id` (an operator's list names what a key made by it) and,
+    /// if [`Endpoint::at_gateway`], the `gateway` that holds it.
     pub made_in: &'static str,
+    /// Whether what its keys make is held at a gateway too (`made_in` has a `gateway` column): a
+    /// worker reads it to know which process may drive an unfinished key. False for an endpoint
+    /// of the other shape ([`KnownAnswer`]), which calls no gateway and whose keys its claim
+    /// finishes.
+    pub at_gateway: bool,
 }
 
 impl Endpoint {
@@ -68,6 +73,19 @@ pub struct NewKey<'a> {
     /// Who asks: a client, through the API, or a worker of ours (the lapse, cancelling an
     /// authorization under a key of its own). Named in every audit record the run writes.
     pub actor: Actor,
+}
+
+/// The answer of a request of the layer's other shape, one that calls no other system: known whole
+/// before its key is claimed (what it makes, ids and times included, is decided in the process),
+/// so that the claim inserts a new key finished with it, and its first phase writes what it makes
+/// in the same statement: claimed, written and finished in one transaction (see
+/// [`super::Phases::answer_with_claim`]).
+#[derive(Debug, Clone)]
+pub struct KnownAnswer {
+    pub response: StoredResponse,
+    /// What the request makes, if anything, recorded on the key (as [`Transition::Finish`]'s
+    /// `made`).
+    pub made: Option<Uuid>,
 }
 
 /// A final response, stored with its key and replayed byte for byte.

@@ -239,6 +239,19 @@ label! {
     }
 }
 
+label! {
+    /// How an attempt to deliver an event to a merchant's webhook endpoint went.
+    pub enum AttemptOutcome {
+        Delivered = "delivered",
+        /// Failed; due again on the schedule.
+        Failed = "failed",
+        /// Failed, and the schedule is spent: the delivery failed.
+        GaveUp = "gave_up",
+        /// The endpoint answered `410 Gone`, and is disabled.
+        Gone = "gone",
+    }
+}
+
 /// A process's counters and histograms, and the registry that serves them.
 pub struct Metrics {
     registry: Registry,
@@ -255,6 +268,8 @@ pub struct Metrics {
     settler_runs: IntCounterVec,
     reaped: IntCounter,
     deliveries: IntCounterVec,
+    webhook_attempts: IntCounterVec,
+    webhook_attempt_duration: HistogramVec,
     /// Each account's requests by outcome since the last flush (see [`tally`]).
     tally: Tally,
     /// The system's state as last read from the database, and when. However often `/metrics` is
@@ -341,6 +356,16 @@ impl Metrics {
                 "Event deliveries to the webhook (or to the log), by outcome.",
                 &["outcome"],
             ),
+            webhook_attempts: counter(
+                "webhook_attempts_total",
+                "Attempts to deliver an event to a merchant's webhook endpoint, by outcome.",
+                &["outcome"],
+            ),
+            webhook_attempt_duration: histogram(
+                "webhook_attempt_duration_seconds",
+                "How long attempts to deliver an event to a merchant's webhook endpoint took.",
+                &[],
+            ),
             tally: Tally::default(),
             state: tokio::sync::Mutex::default(),
             registry,
@@ -369,6 +394,9 @@ impl Metrics {
         }
         for &outcome in DeliveryOutcome::ALL {
             metrics.deliveries.with_label_values(&[outcome.as_str()]);
+        }
+        for &outcome in AttemptOutcome::ALL {
+            metrics.webhook_attempts.with_label_values(&[outcome.as_str()]);
         }
         metrics
     }
@@ -438,6 +466,11 @@ impl Metrics {
 
     pub fn reaped(&self, keys: usize) {
         self.reaped.inc_by(keys as u64);
+    }
+
+    pub fn webhook_attempt(&self, outcome: AttemptOutcome, took: Duration) {
+        self.webhook_attempts.with_label_values(&[outcome.as_str()]).inc();
+        self.webhook_attempt_duration.with_label_values(&[] as &[&str]).observe(took.as_secs_f64());
     }
 
     pub fn deliveries(&self, outcome: DeliveryOutcome, events: usize) {

@@ -63,9 +63,9 @@ use crate::idempotency::{
     StoredResponse, Transition,
 };
 use crate::keyed::{Keyed, Resource};
-use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
+use crate::webhooks::events::StagedEvent;
 
 /// `charge_created`: the gateway's definitive answer is recorded on the payment.
 pub const CHARGE_CREATED: RecoveryPoint = RecoveryPoint::new("charge_created");
@@ -77,6 +77,7 @@ pub static ENDPOINT: Endpoint = Endpoint {
     label: "payments",
     points: &[CHARGE_CREATED],
     made_in: "payments",
+    at_gateway: true,
 };
 
 /// `POST /v1/payments`, as the registry lists it.

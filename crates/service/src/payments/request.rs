@@ -71,7 +71,7 @@ fn is_at_once(capture: &bool) -> bool {
 impl CreatePaymentBody {
     /// Checks every rule and returns the canonical request, or the first rule broken.
     pub fn validate(self) -> Result<PaymentRequest, ValidationError> {
-        let fail = |message: String| Err(ValidationError(message));
+        let fail = |message: String| Err(ValidationError::new(message));
         // Lower or upper case, as openapi.yaml lists the codes; a mix ("Usd") is not one.
         let code = self.currency.to_ascii_uppercase();
         let in_one_case = code == self.currency || code.to_ascii_lowercase() == self.currency;
@@ -121,7 +121,7 @@ impl CreatePaymentBody {
 pub fn validate_metadata(
     metadata: Option<BTreeMap<String, String>>,
 ) -> Result<BTreeMap<String, String>, ValidationError> {
-    let fail = |message: String| Err(ValidationError(message));
+    let fail = |message: String| Err(ValidationError::new(message));
     let metadata = metadata.unwrap_or_default();
     if metadata.iter().any(|(key, value)| has_nul(key) || has_nul(value)) {
         return fail("metadata may not contain NUL characters".into());
@@ -267,7 +267,7 @@ mod tests {
         for currency in ["xyz", "abc", "Usd", "xau", "xts", "xxx"] {
             let case = format!(r#"{{"amount": 100, "currency": "{currency}", "source": "tok_visa"}}"#);
             let error = body(&case).validate().unwrap_err();
-            assert!(error.0.starts_with("currency "), "{currency}: {error}");
+            assert!(error.message.starts_with("currency "), "{currency}: {error}");
         }
     }
 
@@ -279,7 +279,10 @@ mod tests {
             };
             assert!(with(max).validate().is_ok(), "{currency} {max}");
             let error = with(max + 1).validate().unwrap_err();
-            assert!(error.0.starts_with("amount ") && error.0.contains(&max.to_string()), "{currency}: {error}");
+            assert!(
+                error.message.starts_with("amount ") && error.message.contains(&max.to_string()),
+                "{currency}: {error}"
+            );
         }
     }
 

@@ -18,7 +18,7 @@ use crate::audit::AuditRecord;
 use crate::db::sql::{Parameters, no_parameter, walk_sql, walk_text};
 use crate::gateway::reports::KEEPS_REPORTS;
 use crate::idempotency::PhaseWrites;
-use crate::outbox::StagedEvent;
+use crate::webhooks::events::StagedEvent;
 
 /// The columns of [`super::Payment`], as a phase returns them: `{payment.*}` in the SQL below (and
 /// in a capture's or a cancel's).
@@ -242,8 +242,8 @@ impl PhaseWrites for RecordAndFinish<'_> {
              WHERE account_id = {account} AND id = {payment.id} AND EXISTS (SELECT FROM fence)
              RETURNING {payment.*}
          ){authorized}, staged AS (
-             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
-             SELECT {event.account}, {event.name}, {event.args} FROM changed
+             INSERT INTO {events} (account_id, id, event_type, body)
+             SELECT {event.account}, {event.id}, {event.type}, {event.body} FROM changed
          ), audited AS (
              INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {recorded.account}, {recorded.action}, {recorded.resource_type}, {recorded.resource_id},
@@ -299,8 +299,8 @@ pub struct Finish<'a> {
 impl PhaseWrites for Finish<'_> {
     fn sql(&self) -> &'static str {
         "staged AS (
-             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
-             SELECT {event.account}, {event.name}, {event.args} FROM fence
+             INSERT INTO {events} (account_id, id, event_type, body)
+             SELECT {event.account}, {event.id}, {event.type}, {event.body} FROM fence
          ), audited AS (
              INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},

@@ -48,17 +48,23 @@ use crate::idempotency::{
     Starter, StoredResponse, Transition,
 };
 use crate::keyed::{Keyed, Resource};
-use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
 use crate::state::AppState;
+use crate::webhooks::events::StagedEvent;
 
 /// `refund_created`: the gateway's answer is recorded on the refund (which may still be pending
 /// there).
 pub const REFUND_CREATED: RecoveryPoint = RecoveryPoint::new("refund_created");
 
 /// The endpoint: a refund key is bound to it (used on another, it is a mismatch).
-pub static ENDPOINT: Endpoint =
-    Endpoint { method: "POST", path: "/v1/refunds", label: "refunds", points: &[REFUND_CREATED], made_in: "refunds" };
+pub static ENDPOINT: Endpoint = Endpoint {
+    method: "POST",
+    path: "/v1/refunds",
+    label: "refunds",
+    points: &[REFUND_CREATED],
+    made_in: "refunds",
+    at_gateway: true,
+};
 
 /// `POST /v1/refunds`, as the registry lists it.
 pub struct Create;

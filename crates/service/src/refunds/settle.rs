@@ -27,8 +27,8 @@ use super::writes::{SETTLED_TOTALS, millis};
 use crate::audit::{Actor, AuditRecord};
 use crate::db::sql::{Parameters, walk_sql, walk_text};
 use crate::db::{self, StoreError};
-use crate::outbox::StagedEvent;
 use crate::request_id::RequestId;
+use crate::webhooks::events::StagedEvent;
 
 /// When a refund leased for a look-up is due again: its backoff, `first` doubled per earlier
 /// look-up up to `max`, but never sooner than `lease`, the longest a look-up can take.
@@ -175,8 +175,8 @@ impl QueryFragment<Pg> for Settle<'_> {
                  WHERE account_id = {account} AND id = {refund.id} AND status = 'pending'
                  RETURNING {refund.*}
              ), {settled_totals}, staged AS (
-                 INSERT INTO staged_jobs (account_id, job_name, job_args)
-                 SELECT {event.account}, {event.name}, {event.args} FROM refund
+                 INSERT INTO events (account_id, id, event_type, body)
+                 SELECT {event.account}, {event.id}, {event.type}, {event.body} FROM refund
              ), audited AS (
                  INSERT INTO audit_records (account_id, action, resource_type, resource_id, actor, data, request_id)
                  SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},

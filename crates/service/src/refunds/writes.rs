@@ -18,7 +18,7 @@ use crate::audit::AuditRecord;
 use crate::db::sql::{Parameters, no_parameter, walk_sql, walk_text};
 use crate::gateway::reports::KEEPS_REPORTS;
 use crate::idempotency::PhaseWrites;
-use crate::outbox::StagedEvent;
+use crate::webhooks::events::StagedEvent;
 
 /// `started`: the money reserved on the payment and the pending refund, with its audit record, or
 /// why there is nothing to refund; or, when the phase runs again, the refund an earlier run made.
@@ -211,8 +211,8 @@ impl PhaseWrites for RecordAndFinishRefund<'_> {
              WHERE account_id = {account} AND id = {refund.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
              RETURNING {refund.*}
          ), {settled_totals}, staged AS (
-             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
-             SELECT {event.account}, {event.name}, {event.args} FROM refund
+             INSERT INTO {events} (account_id, id, event_type, body)
+             SELECT {event.account}, {event.id}, {event.type}, {event.body} FROM refund
          ), audited AS (
              INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},
@@ -297,8 +297,8 @@ impl PhaseWrites for FinishRefund<'_> {
              WHERE account_id = {account} AND id = {refund.id} AND status = 'pending' AND EXISTS (SELECT FROM fence)
              RETURNING id
          ), staged AS (
-             INSERT INTO {staged_jobs} (account_id, job_name, job_args)
-             SELECT {event.account}, {event.name}, {event.args} FROM fence
+             INSERT INTO {events} (account_id, id, event_type, body)
+             SELECT {event.account}, {event.id}, {event.type}, {event.body} FROM fence
          ), audited AS (
              INSERT INTO {audit_records} (account_id, action, resource_type, resource_id, actor, data, request_id)
              SELECT {audit.account}, {audit.action}, {audit.resource_type}, {audit.resource_id}, {audit.actor},

@@ -5,7 +5,9 @@
 //!   free or stale, re-driven from their recovery point through the same phases as the API.
 //! - The [`Reaper`] deletes finished keys once they expire, and the per-account request counts
 //!   once their retention is over.
-//! - The [`Outbox`] delivers the events that finished payments and refunds staged.
+//! - The [`Outbox`] fans out the events that finished payments and refunds staged (a delivery to
+//!   each merchant endpoint that takes one), and delivers them to the operator's sink.
+//! - [`Webhooks`] delivers them to the merchants' endpoints, on the retry schedule.
 //! - The [`Settler`] settles the refunds the gateway left pending, looking them up with backoff.
 //! - The [`Lapser`] cancels authorizations past their `capture_before`, at the gateway too.
 //! - The [`Analyzer`] analyzes the tables the request path probes as they grow from empty, so that
@@ -22,6 +24,7 @@ mod lapser;
 mod outbox;
 mod reaper;
 mod settler;
+mod webhooks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -36,6 +39,7 @@ pub use lapser::Lapser;
 pub use outbox::Outbox;
 pub use reaper::Reaper;
 pub use settler::Settler;
+pub use webhooks::Webhooks;
 
 use crate::config::WorkerSettings;
 use crate::db::wake::{Wake, Woken};
@@ -64,6 +68,7 @@ pub struct Workers {
     pub completer: Completer,
     pub reaper: Reaper,
     pub outbox: Outbox,
+    pub webhooks: Webhooks,
     pub settler: Settler,
     pub lapser: Lapser,
     pub analyzer: Analyzer,
@@ -77,6 +82,7 @@ impl Workers {
             completer: Completer::new(state.clone(), settings),
             reaper: Reaper::new(state.clone(), settings),
             outbox: Outbox::new(state.clone(), settings)?,
+            webhooks: Webhooks::new(state.clone(), settings)?,
             settler: Settler::new(state.clone(), settings),
             lapser: Lapser::new(state.clone(), settings),
             analyzer: Analyzer::new(state.clone()),
@@ -97,6 +103,7 @@ impl Workers {
             run_loop(self.completer, self.interval, woken.of(Wake::Completer), stop.clone()),
             run_loop(self.reaper, self.interval, never(), stop.clone()),
             run_loop(self.outbox, self.interval, woken.of(Wake::Outbox), stop.clone()),
+            run_loop(self.webhooks, self.interval, woken.of(Wake::Webhooks), stop.clone()),
             run_loop(self.settler, self.interval, woken.of(Wake::Settler), stop.clone()),
             run_loop(self.lapser, self.interval, never(), stop.clone()),
             run_loop(self.analyzer, self.interval, never(), stop),

@@ -1,4 +1,5 @@
-//! The outbox worker: delivers the events of finished payments.
+//! The outbox worker: hands the kept events over to the operator's sink (the fan-out), and
+//! delivers them there.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +10,11 @@ use reqwest::Url;
 use super::{Outcome, Worker};
 use crate::config::WorkerSettings;
 use crate::db;
+use crate::db::wake::Wake;
 use crate::metrics::DeliveryOutcome;
 use crate::outbox::{LeasedEvent, Settlement, lease_due_events, settle_delivered, settle_failed};
 use crate::state::AppState;
+use crate::webhooks::deliveries::fan_out;
 
 /// However many attempts an event has had, it is retried at least this often.
 const MAX_BACKOFF: Duration = Duration::from_secs(3600);
@@ -93,9 +96,13 @@ impl Worker for Outbox {
 
     async fn run_once(&self) -> anyhow::Result<Outcome> {
         let mut conn = db::connect(&self.state.db).await?;
+        let fanned = fan_out(&mut conn, BATCH).await?;
+        if fanned.deliveries > 0 {
+            self.state.wake.wake(Wake::Webhooks);
+        }
         let events = lease_due_events(&mut conn, self.lease, BATCH).await?;
         if events.is_empty() {
-            return Ok(Outcome::Idle);
+            return Ok(if fanned.events > 0 { Outcome::Worked } else { Outcome::Idle });
         }
         // No connection is held while the receiver takes its time.
         drop(conn);

@@ -1,5 +1,5 @@
-//! The reaper: deletes finished keys once they expire, and the per-account request counts once
-//! their retention is over.
+//! The reaper: deletes finished keys once they expire, and events and the per-account request
+//! counts once their retention is over.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use crate::db;
 use crate::idempotency::reap_finished;
 use crate::metrics::reap_request_counts;
 use crate::state::AppState;
+use crate::webhooks::events::reap_events;
 
 /// Keys deleted per transaction, of each kind (see [`reap_finished`]): small, so a pass never holds
 /// many row locks or runs long.
@@ -20,16 +21,22 @@ const BATCH: i64 = 500;
 /// keys are never deleted: they belong to the completer, or to an operator. Payments keep the
 /// client's key, so a retry that arrives after its key expired is answered 410 and charged nothing.
 ///
-/// Deletes as well, a batch per run, the hourly request counts of `payments stats` that are older
+/// Deletes as well, a batch per run, the events older than their retention (once fanned out), and
+/// the hourly request counts of `payments stats` that are older
 /// than their retention: one row per account and hour would otherwise pile up for ever.
 pub struct Reaper {
     state: Arc<AppState>,
+    event_retention: Duration,
     request_counts_retention: Duration,
 }
 
 impl Reaper {
     pub fn new(state: Arc<AppState>, settings: &WorkerSettings) -> Reaper {
-        Reaper { state, request_counts_retention: settings.request_counts_retention }
+        Reaper {
+            state,
+            event_retention: settings.event_retention,
+            request_counts_retention: settings.request_counts_retention,
+        }
     }
 }
 
@@ -43,11 +50,16 @@ impl Worker for Reaper {
             self.state.metrics.reaped(reaped);
             tracing::info!(reaped, "reaped finished keys past their expiry");
         }
+        let events = reap_events(&mut conn, self.event_retention, BATCH).await?;
+        if events > 0 {
+            tracing::info!(events, "deleted events past their retention");
+        }
         let counts = reap_request_counts(&mut conn, self.request_counts_retention, BATCH).await?;
         if counts > 0 {
             tracing::info!(rows = counts, "deleted per-account request counts past their retention");
         }
-        // A full batch of either kind means there may be more.
-        Ok(if reaped as i64 >= BATCH || counts as i64 == BATCH { Outcome::Worked } else { Outcome::Idle })
+        // A full batch of any kind means there may be more.
+        let full = [reaped, events, counts].iter().any(|&done| done as i64 >= BATCH);
+        Ok(if full { Outcome::Worked } else { Outcome::Idle })
     }
 }

@@ -1,0 +1,2 @@
+DROP TABLE events;
+DROP DOMAIN event_type;
