@@ -49,6 +49,8 @@ async fn run_as_written(text: &str, steps: &[Step]) {
     let gateway = serve.mock_gateway_url().await;
     let workdir = tempdir();
     let prelude = steps[0].commands.clone();
+    let binary = std::path::Path::new(env!("CARGO_BIN_EXE_payments")).parent().unwrap().to_owned();
+    let path = format!("{}:{}", binary.display(), std::env::var("PATH").unwrap_or_default());
 
     for (number, step) in steps.iter().enumerate().skip(1) {
         let script = format!("{prelude}\n{}", step.commands)
@@ -57,6 +59,8 @@ async fn run_as_written(text: &str, steps: &[Step]) {
         let output = tokio::process::Command::new("bash")
             .args(["-c", &script])
             .current_dir(&workdir)
+            // `payments` is the binary the tests run, as a reader's is the one `cargo build` made.
+            .env("PATH", &path)
             .output()
             .await
             .expect("running bash");
@@ -204,7 +208,8 @@ fn fields(shown: &str) -> Vec<Field> {
         vec![
             shape(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", r"[0-9a-f-]{36}"),
             shape(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z$", r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z"),
-            shape(r"^(ch|re|req|evt|acct)_", r"(ch|re|req|evt|acct)_[A-Za-z0-9]+"),
+            shape(r"^(ch|re|req|evt|acct|we|wa)_", r"(ch|re|req|evt|acct|we|wa)_[A-Za-z0-9]+"),
+            shape(r"^whsec_", r"whsec_[A-Za-z0-9+/=]+"),
             // Elided by hand.
             shape(r"\.\.\.", r"[^\x22]*"),
         ]

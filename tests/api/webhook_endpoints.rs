@@ -138,6 +138,7 @@ async fn every_refusal_has_its_problem_type_and_stores_nothing() {
         (json!({ "url": "http://127.0.0.1/", "enabled_events": [] }), "invalid-request"),
         (json!({ "url": "http://127.0.0.1/", "enabled_events": ["*", "payment.failed"] }), "invalid-request"),
         (json!({ "url": "http://127.0.0.1/", "enabled_events": ["*"], "description": long }), "invalid-request"),
+        (json!({ "url": "http://127.0.0.1/", "enabled_events": ["*"], "description": "a\u{0}b" }), "invalid-request"),
         (json!({ "url": "http://127.0.0.1/", "enabled_events": ["*"], "secret": "whsec_mine" }), "malformed-body"),
         (json!({ "url": "http://127.0.0.1/", "enabled_events": ["*"], "description": null }), "malformed-body"),
         (json!({ "enabled_events": ["*"] }), "malformed-body"),
@@ -191,6 +192,7 @@ async fn an_update_sets_what_it_sends_and_a_status_sent_clears_the_reason() {
         (json!({ "status": "paused" }), "malformed-body"),
         (json!({ "secret": "whsec_mine" }), "malformed-body"),
         (json!({ "url": null }), "malformed-body"),
+        (json!({ "description": "a\u{0}b" }), "invalid-request"),
     ] {
         let problem = json_of(update_as(&app, &api_key, id, &body).await, StatusCode::BAD_REQUEST).await;
         assert_eq!(problem_type(&problem), expected, "{body}");

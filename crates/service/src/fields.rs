@@ -230,6 +230,12 @@ mod tests {
     }
 }
 
+/// Whether `text` holds a NUL character, which JSON may carry and PostgreSQL's text may not: a
+/// field that would hold one is refused, never stored cut or failed on.
+pub fn has_nul(text: &str) -> bool {
+    text.contains('\0')
+}
+
 /// A body that parsed as JSON but breaks a rule; the message says which, for the client, and the
 /// rule's kind which problem it is.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use iso_currency::Currency;
 use serde::{Deserialize, Serialize};
 
-use crate::fields::{Omittable, ValidationError, integral_number, metadata_sent_once};
+use crate::fields::{Omittable, ValidationError, has_nul, integral_number, metadata_sent_once};
 use crate::idempotency::Canonical;
 
 /// The largest amount in any currency, in minor units (99,999,999 cents is just under a million
@@ -138,10 +138,6 @@ pub fn validate_metadata(
         }
     }
     Ok(metadata)
-}
-
-fn has_nul(text: &str) -> bool {
-    text.contains('\0')
 }
 
 /// The largest amount chargeable in `currency`, in its minor units: under a million major units,

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::fields::{Omittable, Rule, ValidationError};
+use crate::fields::{Omittable, Rule, ValidationError, has_nul};
 use crate::idempotency::Canonical;
 use crate::webhooks::events::EVENT_TYPES;
 use crate::webhooks::network::Guard;
@@ -174,6 +174,9 @@ fn validate_events(events: Vec<String>) -> Result<Vec<String>, ValidationError> 
 }
 
 fn validate_description(description: String) -> Result<String, ValidationError> {
+    if has_nul(&description) {
+        return Err(ValidationError::new("description may not contain NUL characters."));
+    }
     match description.chars().count() <= MAX_DESCRIPTION {
         true => Ok(description),
         false => Err(ValidationError::new(format!("description must be at most {MAX_DESCRIPTION} characters."))),
