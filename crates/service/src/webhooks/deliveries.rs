@@ -256,7 +256,7 @@ pub async fn settle(
 const ENDPOINT_DELIVERED: &str = "
     UPDATE webhook_endpoints w SET failing_since = NULL
     FROM settled s
-    WHERE w.account_id = $1 AND w.id = s.endpoint_id AND w.failing_since IS NOT NULL AND $11 >= 0";
+    WHERE w.account_id = $1 AND w.id = s.endpoint_id AND w.failing_since IS NOT NULL";
 
 /// A failure: the streak starts, or, past `$11` seconds, disables the endpoint, with its record.
 const ENDPOINT_FAILED: &str = "
@@ -276,7 +276,7 @@ const ENDPOINT_GONE: &str = "
     SET status = 'disabled', disabled_reason = 'gone', failing_since = coalesce(w.failing_since, now()),
         updated_at = now()
     FROM settled s
-    WHERE w.account_id = $1 AND w.id = s.endpoint_id AND w.status = 'enabled' AND $11 >= 0
+    WHERE w.account_id = $1 AND w.id = s.endpoint_id AND w.status = 'enabled'
     RETURNING w.account_id, w.id, w.status";
 
 /// Sends again every delivery to the account's endpoint `endpoint_id` that ended `failed` in
